@@ -1,0 +1,171 @@
+"""The one place that knows vendors, architectures and versions, and fingerprints numerics.
+
+Nothing else in parity inspects ``torch.version.hip``, device capabilities or Triton's
+environment variables: ask this module.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform as _py_platform
+from typing import Any
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchSpec:
+    """Static facts about a compilation target (used by configs and ahead-of-time inspection)."""
+
+    name: str  # "sm_90", "gfx942", ...
+    vendor: str  # "nvidia" | "amd"
+    backend: str  # Triton backend name: "cuda" | "hip"
+    warp_size: int
+    shared_mem_bytes: int  # per workgroup / CTA usable shared memory (LDS on AMD)
+    max_warps: int
+    # AMD: VGPR budget per SIMD lane, to turn a kernel's VGPR count into waves per SIMD.
+    vgpr_waves: tuple[tuple[int, int], ...] = ()
+    max_waves_per_simd: int = 0
+
+    @property
+    def triton_arch(self) -> int | str:
+        """The ``arch`` value of ``triton.backends.compiler.GPUTarget`` for this target."""
+        if self.backend == "cuda":
+            return int(self.name.removeprefix("sm_"))
+        return self.name
+
+
+# gfx9 CDNA: 512 VGPRs per SIMD lane; waves per SIMD by VGPRs used (numerics.md; AMD CDNA3 ISA
+# guide, "VGPR allocation"). gfx90a and gfx942 share the table; gfx950 too (same VGPR file).
+_CDNA_VGPR_WAVES = ((64, 8), (96, 5), (128, 4), (168, 3), (256, 2), (512, 1))
+
+ARCHS: dict[str, ArchSpec] = {
+    spec.name: spec
+    for spec in (
+        ArchSpec("sm_80", "nvidia", "cuda", 32, 163 * 1024, 32),
+        ArchSpec("sm_90", "nvidia", "cuda", 32, 227 * 1024, 32),
+        ArchSpec("gfx90a", "amd", "hip", 64, 64 * 1024, 16, _CDNA_VGPR_WAVES, 8),
+        ArchSpec("gfx942", "amd", "hip", 64, 64 * 1024, 16, _CDNA_VGPR_WAVES, 8),
+        ArchSpec("gfx950", "amd", "hip", 64, 160 * 1024, 16, _CDNA_VGPR_WAVES, 8),
+    )
+}
+
+
+def arch_spec(name: str) -> ArchSpec:
+    from .errors import UsageError
+
+    try:
+        return ARCHS[name]
+    except KeyError:
+        raise UsageError(f"unknown target {name!r}; known targets: {', '.join(ARCHS)}") from None
+
+
+def triton_interpreter_enabled() -> bool:
+    """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def vendor_of(device: torch.device | str) -> str:
+    """"nvidia", "amd" or "cpu" for a torch device."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu"
+    return "amd" if torch.version.hip else "nvidia"
+
+
+def arch_of(device: torch.device | str) -> str:
+    """Architecture name of a device: "sm_90", "gfx942", or "cpu" (Triton interpreter)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu"
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip:
+        # gcnArchName looks like "gfx942:sramecc+:xnack-"
+        return props.gcnArchName.split(":")[0]
+    return f"sm_{props.major}{props.minor}"
+
+
+def gpu_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda") if gpu_available() else torch.device("cpu")
+
+
+def triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
+def fingerprint(device: torch.device | str | None = None) -> dict[str, Any]:
+    """A numerics-aware description of this host, recorded in bundles and diffed by compare.
+
+    Everything here can change the bits a kernel produces: vendor and arch, library versions,
+    TF32 and reduced-precision reduction flags, deterministic mode, Triton's FP-fusion (FMA
+    contraction) and fp32 dot precision defaults, and whether Triton runs in the interpreter.
+    """
+    device = torch.device(device) if device is not None else default_device()
+    vendor = vendor_of(device)
+    info: dict[str, Any] = {
+        "vendor": vendor,
+        "arch": arch_of(device),
+        "device": str(device),
+        "device_name": _py_platform.processor() or _py_platform.machine(),
+        "host_os": f"{_py_platform.system()} {_py_platform.release()}",
+        "python": _py_platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton_version(),
+        "cuda_version": torch.version.cuda,
+        "hip_version": torch.version.hip,
+        "driver": None,
+        "triton_interpreter": triton_interpreter_enabled(),
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "fp16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "bf16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        # Triton reads these at compile time; unset means the Triton version's default.
+        "triton_default_fp_fusion": os.environ.get("TRITON_DEFAULT_FP_FUSION"),
+        "triton_f32_default": os.environ.get("TRITON_F32_DEFAULT"),
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info["device_name"] = props.name
+        info["multiprocessors"] = props.multi_processor_count
+        info["driver"] = _driver_version()
+    return info
+
+
+def _driver_version() -> str | None:
+    try:
+        if torch.version.hip:
+            return torch.version.hip
+        import ctypes
+
+        lib = ctypes.CDLL("libcuda.so.1")
+        version = ctypes.c_int()
+        if lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
+            return None
+        return f"{version.value // 1000}.{(version.value % 1000) // 10}"
+    except OSError:
+        return None
+
+
+# Fingerprint keys whose difference between capture and compare hosts changes numerics; compare
+# lists these in its report. Versions and device names differ by design between hosts and are
+# informational only.
+NUMERICS_KEYS = (
+    "tf32_matmul",
+    "tf32_cudnn",
+    "float32_matmul_precision",
+    "fp16_reduced_precision_reduction",
+    "bf16_reduced_precision_reduction",
+    "deterministic_algorithms",
+    "triton_default_fp_fusion",
+    "triton_f32_default",
+)
