@@ -1,0 +1,188 @@
+"""Launcher and public entry point of the Triton block-sparse attention kernel.
+
+The launcher checks shapes, dtypes and devices, allocates, picks the pinned config for the
+device's architecture (``kernels.configs``), and launches ``triton_attention`` with keyword
+arguments. Autotuning runs only when asked for (``config="autotune"``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from parity import platform
+
+from . import configs
+from .layout import BlockLayout, LayoutError
+
+__all__ = ["block_sparse_attention", "check_inputs", "launch_config"]
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 96, 128, 256)
+_AUTOTUNED: dict[tuple, configs.LaunchConfig] = {}
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout) -> None:
+    """Raise ValueError (or LayoutError) naming the problem; shared with the reference."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D [batch, heads, seq, head_dim], got shape {list(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    batch, heads_q, seq_q, head_dim = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {list(k.shape)} and {list(v.shape)}")
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"k/v shape {list(k.shape)} does not match q {list(q.shape)} in batch or head_dim")
+    heads_kv = k.shape[1]
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise ValueError(f"query heads ({heads_q}) must be a multiple of key/value heads ({heads_kv})")
+    if not isinstance(layout, BlockLayout):
+        raise ValueError(f"layout must be a BlockLayout, got {type(layout).__name__}")
+    if layout.seq_q != seq_q or layout.seq_k != k.shape[2]:
+        raise LayoutError(
+            f"layout is for seq_q={layout.seq_q}, seq_k={layout.seq_k} but q/k have {seq_q}, {k.shape[2]}"
+        )
+    lb, lh = layout.batch_heads
+    if lb not in (1, batch) or lh not in (1, heads_q):
+        raise LayoutError(f"layout batch/head dims {lb}x{lh} must be 1 or match q's {batch}x{heads_q}")
+
+
+def launch_config(device: torch.device, head_dim: int) -> configs.LaunchConfig:
+    """The pinned config the launcher uses on this device (recorded in bundles)."""
+    arch = "cpu" if platform.triton_interpreter_enabled() or device.type == "cpu" else platform.arch_of(device)
+    return configs.config_for(arch, head_dim)
+
+
+def block_sparse_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: BlockLayout,
+    *,
+    sm_scale: float | None = None,
+    return_lse: bool = False,
+    config: configs.LaunchConfig | str | None = None,
+    out: torch.Tensor | None = None,
+):
+    """Forward block-sparse attention with the Triton kernel.
+
+    q: [B, Hq, Sq, D]; k, v: [B, Hkv, Sk, D], Hq a multiple of Hkv (GQA); any Sq, Sk >= 1;
+    D in {16, 32, 64, 96, 128, 256}; fp16, bf16 or fp32 (fp32 uses IEEE dot precision, not TF32).
+    layout: a BlockLayout for (Sq, Sk), broadcast over batch and heads where its dims are 1.
+    sm_scale: defaults to D ** -0.5.
+    config: None (the pinned config for this architecture), a LaunchConfig, or "autotune".
+    out: optional preallocated [B, Hq, Sq, D] output (tests pass a NaN-poisoned one).
+    Returns out [B, Hq, Sq, D] in q's dtype, and with ``return_lse`` the natural-log LSE
+    [B, Hq, Sq] in fp32. A row that sees no key gives 0 and LSE -inf, never NaN.
+    """
+    import triton
+
+    from .triton_attention import LOG2E, block_sparse_attn_fwd
+
+    check_inputs(q, k, v, layout)
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"dtype {q.dtype} is not supported; use one of fp16, bf16, fp32")
+    batch, heads_q, seq_q, head_dim = q.shape
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head_dim {head_dim} is not supported; use one of {SUPPORTED_HEAD_DIMS}")
+    interpreter = platform.triton_interpreter_enabled()
+    if q.device.type == "cpu" and not interpreter:
+        raise ValueError("CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before importing triton")
+    if layout.device != q.device:
+        layout = layout.to(q.device)
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
+        raise ValueError(f"out must be {list(q.shape)} {q.dtype} on {q.device}, got {list(out.shape)} {out.dtype} on {out.device}")
+
+    heads_kv = k.shape[1]
+    seq_k = k.shape[2]
+    scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
+    cfg = _resolve_config(config, q, k, v, layout, scale)
+    cfg = cfg.clamp(layout.block_m, layout.block_n)
+
+    emulate_bf16 = interpreter and q.dtype == torch.bfloat16
+    result = out if out is not None else torch.empty_like(q)
+    # Interpreter + bf16: the kernel stores fp32 and torch does the final round-to-nearest-even
+    # cast, because the interpreter's own fp32 -> bf16 cast truncates (numerics.md).
+    staging = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device) if emulate_bf16 else result
+    lse = (torch.empty(batch, heads_q, seq_q, dtype=torch.float32, device=q.device) if return_lse
+           else torch.empty(1, 1, 1, dtype=torch.float32, device=q.device))
+
+    mask = layout.mask
+    counts, indices = _broadcast(layout.kv_num_blocks, layout.kv_indices, batch, heads_q)
+    full_counts, full_indices = _broadcast(layout.full_kv_num_blocks, layout.full_kv_indices, batch, heads_q)
+    grid = (batch * heads_q, triton.cdiv(seq_q, cfg.block_m))
+    block_sparse_attn_fwd[grid](
+        q, k, v, staging, lse,
+        counts, indices, full_counts, full_indices,
+        scale * LOG2E,
+        *q.stride(), *k.stride(), *v.stride(), *staging.stride(),
+        lse.stride(0), lse.stride(1),
+        *counts.stride(), *indices.stride()[:3],
+        *full_counts.stride(), *full_indices.stride()[:3],
+        heads_q, heads_q // heads_kv, seq_q, seq_k,
+        mask.offset, mask.window, mask.sink_tokens,
+        HEAD_DIM=head_dim,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        SPARSE_BLOCK_M=layout.block_m,
+        SPARSE_BLOCK_N=layout.block_n,
+        IS_CAUSAL=mask.causal,
+        HAS_WINDOW=mask.window > 0,
+        RETURN_LSE=return_lse,
+        EMULATE_BF16=emulate_bf16,
+        # fp32 parity needs IEEE products; for fp16/bf16 operands the setting has no effect.
+        DOT_PRECISION="ieee",
+        **cfg.launch_kwargs(),
+    )
+    if emulate_bf16:
+        result.copy_(staging)
+    return (result, lse) if return_lse else result
+
+
+def _broadcast(counts: torch.Tensor, indices: torch.Tensor, batch: int, heads: int):
+    """Expand layout dims of size 1 to (batch, heads) with zero strides (no copy)."""
+    counts = counts.to(torch.int32)
+    indices = indices.to(torch.int32)
+    if indices.stride(-1) != 1:
+        indices = indices.contiguous()
+    return (counts.expand(batch, heads, counts.shape[2]),
+            indices.expand(batch, heads, *indices.shape[2:]))
+
+
+def _resolve_config(config, q, k, v, layout, scale) -> configs.LaunchConfig:
+    if isinstance(config, configs.LaunchConfig):
+        return config
+    if config is None:
+        return launch_config(q.device, q.shape[-1])
+    if config != "autotune":
+        raise ValueError(f"config must be None, a LaunchConfig or 'autotune', got {config!r}")
+    key = (platform.arch_of(q.device), tuple(q.shape), tuple(k.shape), q.dtype, layout.block_m, layout.block_n)
+    if key not in _AUTOTUNED:
+        _AUTOTUNED[key] = _autotune(q, k, v, layout, scale)
+    return _AUTOTUNED[key]
+
+
+def _autotune(q, k, v, layout, scale) -> configs.LaunchConfig:
+    """Time every candidate (opt-in only: the chosen tiles change the reduction order)."""
+    import triton
+    from triton.testing import do_bench
+
+    arch = platform.arch_of(q.device)
+    best, best_ms = None, math.inf
+    for cand in configs.candidates(arch, q.shape[-1]):
+        try:
+            ms = do_bench(lambda: block_sparse_attention(q, k, v, layout, sm_scale=scale, config=cand),
+                          warmup=5, rep=20, return_mode="median")
+        except triton.runtime.errors.OutOfResources:  # type: ignore[attr-defined]
+            continue
+        if ms < best_ms:
+            best, best_ms = cand, ms
+    if best is None:
+        raise RuntimeError("no autotuning candidate fits this device")
+    return best

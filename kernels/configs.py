@@ -1,0 +1,120 @@
+"""Pinned launch configurations for the block-sparse attention kernel, as data, per architecture.
+
+Parity runs need the same tiles every time: BLOCK_N changes the order of the online softmax and
+so the rounding, and autotuning can pick different tiles on different machines. So the launcher
+takes its config from this table; autotuning over ``candidates()`` happens only when asked for.
+AMD-only knobs (``waves_per_eu``, ``matrix_instr_nonkdim``, ``kpack``) appear only in HIP rows.
+
+Each architecture maps to rows ``(max_head_dim, LaunchConfig)``; the first row whose
+``max_head_dim`` is at least the head dim applies. Where a number came from a measurement, the
+comment says which (see kernels/BENCHMARK.md for the H200 sweep).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["LaunchConfig", "CONFIGS", "config_for", "candidates", "known_archs"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    # HIP-only compiler knobs, as (name, value) pairs; empty for NVIDIA and the interpreter.
+    amd: tuple[tuple[str, int], ...] = ()
+
+    def launch_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for the kernel launch (``kernel[grid](..., **cfg.launch_kwargs())``)."""
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, **dict(self.amd)}
+
+    def clamp(self, sparse_block_m: int, sparse_block_n: int) -> "LaunchConfig":
+        """Tiles must divide the layout's blocks; shrink them when the layout's blocks are smaller."""
+        return dataclasses.replace(
+            self, block_m=min(self.block_m, sparse_block_m), block_n=min(self.block_n, sparse_block_n)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"block_m": self.block_m, "block_n": self.block_n, "num_warps": self.num_warps,
+                "num_stages": self.num_stages, **dict(self.amd)}
+
+
+def _amd(block_m, block_n, num_warps, num_stages, *, waves_per_eu=2, nonkdim=16, kpack=1):
+    return LaunchConfig(block_m, block_n, num_warps, num_stages,
+                        (("waves_per_eu", waves_per_eu), ("matrix_instr_nonkdim", nonkdim), ("kpack", kpack)))
+
+
+CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
+    # Triton interpreter on CPU: large tiles mean fewer interpreted operations (numpy does the
+    # work); staging knobs are meaningless there.
+    "cpu": ((256, LaunchConfig(64, 64, 4, 1)),),
+    # Ampere: 163 KiB shared memory per block; FlexAttention's defaults for A100.
+    "sm_80": (
+        (64, LaunchConfig(128, 64, 4, 3)),
+        (128, LaunchConfig(128, 64, 8, 3)),
+        (256, LaunchConfig(64, 32, 4, 2)),
+    ),
+    # Hopper (H100/H200): wgmma needs num_warps a multiple of 4; 128x128 tiles with 8 warps and
+    # 3 stages measured fastest for D=128 bf16 on the H200 (BENCHMARK.md).
+    "sm_90": (
+        (64, LaunchConfig(128, 64, 4, 3)),
+        (128, LaunchConfig(128, 128, 8, 3)),
+        (256, LaunchConfig(64, 64, 4, 2)),
+    ),
+    # CDNA2 (MI200): 64 KiB LDS; MFMA subnormal flushing is a known numerics difference.
+    "gfx90a": (
+        (64, _amd(128, 64, 4, 1)),
+        (128, _amd(128, 64, 4, 1)),
+        (256, _amd(64, 32, 4, 1)),
+    ),
+    # CDNA3 (MI300X): the common attention starting point BLOCK_M=128, BLOCK_N=64, 4 warps,
+    # 1 stage, waves_per_eu=2, 16x16 MFMA (numerics.md); D=256 halves the tiles to stay in
+    # 64 KiB LDS without spills (checked by `python -m parity inspect --target gfx942`).
+    "gfx942": (
+        (64, _amd(128, 64, 4, 1)),
+        (128, _amd(128, 64, 4, 1)),
+        (256, _amd(64, 32, 4, 1)),
+    ),
+    # CDNA4 (MI350): 160 KiB LDS; same starting point as gfx942 until measured on hardware.
+    "gfx950": (
+        (64, _amd(128, 64, 4, 1)),
+        (128, _amd(128, 64, 4, 1)),
+        (256, _amd(64, 64, 4, 1)),
+    ),
+}
+
+
+def known_archs() -> tuple[str, ...]:
+    return tuple(CONFIGS)
+
+
+def config_for(arch: str, head_dim: int) -> LaunchConfig:
+    """The pinned config for an architecture and head dim."""
+    try:
+        rows = CONFIGS[arch]
+    except KeyError:
+        raise ValueError(f"no launch config for architecture {arch!r}; known: {', '.join(CONFIGS)}") from None
+    for max_head_dim, config in rows:
+        if head_dim <= max_head_dim:
+            return config
+    raise ValueError(f"head_dim {head_dim} is larger than any config for {arch} (max {rows[-1][0]})")
+
+
+def candidates(arch: str, head_dim: int) -> list[LaunchConfig]:
+    """Configs that opt-in autotuning tries (the pinned one first)."""
+    pinned = config_for(arch, head_dim)
+    out = [pinned]
+    big = head_dim > 128
+    tiles = [(64, 32), (64, 64)] if big else [(64, 64), (128, 64), (128, 128), (64, 128)]
+    warps = (4, 8)
+    stages = (1, 2) if arch.startswith("gfx") else (2, 3, 4)
+    for block_m, block_n in tiles:
+        for num_warps in warps:
+            for num_stages in stages:
+                cfg = dataclasses.replace(pinned, block_m=block_m, block_n=block_n, num_warps=num_warps,
+                                          num_stages=num_stages)
+                if cfg not in out:
+                    out.append(cfg)
+    return out

@@ -1,0 +1,179 @@
+"""The bare Triton kernel: forward block-sparse flash attention (online softmax in base 2).
+
+One program computes BLOCK_M query rows of one (batch, query head). It visits the key blocks its
+query block lists in the layout: full blocks first (no element mask), then partial blocks (the
+MaskSpec predicate is evaluated in registers). Launch it through ``kernels.attention``.
+"""
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _round_to_bf16(x):
+    # Interpreter mode only: Triton's interpreter converts fp32 -> bf16 by truncation, not
+    # round-to-nearest-even (numerics.md, measured on 3.6.0 and 3.9.0). Round with integer
+    # operations instead and keep the value in fp32: add 0x7FFF plus the lowest kept bit, then
+    # clear the 16 low bits. Inputs are finite probabilities in [0, 1], so no NaN handling.
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    bits = (bits >> 16) << 16
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _attend_block(
+    acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+    stride_kn, stride_kd, stride_vn, stride_vd,
+    seq_k, causal_offset, window, sink_tokens, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    cols = start_n + offs_n
+    kt_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    if MASKED:
+        # Partial blocks may run past seq_k (the layout makes the tail block partial).
+        if BLOCK_D == HEAD_DIM:
+            kt = tl.load(kt_ptrs, mask=cols[None, :] < seq_k, other=0.0)
+            v = tl.load(v_ptrs, mask=cols[:, None] < seq_k, other=0.0)
+        else:
+            kt = tl.load(kt_ptrs, mask=(cols[None, :] < seq_k) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            v = tl.load(v_ptrs, mask=(cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    else:
+        # Full blocks lie inside seq_k (BlockLayout.validate enforces it).
+        if BLOCK_D == HEAD_DIM:
+            kt = tl.load(kt_ptrs)
+            v = tl.load(v_ptrs)
+        else:
+            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    if EMULATE_BF16:
+        # Interpreter mode only: its bf16 tl.dot multiplies raw bit patterns (numerics.md).
+        # Products of two bf16 values are exact in fp32, so an fp32 dot on upcast tiles is the
+        # same mathematics as a bf16 matrix unit accumulating in fp32.
+        kt = kt.to(tl.float32)
+        v = v.to(tl.float32)
+    qk = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        visible = cols[None, :] < seq_k
+        if IS_CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+        if HAS_WINDOW:
+            in_window = cols[None, :] > offs_m[:, None] + causal_offset - window
+            visible = visible & (in_window | (cols[None, :] < sink_tokens))
+        qk = tl.where(visible, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    if MASKED:
+        # A row that has seen no visible key keeps m = -inf; subtract 0 instead so that
+        # exp2(-inf - m) is 0 rather than exp2(-inf + inf) = NaN.
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_sub = m_new
+    p = tl.math.exp2(qk - m_sub[:, None])
+    alpha = tl.math.exp2(m_i - m_sub)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if EMULATE_BF16:
+        p = _round_to_bf16(p)
+    else:
+        p = p.to(v.dtype)
+    acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def block_sparse_attn_fwd(
+    Q, K, V, Out, Lse,
+    KV_NUM, KV_IDX, FULL_NUM, FULL_IDX,
+    qk_scale,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh,
+    stride_cb, stride_ch, stride_cm,
+    stride_ib, stride_ih, stride_im,
+    stride_fcb, stride_fch, stride_fcm,
+    stride_fib, stride_fih, stride_fim,
+    heads_q, gqa_group, seq_q, seq_k,
+    causal_offset, window, sink_tokens,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPARSE_BLOCK_M: tl.constexpr, SPARSE_BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # grid = (B * Hq, num_m_tiles): heads vary fastest and query tiles are taken last to first,
+    # so the first wave holds the heaviest causal tiles of every head (better load balance).
+    off_bh = tl.program_id(0)
+    start_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    off_b = off_bh // heads_q
+    off_h = off_bh % heads_q
+    off_hkv = off_h // gqa_group
+    q_block = (start_m * BLOCK_M) // SPARSE_BLOCK_M
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+
+    q_ptrs = (Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
+              + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
+    if BLOCK_D == HEAD_DIM:
+        q = tl.load(q_ptrs, mask=offs_m[:, None] < seq_q, other=0.0)
+    else:
+        q = tl.load(q_ptrs, mask=(offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    if EMULATE_BF16:
+        q = q.to(tl.float32)
+    k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
+    v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # Layout tensors broadcast over batch/head through zero strides.
+    full_count = tl.load(FULL_NUM + off_b * stride_fcb + off_h * stride_fch + q_block * stride_fcm)
+    full_idx_base = FULL_IDX + off_b * stride_fib + off_h * stride_fih + q_block * stride_fim
+    for i in range(full_count):
+        kv_block = tl.load(full_idx_base + i)
+        for sub in tl.static_range(SPARSE_BLOCK_N // BLOCK_N):
+            start_n = kv_block * SPARSE_BLOCK_N + sub * BLOCK_N
+            acc, l_i, m_i = _attend_block(
+                acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                stride_kn, stride_kd, stride_vn, stride_vd,
+                seq_k, causal_offset, window, sink_tokens, qk_scale,
+                HEAD_DIM, BLOCK_D, False, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION,
+            )
+
+    part_count = tl.load(KV_NUM + off_b * stride_cb + off_h * stride_ch + q_block * stride_cm)
+    part_idx_base = KV_IDX + off_b * stride_ib + off_h * stride_ih + q_block * stride_im
+    for i in range(part_count):
+        kv_block = tl.load(part_idx_base + i)
+        for sub in tl.static_range(SPARSE_BLOCK_N // BLOCK_N):
+            start_n = kv_block * SPARSE_BLOCK_N + sub * BLOCK_N
+            acc, l_i, m_i = _attend_block(
+                acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                stride_kn, stride_kd, stride_vn, stride_vd,
+                seq_k, causal_offset, window, sink_tokens, qk_scale,
+                HEAD_DIM, BLOCK_D, True, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION,
+            )
+
+    # Rows that saw no key have l = 0 and acc = 0: output 0, LSE -inf (the project's convention).
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    o_ptrs = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
+              + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
+    if BLOCK_D == HEAD_DIM:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=offs_m[:, None] < seq_q)
+    else:
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM))
+    if RETURN_LSE:
+        # m is in log2 units of the scaled scores: natural-log LSE = (m + log2 l) * ln 2.
+        lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+        l_ptrs = Lse + off_b.to(tl.int64) * stride_lb + off_h.to(tl.int64) * stride_lh + offs_m
+        tl.store(l_ptrs, lse, mask=offs_m < seq_q)
