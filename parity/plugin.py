@@ -1,0 +1,1 @@
+"""pytest plugin asserting parity against goldens (registered through the pytest11 entry point)."""
