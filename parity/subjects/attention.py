@@ -1,0 +1,235 @@
+"""The ``attention`` subject: the block-sparse attention op over named sets of cases.
+
+A case is a frozen dataclass with a readable id (``B2-Hq8-Hkv2-Sq1000-Sk1000-D64-causal-bf16-s0``)
+that is both its layer name in a bundle and its pytest id. The module holds one
+:class:`~parity.subjects.ops.SparseAttention` per case, registered under the case id, so each case
+is one recorded layer with outputs ``<id>/out`` and ``<id>/lse``. Inputs (q, k, v) and the
+layout's tensors are drawn on the CPU from the case's seed and stored in the bundle, under
+``<id>/q``, ``<id>/k``, ``<id>/v`` and ``<id>/layout/<tensor>``; each layout's meta is in the
+manifest's ``inputs_meta["layouts"][<id>]``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+from .base import DTYPES, Inputs, Subject
+from .ops import SparseAttention
+
+LAYOUT_KINDS = ("causal", "window", "sink", "random", "dense", "emptyrow")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCase:
+    """One attention problem. ``layout`` is one of LAYOUT_KINDS:
+
+    causal; window (causal sliding ``window``); sink (window plus ``sink_blocks`` always-visible
+    first key blocks); random (causal, each tile kept with probability ``density``, drawn per
+    batch and head from ``seed``); dense (every key visible; for decode-like Sq=1); emptyrow (a
+    block-causal mask whose query block ``empty_block`` sees no key: output 0, LSE -inf).
+    """
+
+    batch: int
+    heads_q: int
+    heads_kv: int
+    seq_q: int
+    seq_k: int
+    head_dim: int
+    layout: str = "causal"
+    dtype: str = "bf16"
+    seed: int = 0
+    window: int = 0
+    sink_blocks: int = 0
+    density: float = 0.0
+    empty_block: int = 0
+    block_m: int = 64
+    block_n: int = 64
+
+    def __post_init__(self):
+        if self.layout not in LAYOUT_KINDS:
+            raise UsageError(f"unknown attention layout {self.layout!r}; choose from {', '.join(LAYOUT_KINDS)}")
+        if self.dtype not in ("fp16", "bf16", "fp32"):
+            raise UsageError(f"attention case dtype must be fp16, bf16 or fp32, got {self.dtype!r}")
+        if self.layout in ("window", "sink") and self.window < 1:
+            raise UsageError(f"a {self.layout} case needs window >= 1")
+
+    @property
+    def layout_tag(self) -> str:
+        tag = {
+            "causal": "causal",
+            "window": f"window{self.window}",
+            "sink": f"window{self.window}-sink{self.sink_blocks}",
+            "random": f"random{int(round(self.density * 100))}",
+            "dense": "dense",
+            "emptyrow": f"emptyrow{self.empty_block}",
+        }[self.layout]
+        if (self.block_m, self.block_n) != (64, 64):
+            tag += f"-bm{self.block_m}bn{self.block_n}"
+        return tag
+
+    @property
+    def id(self) -> str:
+        return (f"B{self.batch}-Hq{self.heads_q}-Hkv{self.heads_kv}-Sq{self.seq_q}-Sk{self.seq_k}-"
+                f"D{self.head_dim}-{self.layout_tag}-{self.dtype}-s{self.seed}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "AttentionCase":
+        try:
+            return cls(**data)
+        except TypeError as err:
+            raise UsageError(f"bad attention case {data!r}: {err}") from None
+
+    def make_layout(self):
+        """The case's BlockLayout, on the CPU (seeded where random)."""
+        from parity import kernels
+
+        blocks = dict(block_m=self.block_m, block_n=self.block_n)
+        if self.layout == "causal":
+            return kernels.causal_layout(self.seq_q, self.seq_k, **blocks)
+        if self.layout == "window":
+            return kernels.sliding_window_layout(self.seq_q, self.seq_k, window=self.window, **blocks)
+        if self.layout == "sink":
+            return kernels.sink_layout(self.seq_q, self.seq_k, window=self.window, sink_blocks=self.sink_blocks,
+                                       **blocks)
+        if self.layout == "random":
+            return kernels.random_layout(self.seq_q, self.seq_k, density=self.density, seed=self.seed,
+                                         batch=self.batch, heads=self.heads_q, causal=True, **blocks)
+        num_q = -(-self.seq_q // self.block_m)
+        num_k = -(-self.seq_k // self.block_n)
+        if self.layout == "dense":
+            mask = torch.ones(1, 1, num_q, num_k, dtype=torch.bool)
+        else:  # emptyrow: block-causal, with one query block that sees nothing
+            rows = torch.arange(num_q)[:, None] * self.block_m
+            cols = torch.arange(num_k)[None, :] * self.block_n
+            mask = (cols <= rows + self.block_m - 1)[None, None].clone()
+            mask[..., self.empty_block, :] = False
+        return kernels.layout_from_block_mask(mask, self.seq_q, self.seq_k, **blocks)
+
+    def make_qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D] in the case's dtype, a pure function of the case."""
+        from parity.kernels.testing import random_qkv
+
+        return random_qkv(self.batch, self.heads_q, self.heads_kv, self.seq_q, self.seq_k, self.head_dim,
+                          self.torch_dtype, self.seed)
+
+
+def _case(b, hq, hkv, sq, sk, d, layout="causal", dtype="bf16", seed=0, **kw) -> AttentionCase:
+    return AttentionCase(b, hq, hkv, sq, sk, d, layout=layout, dtype=dtype, seed=seed, **kw)
+
+
+# `default`: small enough that the Triton interpreter runs the whole set in a few seconds on a CPU;
+# it still covers each layout kind, GQA, odd lengths, a single query row, an empty row and all
+# three dtypes. `gpu`: production-like sizes for a capture host.
+CASE_SETS: dict[str, tuple[AttentionCase, ...]] = {
+    "smoke": (
+        _case(1, 2, 1, 64, 64, 32, "causal", "fp16"),
+        _case(1, 2, 2, 80, 80, 32, "window", "bf16", window=48),
+    ),
+    "default": (
+        _case(1, 2, 2, 128, 128, 64, "causal", "fp16"),
+        _case(1, 4, 2, 113, 113, 32, "causal", "bf16", seed=1),
+        _case(1, 2, 2, 256, 256, 64, "window", "bf16", window=96),
+        _case(1, 4, 1, 256, 256, 64, "sink", "fp16", window=64, sink_blocks=1, seed=2),
+        _case(1, 2, 2, 256, 256, 64, "random", "fp32", density=0.5, seed=3),
+        _case(1, 4, 2, 1, 200, 64, "dense", "bf16", seed=4),
+        _case(2, 2, 2, 160, 160, 64, "emptyrow", "bf16", empty_block=1, seed=5),
+        _case(1, 2, 2, 100, 100, 64, "causal", "fp32", seed=6),
+    ),
+    "gpu": (
+        _case(2, 8, 2, 1000, 1000, 64, "causal", "bf16"),
+        _case(2, 8, 2, 1000, 1000, 64, "causal", "fp16"),
+        _case(2, 8, 2, 1000, 1000, 64, "causal", "fp32"),
+        _case(1, 16, 16, 4096, 4096, 128, "causal", "bf16", block_m=128, block_n=128),
+        _case(1, 16, 4, 4096, 4096, 128, "window", "bf16", window=1024, block_m=128, block_n=128, seed=1),
+        _case(1, 16, 4, 4096, 4096, 128, "sink", "bf16", window=1024, sink_blocks=1, block_m=128, block_n=128,
+              seed=2),
+        _case(1, 16, 16, 4096, 4096, 128, "random", "bf16", density=0.25, block_m=128, block_n=128, seed=3),
+        _case(4, 32, 8, 1, 4096, 128, "dense", "bf16", block_m=128, block_n=128, seed=4),
+        _case(2, 8, 8, 1537, 1537, 64, "emptyrow", "fp16", empty_block=3, seed=5),
+        _case(2, 8, 2, 2048, 2048, 256, "causal", "bf16", seed=6),
+    ),
+}
+
+
+class AttentionCases(nn.Module):
+    """One SparseAttention per case, each registered under the case id (its layer name)."""
+
+    def __init__(self, case_ids: list[str], impl: str):
+        super().__init__()
+        for case_id in case_ids:
+            self.add_module(case_id, SparseAttention(impl, return_lse=True))
+
+    def forward(self, *args, **kwargs):
+        raise TypeError("AttentionCases is run case by case through AttentionSubject.call")
+
+
+class AttentionSubject(Subject):
+    """The attention op over a named case set (``cases="default"``) or explicit case dicts.
+
+    ``dtype`` (fp16/bf16/fp32), when given, replaces every case's dtype. ``args`` records the
+    expanded list of cases, so the other host runs exactly these cases even if a named set
+    changes later.
+    """
+
+    name = "attention"
+    impls = ("reference", "triton")
+
+    def __init__(self, cases: str | list[dict[str, Any]] = "default", dtype: str | None = None,
+                 case_set: str | None = None):
+        if isinstance(cases, str):
+            if cases not in CASE_SETS:
+                raise UsageError(f"unknown attention case set {cases!r}; choose from {', '.join(CASE_SETS)}")
+            case_set, chosen = cases, list(CASE_SETS[cases])
+        elif isinstance(cases, list):
+            chosen = [case if isinstance(case, AttentionCase) else AttentionCase.from_json(case) for case in cases]
+        else:
+            raise UsageError(f"attention cases must be a set name or a list of cases, got {type(cases).__name__}")
+        if dtype is not None:
+            if dtype not in ("fp16", "bf16", "fp32"):
+                raise UsageError(f"attention dtype must be fp16, bf16 or fp32, got {dtype!r}")
+            chosen = [dataclasses.replace(case, dtype=dtype) for case in chosen]
+        ids = [case.id for case in chosen]
+        if len(set(ids)) != len(ids):
+            raise UsageError("attention cases must have distinct ids")
+        if not chosen:
+            raise UsageError("attention subject needs at least one case")
+        self.cases: tuple[AttentionCase, ...] = tuple(chosen)
+        super().__init__(cases=[case.to_json() for case in chosen], dtype=None, case_set=case_set)
+
+    def make_inputs(self) -> Inputs:
+        tensors: dict[str, torch.Tensor] = {}
+        layouts: dict[str, Any] = {}
+        for case in self.cases:
+            q, k, v = case.make_qkv()
+            tensors.update({f"{case.id}/q": q, f"{case.id}/k": k, f"{case.id}/v": v})
+            layout = case.make_layout()
+            for name, tensor in layout.to_tensors().items():
+                tensors[f"{case.id}/layout/{name}"] = tensor
+            layouts[case.id] = layout.meta
+        return Inputs(tensors, {"layouts": layouts})
+
+    def build(self, impl: str) -> nn.Module:
+        return AttentionCases([case.id for case in self.cases], impl)
+
+    def call(self, module: nn.Module, inputs: Inputs) -> dict[str, Any]:
+        outputs = {}
+        for case in self.cases:
+            prefix = f"{case.id}/layout/"
+            layout = {name[len(prefix):]: t for name, t in inputs.tensors.items() if name.startswith(prefix)}
+            t = inputs.tensors
+            outputs[case.id] = module._modules[case.id](
+                t[f"{case.id}/q"], t[f"{case.id}/k"], t[f"{case.id}/v"],
+                layout=layout, layout_meta=inputs.meta["layouts"][case.id],
+            )
+        return outputs
