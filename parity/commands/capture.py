@@ -1,0 +1,86 @@
+"""``python -m parity capture``: run a subject and write a golden bundle."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..errors import UsageError
+
+EPILOG = """\
+subjects: attention (the block-sparse op; --cases smoke|default|gpu), decoder (a small
+block-sparse decoder LM), or package.module:factory for your own (see parity.subjects.base).
+--impl triton on --device cpu needs TRITON_INTERPRET=1 in the environment.
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "capture", help="run a subject and record a golden bundle",
+        description="Run a subject with one implementation, record inputs, weights and per-layer "
+                    "outputs, and write them as a golden bundle (safetensors shards + manifest.json).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--subject", required=True, help="attention, decoder, or package.module:factory")
+    parser.add_argument("--out", required=True, help="bundle directory to create")
+    parser.add_argument("--impl", default="reference", help="implementation to capture (default: reference)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    parser.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: the subject's own)")
+    parser.add_argument("--layers", nargs="+", action="extend", metavar="GLOB",
+                        help="record only modules whose path matches a glob (default: every module)")
+    parser.add_argument("--record-inputs", action="store_true",
+                        help="also record each module's inputs (needed by compare --isolate)")
+    parser.add_argument("--reference", default="fp64",
+                        help="high-precision reference of every output: fp64 (CPU), fp32 (device) or none "
+                             "(default: fp64)")
+    parser.add_argument("--cases", default=None, help="attention case set: smoke, default or gpu")
+    parser.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="subject argument (VALUE parsed as JSON, else taken as a string); repeatable")
+    parser.add_argument("--shard-mib", type=float, default=256.0, help="shard size limit in MiB (default: 256)")
+    parser.add_argument("--force", action="store_true", help="replace an existing bundle at --out")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _subject_args(args: argparse.Namespace) -> dict:
+    subject_args: dict = {}
+    for item in args.arg:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--arg {item!r} must look like KEY=VALUE")
+        try:
+            subject_args[key] = json.loads(value)
+        except json.JSONDecodeError:
+            subject_args[key] = value
+    if args.dtype is not None:
+        if args.dtype not in ("bf16", "fp16", "fp32"):
+            raise UsageError(f"unknown --dtype {args.dtype!r}; choose from bf16, fp16, fp32")
+        subject_args["dtype"] = args.dtype
+    if args.cases is not None:
+        subject_args["cases"] = args.cases
+    return subject_args
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..capture import REFERENCE_CHOICES, capture, stderr_progress
+
+    if args.reference not in REFERENCE_CHOICES:
+        raise UsageError(f"unknown --reference {args.reference!r}; choose from {', '.join(REFERENCE_CHOICES)}")
+    if not args.shard_mib > 0:
+        raise UsageError(f"--shard-mib must be positive, got {args.shard_mib}")
+    result = capture(
+        args.subject,
+        args.out,
+        subject_args=_subject_args(args),
+        impl=args.impl,
+        device=args.device,
+        layers=args.layers,
+        record_inputs=args.record_inputs,
+        reference=args.reference,
+        force=args.force,
+        shard_bytes=max(1, int(args.shard_mib * 2**20)),
+        progress=None if args.quiet else stderr_progress,
+    )
+    print(f"wrote {result.path}: {result.layers} layers, {result.tensors} tensors, "
+          f"{result.bytes / 2**20:.1f} MiB; hooks on/off bitwise equal")
+    return 0
