@@ -1,0 +1,638 @@
+"""Tolerance policies: per-dtype defaults, per-layer overrides, config loading, and the pass/fail judge.
+
+A ``Policy`` maps ``(layer_name, dtype)`` to a ``Tolerance``; ``judge`` applies a ``Tolerance``
+to a ``LayerMetrics`` (``parity.metrics``) and returns a ``Verdict`` that says what failed and the
+smallest tolerances that would have passed. Compare must compute the metrics with the resolved
+tolerance's ``atol``/``rtol`` (``judge`` refuses metrics computed with other values).
+
+Checks made by ``judge`` (each failed check gives one reason):
+
+- ``nan_policy = "positions"``: NaN/Inf positions must agree (NaN with NaN, +Inf with +Inf).
+  ``"ignore"``: they are not checked; all other checks only ever see positions where both sides
+  are finite.
+- mismatch: at most ``max_mismatch_fraction`` of the finite elements may lie outside
+  ``atol + rtol * |ref|``.
+- ``min_cosine``, ``max_rel_l2``, and, when set, ``max_abs`` and ``max_ulp`` (fp16/bf16 only).
+- error budget, when ``budget_k`` is set and compare supplies an ``ErrorBudget``: this host's
+  error against a high-precision reference may be at most ``budget_k`` times the capture host's
+  own error against the same reference, plus ``budget_floor``, for ``rel_l2`` and for ``max_abs``
+  (the flash-attention rule, numerics.md). The floor is in the units of each quantity and only
+  matters where the capture host's own error is essentially zero.
+
+Built-in defaults and the numbers behind them. "Measured" = cross-host measurements in
+numerics.md (Triton in the CPU interpreter against an H200 SDPA golden: causal attention
+B=2 H=4 S=1000 D=64). "Simulated" = the same shapes on the CPU here (2026-12-02, torch 2.13):
+two online-softmax implementations that differ only in key block size (128 vs 64) and exp vs
+exp2, and a 4-layer bf16 decoder (d=256, 4 heads, S=512, GPT-style std-0.02 init) whose two
+implementations differ in that attention and in matmul accumulation order.
+
+======  =====================  ==========  ================================================
+dtype   field                  default     number behind it
+======  =====================  ==========  ================================================
+bf16    max_rel_l2             2e-2        measured op 9.8e-4 (20x headroom); simulated model
+                                           residual stream 3.4e-3..6.8e-3, logits 7.5e-3
+                                           (numerics: 5e-3..1e-2), 2-4x; bugs: dropped key
+                                           block 5.2e-2..2.2e-1, 10% scale error 1.1e-1
+bf16    min_cosine             0.9998      = 1 - max_rel_l2**2 / 2, the cosine an error of
+                                           that size gives (measured op 1 - 5e-7). Cosine is
+                                           blind to scale errors (1.1 * ref has cosine 1),
+                                           so rel_l2 is the binding check
+bf16    rtol                   1.6e-2      torch.testing's bf16 rtol, 2 bf16 ULPs
+bf16    atol                   1e-2        measured op max abs 3.9e-3 (2.6x); simulated
+                                           needed atol at rtol 1.6e-2: op 7e-4, plain bf16
+                                           eager attention 1.1e-2 at 1 element in 512k,
+                                           model logits 1.3e-2 at 3 elements in 524k.
+                                           Absolute: calibrated for activations of rms up
+                                           to ~0.3 (attention outputs of unit-variance
+                                           inputs: 0.13; model logits 0.32). Benign error
+                                           near zero grows with the tensor's rms (up to
+                                           ~3.5e-2 * rms in bf16): widen it per layer for
+                                           larger activations. Not looser, because the
+                                           mismatch check is what catches local bugs: the
+                                           last 32 rows of one head scaled by 0.9 (rel_l2
+                                           7.8e-3) give 230 mismatches at 1e-2, none at 5e-2
+bf16    max_mismatch_fraction  5e-5        benign: <= 5.7e-6 (above); one corrupted row of
+                                           64 among 8000: 1.1e-4; a dropped last partial key
+                                           block (rel_l2 1.2e-2, under max_rel_l2): 5.2e-3
+fp16    max_rel_l2             2.5e-3      measured op 1.2e-4 (21x); bf16's model headroom
+                                           scaled by the 8x smaller fp16 epsilon
+fp16    min_cosine             0.999997    = 1 - max_rel_l2**2 / 2 (measured op 1 - 1e-8)
+fp16    rtol                   2e-3        2 fp16 ULPs, as torch's bf16 rtol is 2 bf16 ULPs
+                                           (torch's fp16 1e-3 is one ULP: rounding flips of
+                                           one ULP at the bottom of a binade reach 9.8e-4)
+fp16    atol                   1e-3        measured op max abs 2.4e-4 (4x); bf16's atol
+                                           scaled by the epsilon ratio (1.25e-3)
+fp16    max_mismatch_fraction  5e-5        as bf16
+fp32    max_rel_l2             2e-5        measured op 5.2e-7 (38x), IEEE fp32 dots; model
+                                           layers by bf16's 5-10x depth growth: 2.6e-6..
+                                           5.2e-6 (4-8x). TF32 on one side gives ~1e-4..
+                                           1e-3 and fails, as it should: it is a platform
+                                           difference, recorded in the fingerprint
+fp32    min_cosine             1 - 2e-10   = 1 - max_rel_l2**2 / 2
+fp32    rtol, atol             1.3e-6,     torch.testing's fp32 defaults; measured op max
+                               1e-5        abs 1.4e-6 (7x)
+fp32    max_mismatch_fraction  5e-5        as bf16
+fp64    max_rel_l2             1e-13       simulated op 3.3e-16 (300x). fp64 is a reference
+                                           dtype: any real bug is 1e9 above
+fp64    min_cosine             1 - 1e-14   the resolution of a float64 cosine; rel_l2 binds
+fp64    rtol, atol             1e-13       simulated op max abs 7.2e-16
+integer exact                  0           ints and bool must be equal: atol = rtol = 0,
+                                           max_mismatch_fraction 0, min_cosine 1, rel_l2 0
+other   exact                  0           other dtypes (fp8, ...) have no calibrated
+                                           default: exact until a config sets one
+all     nan_policy             positions   NaN/Inf must appear at the same positions
+all     max_abs, max_ulp       unchecked   scale-dependent; ULP distances between two
+                                           accumulation orders reach 3e4 near zero
+all     budget_k               off         ``[budget] k = 2.0`` for the flash-attention rule
+all     budget_floor           bf16 1e-4,  ~eps/100 of the dtype: 5% of the capture host's
+                               fp16 1e-5,  measured bf16 error vs fp64 (rel_l2 2.0e-3, max
+                               fp32 1e-9,  abs 6.6e-3), so it does not loosen the 2x rule
+                               fp64 1e-18
+======  =====================  ==========  ================================================
+
+Config file (``parity.toml``, or the same tables under ``[tool.parity]`` in ``pyproject.toml``)::
+
+    [defaults]                  # fields here apply to every dtype
+    nan_policy = "positions"
+
+    [defaults.bf16]             # then per-dtype changes to the built-in defaults
+    min_cosine = 0.9999         # dtype names: bf16 fp16 fp32 fp64 integer other
+    atol = 3e-2                 # (bfloat16, float16, half, float32, float, float64 and
+                                # double are accepted as aliases)
+
+    [budget]                    # error-budget mode, the same as budget_k / budget_floor
+    k = 2.0                     # in [defaults]; floor is optional
+    floor = 1e-4
+
+    [[layers]]                  # ordered glob overrides (fnmatch, case-sensitive, "*"
+    match = "model.layers.3.*"  # also matches dots); every matching entry applies in
+    max_rel_l2 = 3e-2           # order, so later entries win
+    reason = "deepest layer: error grows with depth"
+
+Fields: ``atol rtol max_mismatch_fraction min_cosine max_abs max_rel_l2 max_ulp nan_policy
+budget_k budget_floor``. Precedence, lowest first: built-in default of the dtype, ``[budget]``
+and the fields of ``[defaults]``, ``[defaults.<dtype>]``, then each matching ``[[layers]]``.
+``max_abs``, ``max_ulp`` and ``budget_k`` accept ``"off"`` to unset them. Unknown keys, wrong
+types, out-of-range values and unknown dtype names raise ``UsageError`` naming the file and the
+key.
+"""
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import torch
+
+from .errors import UsageError
+from .metrics import LayerMetrics, json_safe_float
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None
+
+NAN_POLICIES = ("positions", "ignore")
+DTYPE_CLASSES = ("bf16", "fp16", "fp32", "fp64", "integer", "other")
+_DTYPE_ALIASES = {
+    "bfloat16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "float32": "fp32",
+    "float": "fp32",
+    "float64": "fp64",
+    "double": "fp64",
+}
+_OFF = "off"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tolerance
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError("expected a number, got nan")
+    return value
+
+
+def _nonnegative(value: Any, *, finite: bool = True) -> float:
+    value = _number(value)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value!r}")
+    if finite and math.isinf(value):
+        raise ValueError(f"must be finite, got {value!r}")
+    return value
+
+
+def _fraction(value: Any) -> float:
+    value = _nonnegative(value)
+    if value > 1:
+        raise ValueError(f"is a fraction of elements, must be <= 1, got {value!r}")
+    return value
+
+
+def _cosine(value: Any) -> float:
+    value = _number(value)
+    if not -1.0 <= value <= 1.0:
+        raise ValueError(f"must be between -1 and 1, got {value!r}")
+    return value
+
+
+def _optional(check):
+    def optional_check(value: Any):
+        if value is None or value == _OFF:
+            return None
+        return check(value)
+
+    return optional_check
+
+
+def _ulp_count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer number of ULPs, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value!r}")
+    return value
+
+
+def _nan_policy(value: Any) -> str:
+    if value not in NAN_POLICIES:
+        raise ValueError(f"must be one of {', '.join(map(repr, NAN_POLICIES))}, got {value!r}")
+    return value
+
+
+_FIELD_CHECKS = {
+    "atol": _nonnegative,
+    "rtol": _nonnegative,
+    "max_mismatch_fraction": _fraction,
+    "min_cosine": _cosine,
+    "max_abs": _optional(lambda v: _nonnegative(v, finite=False)),
+    "max_rel_l2": lambda v: _nonnegative(v, finite=False),
+    "max_ulp": _optional(_ulp_count),
+    "nan_policy": _nan_policy,
+    "budget_k": _optional(_nonnegative),
+    "budget_floor": _nonnegative,
+}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """What one layer must satisfy; see the module docstring for each field's check."""
+
+    atol: float
+    rtol: float
+    max_mismatch_fraction: float
+    min_cosine: float
+    max_rel_l2: float
+    max_abs: float | None = None
+    max_ulp: int | None = None
+    nan_policy: str = "positions"
+    budget_k: float | None = None
+    budget_floor: float = 0.0
+
+    def __post_init__(self):
+        for name, check in _FIELD_CHECKS.items():
+            try:
+                object.__setattr__(self, name, check(getattr(self, name)))
+            except ValueError as err:
+                raise ValueError(f"Tolerance.{name}: {err}") from None
+
+    def to_dict(self) -> dict:
+        return {f.name: _json_value(getattr(self, f.name)) for f in fields(self)}
+
+
+TOLERANCE_FIELDS = tuple(f.name for f in fields(Tolerance))
+
+_EXACT = Tolerance(atol=0.0, rtol=0.0, max_mismatch_fraction=0.0, min_cosine=1.0, max_rel_l2=0.0)
+
+# The numbers behind each value are in the module docstring's table.
+DEFAULT_TOLERANCES: Mapping[str, Tolerance] = MappingProxyType({
+    "bf16": Tolerance(atol=1e-2, rtol=1.6e-2, max_mismatch_fraction=5e-5,
+                      min_cosine=0.9998, max_rel_l2=2e-2, budget_floor=1e-4),
+    "fp16": Tolerance(atol=1e-3, rtol=2e-3, max_mismatch_fraction=5e-5,
+                      min_cosine=0.999997, max_rel_l2=2.5e-3, budget_floor=1e-5),
+    "fp32": Tolerance(atol=1e-5, rtol=1.3e-6, max_mismatch_fraction=5e-5,
+                      min_cosine=1 - 2e-10, max_rel_l2=2e-5, budget_floor=1e-9),
+    "fp64": Tolerance(atol=1e-13, rtol=1e-13, max_mismatch_fraction=5e-5,
+                      min_cosine=1 - 1e-14, max_rel_l2=1e-13, budget_floor=1e-18),
+    "integer": _EXACT,
+    "other": _EXACT,
+})
+
+
+def dtype_class(dtype: torch.dtype | str) -> str:
+    """The policy's name for a dtype: bf16, fp16, fp32, fp64, integer (ints and bool) or other.
+
+    Accepts a ``torch.dtype`` or its name (``"bfloat16"``, ``"torch.bfloat16"``, ``"bf16"``).
+    """
+    if isinstance(dtype, str):
+        name = dtype.removeprefix("torch.")
+        if name in DTYPE_CLASSES:
+            return name
+        if name in _DTYPE_ALIASES:
+            return _DTYPE_ALIASES[name]
+        resolved = getattr(torch, name, None)
+        if not isinstance(resolved, torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}")
+        dtype = resolved
+    by_dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
+    if dtype in by_dtype:
+        return by_dtype[dtype]
+    if dtype.is_floating_point or dtype.is_complex:
+        return "other"
+    return "integer"
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy
+
+
+@dataclass(frozen=True)
+class LayerOverride:
+    """Changes to the tolerance of every layer whose name matches the glob ``match``."""
+
+    match: str
+    changes: Mapping[str, Any]
+    reason: str | None = None
+
+    def __post_init__(self):
+        unknown = set(self.changes) - set(TOLERANCE_FIELDS)
+        if unknown:
+            raise ValueError(f"LayerOverride: unknown tolerance fields {sorted(unknown)}")
+        object.__setattr__(self, "changes", MappingProxyType(dict(self.changes)))
+
+    def matches(self, layer_name: str) -> bool:
+        return fnmatch.fnmatchcase(layer_name, self.match)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Per-dtype tolerances plus ordered per-layer glob overrides (later overrides win)."""
+
+    dtype_defaults: Mapping[str, Tolerance] = field(default_factory=lambda: DEFAULT_TOLERANCES)
+    overrides: tuple[LayerOverride, ...] = ()
+    source: str = "built-in defaults"
+
+    def __post_init__(self):
+        missing = set(DTYPE_CLASSES) - set(self.dtype_defaults)
+        if missing:
+            raise ValueError(f"Policy: no tolerance for dtype classes {sorted(missing)}")
+        object.__setattr__(self, "dtype_defaults", MappingProxyType(dict(self.dtype_defaults)))
+        object.__setattr__(self, "overrides", tuple(self.overrides))
+
+    def resolve(self, layer_name: str, dtype: torch.dtype | str) -> Tolerance:
+        tolerance = self.dtype_defaults[dtype_class(dtype)]
+        for override in self.overrides:
+            if override.matches(layer_name):
+                tolerance = replace(tolerance, **override.changes)
+        return tolerance
+
+    def to_dict(self) -> dict:
+        """JSON-safe description, for recording the policy a report was judged under."""
+        return {
+            "source": self.source,
+            "defaults": {name: tol.to_dict() for name, tol in self.dtype_defaults.items()},
+            "layers": [
+                {"match": o.match, **{k: _json_value(v) for k, v in o.changes.items()},
+                 **({"reason": o.reason} if o.reason else {})}
+                for o in self.overrides
+            ],
+        }
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: str, *, key_prefix: str = "") -> "Policy":
+        """A policy from parsed TOML tables; errors are ``UsageError`` naming ``source`` and the key."""
+        return _PolicyReader(source, key_prefix).read(data)
+
+    @classmethod
+    def from_toml(cls, path: str | os.PathLike) -> "Policy":
+        """A policy from a ``parity.toml``-style file (the schema is in the module docstring)."""
+        return cls.from_mapping(_read_toml(path), source=os.fspath(path))
+
+    @classmethod
+    def from_pyproject(cls, path: str | os.PathLike) -> "Policy":
+        """A policy from the ``[tool.parity]`` table of a ``pyproject.toml``."""
+        tool = _read_toml(path).get("tool", {})
+        table = tool.get("parity") if isinstance(tool, dict) else None
+        if table is None:
+            raise UsageError(f"{os.fspath(path)}: tool.parity: no [tool.parity] table")
+        if not isinstance(table, dict):
+            raise UsageError(f"{os.fspath(path)}: tool.parity: expected a table")
+        return cls.from_mapping(table, source=os.fspath(path), key_prefix="tool.parity.")
+
+
+def load_policy(path: str | os.PathLike) -> Policy:
+    """``Policy.from_pyproject`` for a file named ``pyproject.toml``, ``Policy.from_toml`` otherwise."""
+    if os.path.basename(os.fspath(path)) == "pyproject.toml":
+        return Policy.from_pyproject(path)
+    return Policy.from_toml(path)
+
+
+def _read_toml(path: str | os.PathLike) -> dict:
+    name = os.fspath(path)
+    if tomllib is None:
+        raise UsageError(f"{name}: reading TOML needs Python >= 3.11 or the 'tomli' package")
+    try:
+        with open(name, "rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise UsageError(f"{name}: policy file not found") from None
+    except IsADirectoryError:
+        raise UsageError(f"{name}: is a directory, not a policy file") from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"{name}: invalid TOML: {err}") from None
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{name}: not UTF-8 text: {err}") from None
+
+
+class _PolicyReader:
+    """Validates parsed TOML tables, naming the file and the full key of the first problem."""
+
+    def __init__(self, source: str, key_prefix: str):
+        self.source = source
+        self.key_prefix = key_prefix
+
+    def fail(self, key: str, problem: str) -> UsageError:
+        return UsageError(f"{self.source}: {self.key_prefix}{key}: {problem}")
+
+    def table(self, value: Any, key: str) -> Mapping[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(key, f"expected a table, got {type(value).__name__}")
+        return value
+
+    def tolerance_changes(self, table: Mapping[str, Any], key: str, *, ignore=()) -> dict[str, Any]:
+        changes = {}
+        for name, value in table.items():
+            if name in ignore:
+                continue
+            if name not in _FIELD_CHECKS:
+                fields_list = ", ".join(TOLERANCE_FIELDS)
+                raise self.fail(f"{key}.{name}", f"unknown key (tolerance fields: {fields_list})")
+            try:
+                changes[name] = _FIELD_CHECKS[name](value)
+            except ValueError as err:
+                raise self.fail(f"{key}.{name}", str(err)) from None
+        return changes
+
+    def read(self, data: Mapping[str, Any]) -> Policy:
+        unknown = set(data) - {"defaults", "budget", "layers"}
+        if unknown:
+            raise self.fail(sorted(unknown)[0], "unknown key (expected defaults, budget, layers)")
+
+        all_dtypes: dict[str, Any] = {}
+        per_dtype: dict[str, dict[str, Any]] = {}
+        if "budget" in data:
+            all_dtypes.update(self.read_budget(self.table(data["budget"], "budget")))
+        defaults = self.table(data.get("defaults", {}), "defaults")
+        for name, value in defaults.items():
+            canonical = _DTYPE_ALIASES.get(name, name)
+            if canonical in DTYPE_CLASSES and not isinstance(value, dict):
+                got = type(value).__name__
+                raise self.fail(f"defaults.{name}", f"expected a table ([defaults.{name}]), got {got}")
+            if isinstance(value, dict):
+                if canonical not in DTYPE_CLASSES:
+                    expected = ", ".join(DTYPE_CLASSES)
+                    raise self.fail(f"defaults.{name}", f"unknown dtype (expected one of {expected})")
+                if canonical in per_dtype:
+                    raise self.fail(f"defaults.{name}", f"given twice (as {canonical} and an alias)")
+                per_dtype[canonical] = self.tolerance_changes(value, f"defaults.{name}")
+            else:
+                field_change = self.tolerance_changes({name: value}, "defaults")
+                if name in all_dtypes:
+                    raise self.fail(f"defaults.{name}", "also set in [budget]")
+                all_dtypes.update(field_change)
+
+        # Every value was checked on its own above and no check spans two fields, so
+        # replace() cannot fail here.
+        dtype_defaults = {
+            dtype_name: replace(builtin, **{**all_dtypes, **per_dtype.get(dtype_name, {})})
+            for dtype_name, builtin in DEFAULT_TOLERANCES.items()
+        }
+
+        layers = data.get("layers", [])
+        if not isinstance(layers, list):
+            raise self.fail("layers", "expected an array of tables ([[layers]])")
+        overrides = tuple(self.read_layer(entry, f"layers[{i}]") for i, entry in enumerate(layers))
+        return Policy(dtype_defaults=dtype_defaults, overrides=overrides, source=self.source)
+
+    def read_budget(self, table: Mapping[str, Any]) -> dict[str, Any]:
+        changes = {}
+        for name, value in table.items():
+            if name not in ("k", "floor"):
+                raise self.fail(f"budget.{name}", "unknown key (expected k, floor)")
+            try:
+                changes[f"budget_{name}"] = _FIELD_CHECKS[f"budget_{name}"](value)
+            except ValueError as err:
+                raise self.fail(f"budget.{name}", str(err)) from None
+        return changes
+
+    def read_layer(self, entry: Any, key: str) -> LayerOverride:
+        entry = self.table(entry, key)
+        pattern = entry.get("match")
+        if not isinstance(pattern, str) or not pattern:
+            raise self.fail(f"{key}.match", "required: a non-empty glob string naming layers")
+        reason = entry.get("reason")
+        if reason is not None and not isinstance(reason, str):
+            raise self.fail(f"{key}.reason", f"expected a string, got {type(reason).__name__}")
+        changes = self.tolerance_changes(entry, key, ignore=("match", "reason"))
+        return LayerOverride(match=pattern, changes=changes, reason=reason)
+
+
+# ---------------------------------------------------------------------------------------------
+# Judge
+
+
+@dataclass(frozen=True)
+class ErrorBudget:
+    """Both hosts' errors against the same high-precision reference (``compute_error_vs_reference``)."""
+
+    capture_vs_reference: LayerMetrics
+    host_vs_reference: LayerMetrics
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Outcome of ``judge`` for one layer.
+
+    ``reasons``: one line per failed check. ``needed``: for every check that was made, the
+    tightest value of its tolerance that the observed metrics would still satisfy (observed
+    cosine, max_abs, rel_l2, ULPs, mismatch fraction; ``atol`` for the tolerance's rtol and
+    ``rtol`` for its atol, both with no mismatch at all; ``budget_k`` for the error budget).
+    ``notes``: checks that were configured but could not be made.
+    """
+
+    passed: bool
+    reasons: list[str] = field(default_factory=list)
+    needed: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "passed": self.passed,
+            "reasons": list(self.reasons),
+            "needed": {name: _json_value(value) for name, value in self.needed.items()},
+            "notes": list(self.notes),
+        }
+
+
+def judge(metrics: LayerMetrics, tol: Tolerance, *, budget: ErrorBudget | None = None) -> Verdict:
+    """Apply ``tol`` to ``metrics`` (computed with ``tol.atol`` and ``tol.rtol``); pure."""
+    if metrics.atol != tol.atol or metrics.rtol != tol.rtol:
+        raise ValueError(
+            f"metrics were computed with atol={metrics.atol!r}, rtol={metrics.rtol!r} but the "
+            f"tolerance has atol={tol.atol!r}, rtol={tol.rtol!r}: compute them with the tolerance's values"
+        )
+    reasons: list[str] = []
+    needed: dict[str, float] = {}
+    notes: list[str] = []
+
+    if tol.nan_policy == "positions" and not metrics.nonfinite_positions_agree:
+        reasons.append(
+            f"NaN/Inf positions differ at {metrics.nonfinite_mismatch_count} of {metrics.numel} elements "
+            f"(out: {metrics.nan_out} NaN, {metrics.inf_out} Inf; ref: {metrics.nan_ref} NaN, "
+            f"{metrics.inf_ref} Inf); first at {metrics.first_nonfinite_mismatch_index}"
+        )
+
+    needed["max_mismatch_fraction"] = metrics.mismatch_fraction
+    needed["atol"] = metrics.needed_atol
+    needed["rtol"] = metrics.needed_rtol
+    if not metrics.mismatch_fraction <= tol.max_mismatch_fraction:
+        observed, allowed = _format_pair(metrics.mismatch_fraction, tol.max_mismatch_fraction)
+        reasons.append(
+            f"mismatch_fraction {observed} > {allowed} ({metrics.mismatch_count} of "
+            f"{metrics.finite_count} elements outside atol {_format(tol.atol)} + rtol "
+            f"{_format(tol.rtol)}*|ref|; largest |out - ref| at {metrics.worst_index}: "
+            f"out {metrics.worst_out!r}, ref {metrics.worst_ref!r})"
+        )
+
+    needed["min_cosine"] = metrics.cosine
+    if not metrics.cosine >= tol.min_cosine:
+        observed, allowed = _format_pair(metrics.cosine, tol.min_cosine, style="g")
+        reasons.append(f"cosine {observed} < {allowed}")
+
+    needed["max_rel_l2"] = metrics.rel_l2
+    if not metrics.rel_l2 <= tol.max_rel_l2:
+        observed, allowed = _format_pair(metrics.rel_l2, tol.max_rel_l2)
+        reasons.append(f"rel_l2 {observed} > {allowed}")
+
+    if tol.max_abs is not None:
+        needed["max_abs"] = metrics.max_abs
+        if not metrics.max_abs <= tol.max_abs:
+            observed, allowed = _format_pair(metrics.max_abs, tol.max_abs)
+            reasons.append(f"max_abs {observed} > {allowed}")
+
+    if tol.max_ulp is not None:
+        if metrics.ulp_max is None:
+            notes.append(
+                f"max_ulp not checked: ULP distances exist only for fp16/bf16 against the same dtype "
+                f"(out {metrics.out_dtype}, ref {metrics.ref_dtype})"
+            )
+        else:
+            needed["max_ulp"] = metrics.ulp_max
+            if metrics.ulp_max > tol.max_ulp:
+                reasons.append(
+                    f"ulp_max {metrics.ulp_max} > {tol.max_ulp} ({metrics.ulp_over_1_count} elements "
+                    f"more than 1 ULP apart)"
+                )
+
+    if tol.budget_k is not None:
+        if budget is None:
+            notes.append("error budget not checked: no metrics against a high-precision reference")
+        else:
+            _judge_budget(budget, tol.budget_k, tol.budget_floor, reasons, needed)
+
+    return Verdict(passed=not reasons, reasons=reasons, needed=needed, notes=notes)
+
+
+def _judge_budget(budget: ErrorBudget, k: float, floor: float, reasons: list[str], needed: dict) -> None:
+    smallest_k = 0.0
+    for name in ("rel_l2", "max_abs"):
+        capture = getattr(budget.capture_vs_reference, name)
+        host = getattr(budget.host_vs_reference, name)
+        allowed = k * capture + floor
+        if not host <= allowed:
+            observed, limit = _format_pair(host, allowed)
+            reasons.append(
+                f"error budget: {name} vs reference {observed} > {limit} "
+                f"(= {_format(k)} x capture host's {_format(capture)} + floor {_format(floor)})"
+            )
+        excess = host - floor
+        if excess > 0:
+            smallest_k = max(smallest_k, excess / capture if capture > 0 else math.inf)
+    needed["budget_k"] = smallest_k
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting
+
+
+def _json_value(value: Any) -> Any:
+    return json_safe_float(value) if isinstance(value, float) else value
+
+
+def _format(value: float, digits: int = 1, style: str = "e") -> str:
+    """Compact numbers for reasons: 3.1e-2 (not 3.1e-02); cosines as plain decimals."""
+    if style == "g":
+        return f"{value:.{digits + 4}g}"
+    text = f"{value:.{digits}e}"
+    mantissa, _, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if exponent else text
+
+
+def _format_pair(observed: float, limit: float, style: str = "e") -> tuple[str, str]:
+    """Both numbers with just enough digits that a failing pair never prints as equal."""
+    for digits in range(1, 17):
+        pair = _format(observed, digits, style), _format(limit, digits, style)
+        if pair[0] != pair[1]:
+            return pair
+    return pair

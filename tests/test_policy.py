@@ -1,0 +1,504 @@
+"""Tests of parity.policy: defaults, overrides, config loading, the judge and the error budget."""
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+import parity.policy as policy_module
+from parity.errors import UsageError
+from parity.kernels.layout import layout_from_block_mask
+from parity.kernels.reference import reference_attention
+from parity.kernels.testing import random_qkv
+from parity.metrics import compute_error_vs_reference, compute_metrics
+from parity.policy import (
+    DEFAULT_TOLERANCES,
+    ErrorBudget,
+    LayerOverride,
+    Policy,
+    Tolerance,
+    dtype_class,
+    judge,
+    load_policy,
+)
+
+
+def judged(out, ref, tol, **kwargs):
+    return judge(compute_metrics(out, ref, atol=tol.atol, rtol=tol.rtol), tol, **kwargs)
+
+
+def loose(**changes):
+    """A tolerance that passes everything except what the test sets."""
+    base = Tolerance(atol=0.0, rtol=0.0, max_mismatch_fraction=1.0, min_cosine=-1.0, max_rel_l2=math.inf)
+    return dataclasses.replace(base, **changes)
+
+
+# --- defaults ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "dtype, expected",
+    [
+        (torch.bfloat16, "bf16"), ("bfloat16", "bf16"), ("torch.bfloat16", "bf16"), ("bf16", "bf16"),
+        (torch.float16, "fp16"), ("half", "fp16"), (torch.float32, "fp32"), ("float", "fp32"),
+        (torch.float64, "fp64"), ("double", "fp64"),
+        (torch.int32, "integer"), (torch.uint8, "integer"), (torch.bool, "integer"), ("int64", "integer"),
+        (torch.float8_e4m3fn, "other"), ("float8_e5m2", "other"),
+    ],
+)
+def test_dtype_class(dtype, expected):
+    assert dtype_class(dtype) == expected
+
+
+def test_unknown_dtype_name():
+    with pytest.raises(ValueError, match="unknown dtype 'fp12'"):
+        dtype_class("fp12")
+
+
+def test_defaults_resolve_per_dtype():
+    policy = Policy()
+    assert policy.resolve("model.layers.0.attn", torch.bfloat16) == DEFAULT_TOLERANCES["bf16"]
+    assert policy.resolve("x", "float16") == DEFAULT_TOLERANCES["fp16"]
+    assert policy.resolve("x", torch.float32).atol == 1e-5
+    exact = policy.resolve("token_ids", torch.int64)
+    assert (exact.atol, exact.rtol, exact.max_mismatch_fraction) == (0.0, 0.0, 0.0)
+
+
+# The cross-implementation differences measured in numerics.md (cosine, rel_l2, max abs) for
+# single attention ops, and the depth-grown bf16 logits of a 4-layer model (rel_l2 up to 1e-2).
+MEASURED = {
+    "bf16": dict(cosine=0.9999995, rel_l2=9.8e-4, max_abs=3.9e-3, model_rel_l2=1e-2),
+    "fp16": dict(cosine=0.99999999, rel_l2=1.2e-4, max_abs=2.4e-4, model_rel_l2=1e-2 / 8),
+    "fp32": dict(cosine=1 - 7e-14, rel_l2=5.2e-7, max_abs=1.4e-6, model_rel_l2=5.2e-6),
+}
+
+
+@pytest.mark.parametrize("dtype", sorted(MEASURED))
+def test_defaults_have_headroom_over_measured_differences_and_catch_bugs(dtype):
+    tol, measured = DEFAULT_TOLERANCES[dtype], MEASURED[dtype]
+    assert tol.max_rel_l2 >= 10 * measured["rel_l2"]
+    assert tol.max_rel_l2 >= 2 * measured["model_rel_l2"]
+    assert 1 - tol.min_cosine >= 10 * (1 - measured["cosine"])
+    assert tol.atol >= 2.5 * measured["max_abs"]
+    # A dropped key block or a 10% scale error: rel_l2 ~ 5e-2..1e-1 (cosine ~ 1 - 1.4e-3).
+    assert tol.max_rel_l2 <= 5e-2 / 2
+    assert 1 - tol.min_cosine <= 1.4e-3 / 2
+
+
+# --- overrides --------------------------------------------------------------------------------
+
+def test_glob_overrides_apply_in_order_and_later_ones_win():
+    policy = Policy(overrides=[
+        LayerOverride("model.*", {"max_rel_l2": 3e-2, "atol": 2e-2}),
+        LayerOverride("model.layers.3.*", {"max_rel_l2": 5e-2}),
+    ])
+    deep = policy.resolve("model.layers.3.attn", torch.bfloat16)
+    assert deep.max_rel_l2 == 5e-2 and deep.atol == 2e-2
+    assert deep.min_cosine == DEFAULT_TOLERANCES["bf16"].min_cosine
+    assert policy.resolve("model.layers.1.attn", torch.bfloat16).max_rel_l2 == 3e-2
+    assert policy.resolve("lm_head", torch.bfloat16) == DEFAULT_TOLERANCES["bf16"]
+
+    reversed_order = Policy(overrides=list(reversed(policy.overrides)))
+    assert reversed_order.resolve("model.layers.3.attn", torch.bfloat16).max_rel_l2 == 3e-2
+
+
+def test_glob_star_crosses_dots_and_matching_is_case_sensitive():
+    policy = Policy(overrides=[LayerOverride("*.attn", {"atol": 0.5})])
+    assert policy.resolve("model.layers.0.attn", "bf16").atol == 0.5
+    assert policy.resolve("model.layers.0.ATTN", "bf16").atol == DEFAULT_TOLERANCES["bf16"].atol
+
+
+def test_override_with_unknown_field_is_refused():
+    with pytest.raises(ValueError, match="min_cos"):
+        LayerOverride("*", {"min_cos": 0.9})
+
+
+def test_tolerance_validates_its_fields():
+    with pytest.raises(ValueError, match="Tolerance.atol: must be >= 0"):
+        dataclasses.replace(DEFAULT_TOLERANCES["bf16"], atol=-1e-3)
+    with pytest.raises(ValueError, match="Tolerance.nan_policy"):
+        dataclasses.replace(DEFAULT_TOLERANCES["bf16"], nan_policy="sometimes")
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+CONFIG = """
+[defaults]
+nan_policy = "ignore"
+
+[defaults.bf16]
+min_cosine = 0.9999
+atol = 3e-2
+
+[defaults.float32]
+max_abs = 1e-4
+
+[budget]
+k = 2.0
+
+[[layers]]
+match = "model.layers.*"
+max_rel_l2 = 3e-2
+max_ulp = 2
+
+[[layers]]
+match = "model.layers.3.*"
+max_rel_l2 = 5e-2
+max_ulp = "off"
+reason = "deepest layer: error grows with depth"
+"""
+
+
+def _check_config(policy):
+    bf16 = policy.resolve("lm_head", torch.bfloat16)
+    assert bf16.min_cosine == 0.9999 and bf16.atol == 3e-2 and bf16.nan_policy == "ignore"
+    assert bf16.rtol == DEFAULT_TOLERANCES["bf16"].rtol
+    assert bf16.budget_k == 2.0 and bf16.budget_floor == DEFAULT_TOLERANCES["bf16"].budget_floor
+    assert policy.resolve("lm_head", torch.float32).max_abs == 1e-4
+    assert policy.resolve("lm_head", torch.float16).max_abs is None
+    assert policy.resolve("lm_head", torch.float16).nan_policy == "ignore"
+    layer1 = policy.resolve("model.layers.1.mlp", torch.bfloat16)
+    assert (layer1.max_rel_l2, layer1.max_ulp, layer1.min_cosine) == (3e-2, 2, 0.9999)
+    layer3 = policy.resolve("model.layers.3.mlp", torch.bfloat16)
+    assert (layer3.max_rel_l2, layer3.max_ulp) == (5e-2, None)
+    assert policy.overrides[1].reason == "deepest layer: error grows with depth"
+
+
+def test_load_from_toml(tmp_path):
+    path = tmp_path / "parity.toml"
+    path.write_text(CONFIG)
+    policy = load_policy(path)
+    _check_config(policy)
+    assert policy.source == str(path)
+
+
+def test_load_from_pyproject(tmp_path):
+    tables = CONFIG.replace("[defaults", "[tool.parity.defaults").replace("[budget]", "[tool.parity.budget]")
+    tables = tables.replace("[[layers]]", "[[tool.parity.layers]]")
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[project]\nname = "someone"\n' + tables)
+    _check_config(load_policy(path))
+    _check_config(Policy.from_pyproject(path))
+
+
+def test_pyproject_without_tool_parity(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[project]\nname = "someone"\n[tool.black]\nline-length = 100\n')
+    with pytest.raises(UsageError, match=r"pyproject.toml: tool.parity: no \[tool.parity\] table"):
+        load_policy(path)
+
+
+def test_empty_config_is_the_builtin_defaults(tmp_path):
+    path = tmp_path / "parity.toml"
+    path.write_text("")
+    assert dict(load_policy(path).dtype_defaults) == dict(DEFAULT_TOLERANCES)
+
+
+BAD_CONFIGS = [
+    ("[default]\natol = 1e-3\n", "default: unknown key"),
+    ("[defaults.bf16]\nmin_cos = 0.9\n", "defaults.bf16.min_cos: unknown key"),
+    ('[defaults.fp32]\natol = "small"\n', "defaults.fp32.atol: expected a number, got str 'small'"),
+    ("[defaults.fp32]\natol = true\n", "defaults.fp32.atol: expected a number, got bool"),
+    ("[defaults.fp32]\natol = nan\n", "defaults.fp32.atol: expected a number, got nan"),
+    ("[defaults.fp32]\natol = inf\n", "defaults.fp32.atol: must be finite"),
+    ("[defaults.fp8]\natol = 1e-3\n", "defaults.fp8: unknown dtype"),
+    ("[defaults.bf16]\natol = 1\n[defaults.bfloat16]\natol = 2\n", "defaults.bfloat16: given twice"),
+    ('[defaults]\nnan_policy = "sometimes"\n', "defaults.nan_policy: must be one of 'positions', 'ignore'"),
+    ("[defaults]\nmax_mismatch_fraction = 2\n", "defaults.max_mismatch_fraction: is a fraction"),
+    ("[defaults]\nmin_cosine = 1.5\n", "defaults.min_cosine: must be between -1 and 1"),
+    ("[defaults]\nbudget_k = 2.0\n[budget]\nk = 3.0\n", "defaults.budget_k: also set in [budget]"),
+    ("[budget]\nkk = 2.0\n", "budget.kk: unknown key"),
+    ("[budget]\nk = -2.0\n", "budget.k: must be >= 0"),
+    ("[defaults]\nbf16 = 3\n", "defaults.bf16: expected a table"),
+    ("budget = 2\n", "budget: expected a table"),
+    ('[[layers]]\nmatch = "a.*"\nrtol = -1e-3\n', "layers[0].rtol: must be >= 0"),
+    ('[[layers]]\nmatch = "a"\n[[layers]]\nmatch = "b"\nmax_ulp = 1.5\n',
+     "layers[1].max_ulp: expected an integer"),
+    ('[[layers]]\nmax_rel_l2 = 1e-2\n', "layers[0].match: required"),
+    ('[[layers]]\nmatch = "a"\nreason = 3\n', "layers[0].reason: expected a string"),
+    ('[[layers]]\nmatch = "a"\nmin_cos = 0.9\n', "layers[0].min_cos: unknown key"),
+    ("layers = 3\n", "layers: expected an array of tables"),
+    ("[defaults\natol = 1\n", "invalid TOML"),
+]
+
+
+@pytest.mark.parametrize("text, expected", BAD_CONFIGS)
+def test_bad_config_names_the_file_and_the_key(tmp_path, text, expected):
+    path = tmp_path / "parity.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError) as info:
+        load_policy(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: ")
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_bad_pyproject_names_the_full_key(tmp_path):
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[tool.parity.defaults.bf16]\natol = "x"\n')
+    expected = r"pyproject.toml: tool.parity.defaults.bf16.atol: expected a number"
+    with pytest.raises(UsageError, match=expected):
+        load_policy(path)
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nowhere.toml"
+    with pytest.raises(UsageError, match=rf"{path}: policy file not found"):
+        load_policy(path)
+
+
+def test_without_a_toml_reader(tmp_path, monkeypatch):
+    path = tmp_path / "parity.toml"
+    path.write_text("")
+    monkeypatch.setattr(policy_module, "tomllib", None)
+    with pytest.raises(UsageError, match="needs Python >= 3.11 or the 'tomli' package"):
+        load_policy(path)
+
+
+def test_policy_to_dict_is_json_safe(tmp_path):
+    path = tmp_path / "parity.toml"
+    path.write_text(CONFIG)
+    data = load_policy(path).to_dict()
+    json.dumps(data, allow_nan=False)
+    assert data["layers"][1] == {
+        "match": "model.layers.3.*", "max_rel_l2": 5e-2, "max_ulp": None,
+        "reason": "deepest layer: error grows with depth",
+    }
+
+
+# --- judge ------------------------------------------------------------------------------------
+
+def test_identical_tensors_pass_with_needed_values():
+    x = torch.randn(100, generator=torch.Generator().manual_seed(0))
+    tol = DEFAULT_TOLERANCES["fp32"]
+    verdict = judged(x, x.clone(), tol)
+    assert verdict.passed and verdict.reasons == [] and verdict.notes == []
+    assert verdict.needed == {
+        "max_mismatch_fraction": 0.0, "atol": 0.0, "rtol": 0.0, "min_cosine": 1.0, "max_rel_l2": 0.0,
+    }
+
+
+def test_scale_error_fails_rel_l2_and_mismatch_but_not_cosine():
+    ref = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    out = ref * 1.1
+    tol = DEFAULT_TOLERANCES["fp32"]
+    verdict = judged(out, ref, tol)
+    assert not verdict.passed
+    assert len(verdict.reasons) == 2
+    assert verdict.reasons[0].startswith("mismatch_fraction 1.0e0 > 5.0e-5 (1000 of 1000 elements outside")
+    assert verdict.reasons[1] == "rel_l2 1.0e-1 > 2.0e-5"
+    assert verdict.needed["max_rel_l2"] == pytest.approx(0.1, rel=1e-6)
+    assert verdict.needed["min_cosine"] == pytest.approx(1.0)
+    metrics = compute_metrics(out, ref, atol=tol.atol, rtol=tol.rtol)
+    assert verdict.needed["atol"] == metrics.needed_atol and verdict.needed["rtol"] == metrics.needed_rtol
+
+
+def test_reason_for_each_failed_check():
+    ref = torch.tensor([1.0, 2.0, 0.5, -1.0])
+    out = ref + torch.tensor([0.03125, 0.0, 0.0, 0.0])
+    assert judged(out, ref, loose(max_abs=1e-2)).reasons == ["max_abs 3.1e-2 > 1.0e-2"]
+    # just enough digits that the two numbers differ
+    assert judged(out, ref, loose(max_abs=3.1e-2)).reasons == ["max_abs 3.12e-2 > 3.10e-2"]
+    # 0.03125 / ||ref|| (2.5) = 1.25e-2, which float64 holds a hair above the tie
+    assert judged(out, ref, loose(max_rel_l2=1e-3)).reasons == ["rel_l2 1.3e-2 > 1.0e-3"]
+    # 6.28125 / sqrt(6.3134765625 * 6.25) = 0.999935
+    assert judged(out, ref, loose(min_cosine=0.99999)).reasons == ["cosine 0.99994 < 0.99999"]
+    mismatch = judged(out, ref, loose(atol=1e-2, max_mismatch_fraction=0.2)).reasons
+    assert mismatch == [
+        "mismatch_fraction 2.5e-1 > 2.0e-1 (1 of 4 elements outside atol 1.0e-2 + rtol 0.0e0*|ref|; "
+        "largest |out - ref| at (0,): out 1.03125, ref 1.0)"
+    ]
+
+
+def test_needed_values_would_pass():
+    gen = torch.Generator().manual_seed(5)
+    ref = torch.randn(500, generator=gen)
+    out = ref + 1e-2 * torch.randn(500, generator=gen)
+    tol = loose(atol=1e-3, rtol=1e-3, max_mismatch_fraction=0.0, min_cosine=0.99999999,
+                max_rel_l2=1e-4, max_abs=1e-4)
+    verdict = judged(out, ref, tol)
+    assert len(verdict.reasons) == 4
+    relaxed = dataclasses.replace(
+        tol,
+        atol=verdict.needed["atol"] * (1 + 1e-9),
+        min_cosine=verdict.needed["min_cosine"],
+        max_rel_l2=verdict.needed["max_rel_l2"],
+        max_abs=verdict.needed["max_abs"],
+    )
+    assert judged(out, ref, relaxed).passed
+
+
+def test_nonfinite_positions_fail_under_positions_and_pass_under_ignore():
+    ref = torch.tensor([1.0, 2.0, float("inf"), 4.0])
+    out = torch.tensor([1.0, float("nan"), float("inf"), 4.0])
+    verdict = judged(out, ref, loose(nan_policy="positions"))
+    assert not verdict.passed
+    assert verdict.reasons == [
+        "NaN/Inf positions differ at 1 of 4 elements (out: 1 NaN, 1 Inf; ref: 0 NaN, 1 Inf); first at (1,)"
+    ]
+    assert judged(out, ref, loose(nan_policy="ignore")).passed
+    # Agreeing NaN/Inf positions pass.
+    assert judged(out, out.clone(), loose(nan_policy="positions")).passed
+
+
+def test_max_ulp_for_bf16():
+    ref = torch.tensor([1.0, 1.0, 1.0], dtype=torch.bfloat16)
+    one_ulp = 2.0**-7
+    out = torch.tensor([1.0, 1.0 + one_ulp, 1.0 + 2 * one_ulp], dtype=torch.bfloat16)
+    verdict = judged(out, ref, loose(max_ulp=1))
+    assert verdict.reasons == ["ulp_max 2 > 1 (1 elements more than 1 ULP apart)"]
+    assert verdict.needed["max_ulp"] == 2
+    assert judged(out, ref, loose(max_ulp=2)).passed
+
+
+def test_max_ulp_on_fp32_is_a_note_not_a_failure():
+    x = torch.randn(10)
+    verdict = judged(x, x + 1.0, loose(max_ulp=1))
+    assert verdict.passed and "max_ulp" not in verdict.needed
+    assert verdict.notes and verdict.notes[0].startswith("max_ulp not checked")
+
+
+def test_judge_refuses_metrics_computed_with_other_tolerances():
+    x = torch.randn(10)
+    metrics = compute_metrics(x, x, atol=1e-3, rtol=0.0)
+    with pytest.raises(ValueError, match="compute them with the tolerance's values"):
+        judge(metrics, loose(atol=1e-2))
+
+
+def test_verdict_to_dict_is_json_safe():
+    verdict = judged(torch.tensor([1e-3, 0.0]), torch.zeros(2), loose(atol=1e-4, max_rel_l2=1.0))
+    data = verdict.to_dict()
+    assert data["passed"] is False
+    assert data["needed"]["max_rel_l2"] == "inf" and data["needed"]["rtol"] == "inf"
+    assert data["reasons"] == ["rel_l2 inf > 1.0e0"]
+    json.dumps(data, allow_nan=False)
+
+
+# --- error budget -----------------------------------------------------------------------------
+
+def _budget(capture_noise, host_noise):
+    gen = torch.Generator().manual_seed(7)
+    reference = torch.randn(4000, generator=gen, dtype=torch.float64)
+    noise = torch.randn(4000, generator=gen, dtype=torch.float64)
+    capture = (reference + capture_noise * noise).float()
+    host = (reference + host_noise * noise.flip(0)).float()
+    return ErrorBudget(
+        capture_vs_reference=compute_error_vs_reference(capture, reference),
+        host_vs_reference=compute_error_vs_reference(host, reference),
+    )
+
+
+def test_budget_passes_within_k_times_the_capture_hosts_own_error():
+    budget = _budget(1e-3, 1.5e-3)
+    tol = loose(budget_k=2.0, budget_floor=0.0)
+    x = torch.zeros(3)
+    verdict = judged(x, x, tol, budget=budget)
+    assert verdict.passed
+    assert verdict.needed["budget_k"] == pytest.approx(1.5, rel=1e-2)
+
+
+def test_budget_fails_beyond_k_times_the_capture_hosts_own_error():
+    budget = _budget(1e-3, 2.5e-3)
+    tol = loose(budget_k=2.0, budget_floor=1e-5)
+    x = torch.zeros(3)
+    verdict = judged(x, x, tol, budget=budget)
+    assert not verdict.passed
+    assert [r.split(" vs ")[0] for r in verdict.reasons] == ["error budget: rel_l2", "error budget: max_abs"]
+    assert "(= 2.0e0 x capture host's 1.0e-3 + floor 1.0e-5)" in verdict.reasons[0]
+    host, capture = budget.host_vs_reference, budget.capture_vs_reference
+    expected_k = max((host.rel_l2 - 1e-5) / capture.rel_l2, (host.max_abs - 1e-5) / capture.max_abs)
+    assert verdict.needed["budget_k"] == pytest.approx(expected_k)
+    just_enough = dataclasses.replace(tol, budget_k=verdict.needed["budget_k"] * 1.001)
+    assert judged(x, x, just_enough, budget=budget).passed
+
+
+def test_budget_floor_covers_a_capture_host_with_zero_error():
+    reference = torch.linspace(-1, 1, 9, dtype=torch.float64)  # exact in fp32
+    host = reference.float()
+    host[0] += 2.0**-20
+    budget = ErrorBudget(
+        capture_vs_reference=compute_error_vs_reference(reference.float(), reference),
+        host_vs_reference=compute_error_vs_reference(host, reference),
+    )
+    x = torch.zeros(1)
+    assert not judged(x, x, loose(budget_k=2.0, budget_floor=0.0), budget=budget).passed
+    verdict = judged(x, x, loose(budget_k=2.0, budget_floor=1e-5), budget=budget)
+    assert verdict.passed and verdict.needed["budget_k"] == 0.0
+
+
+def test_budget_without_reference_metrics_is_a_note():
+    x = torch.zeros(3)
+    verdict = judged(x, x, loose(budget_k=2.0))
+    assert verdict.passed
+    assert verdict.notes == ["error budget not checked: no metrics against a high-precision reference"]
+
+
+def test_budget_is_off_unless_budget_k_is_set():
+    x = torch.zeros(3)
+    verdict = judged(x, x, loose(), budget=_budget(1e-3, 1e-1))
+    assert verdict.passed and "budget_k" not in verdict.needed
+
+
+# --- the defaults on real attention -----------------------------------------------------------
+
+SEQ, BLOCK = 512, 64
+
+
+@pytest.fixture(scope="module")
+def attention_case():
+    """bf16 causal (block-granular) attention: the golden is computed in fp32 and rounded."""
+    q, k, v = random_qkv(1, 4, 4, SEQ, SEQ, 64, torch.bfloat16, seed=0)
+    blocks = SEQ // BLOCK
+    block_mask = torch.ones(blocks, blocks, dtype=torch.bool).tril()
+
+    def attention(mask=block_mask, precision="fp32", **kwargs):
+        layout = layout_from_block_mask(mask, SEQ, SEQ, block_m=BLOCK, block_n=BLOCK)
+        return reference_attention(q, k, v, layout, precision=precision, **kwargs).to(torch.bfloat16)
+
+    return attention, block_mask
+
+
+def test_defaults_pass_bf16_attention_computed_in_bf16_against_an_fp32_golden(attention_case):
+    attention, _ = attention_case
+    golden = attention()
+    out = attention(precision="same")  # every intermediate rounded to bf16: rel_l2 ~5e-3
+    tol = Policy().resolve("attention", torch.bfloat16)
+    metrics = compute_metrics(out, golden, atol=tol.atol, rtol=tol.rtol)
+    assert metrics.rel_l2 > 1e-3  # a real discrepancy, not a copy
+    verdict = judge(metrics, tol)
+    assert verdict.passed, verdict.reasons
+
+
+@pytest.mark.parametrize("dropped_block", [(7, 3), (4, 0)])
+def test_defaults_fail_a_dropped_key_block(attention_case, dropped_block):
+    attention, block_mask = attention_case
+    broken_mask = block_mask.clone()
+    broken_mask[dropped_block] = False
+    tol = Policy().resolve("attention", torch.bfloat16)
+    verdict = judged(attention(broken_mask), attention(), tol)
+    assert not verdict.passed
+    assert any(r.startswith("rel_l2") for r in verdict.reasons)
+    assert any(r.startswith("mismatch_fraction") for r in verdict.reasons)
+
+
+def test_defaults_fail_a_wrong_softmax_scale(attention_case):
+    attention, _ = attention_case
+    tol = Policy().resolve("attention", torch.bfloat16)
+    verdict = judged(attention(sm_scale=1.1 * 64**-0.5), attention(), tol)
+    assert not verdict.passed and any(r.startswith("rel_l2") for r in verdict.reasons)
+
+
+@pytest.mark.parametrize("bug", ["zero row", "last 32 rows of one head scaled by 0.9"])
+def test_defaults_catch_a_localized_error_that_rel_l2_and_cosine_miss(attention_case, bug):
+    attention, _ = attention_case
+    golden = attention()
+    out = golden.clone()
+    if bug == "zero row":
+        out[0, 0, 500] = 0  # one row of 2048 never written
+    else:
+        out[0, 0, -32:] *= 0.9  # e.g. a wrong normalizer in the last, partial query block
+    tol = Policy().resolve("attention", torch.bfloat16)
+    verdict = judged(out, golden, tol)
+    assert not verdict.passed
+    assert [r.split(" ")[0] for r in verdict.reasons] == ["mismatch_fraction"]
