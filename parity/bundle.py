@@ -71,7 +71,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 def tensor_sha256(tensor: torch.Tensor) -> str:
     """sha256 of a tensor's bytes in C order (native little-endian), independent of its strides."""
     flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
+    return hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()  # hashes the buffer, no copy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,6 +370,7 @@ class BundleReader:
         if len(self._index) != len(self.entries):
             raise BundleError(f"{self._manifest_file}: two entries share a kind and name")
         self._handles: dict[str, Any] = {}
+        self._inputs_by_layer: dict[str, list[Entry]] | None = None
 
     # manifest -------------------------------------------------------------------------------
     @property
@@ -491,6 +492,14 @@ class BundleReader:
     def subject_state(self) -> dict[str, torch.Tensor]:
         """The stored subject state (weights and buffers) by state_dict key."""
         return self.tensors("state")
+
+    def module_inputs(self, layer: str, *, device=None) -> dict[str, torch.Tensor]:
+        """A recorded layer's input tensors by path (``args/0``, ``kwargs/mask``), for replay."""
+        if self._inputs_by_layer is None:
+            self._inputs_by_layer = {}
+            for entry in self.entries_of("module_input"):
+                self._inputs_by_layer.setdefault(entry.layer, []).append(entry)
+        return {entry.path: self.load(entry, device=device) for entry in self._inputs_by_layer.get(layer, [])}
 
     def entries_of(self, kind: str) -> list[Entry]:
         """Entries of one kind, in the order they were produced (execution order for outputs)."""

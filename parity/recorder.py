@@ -131,7 +131,7 @@ def _inputs_structure(args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclasses.dataclass(frozen=True)
 class RecordedTensor:
-    """One tensor produced during a run, already copied to the CPU."""
+    """One tensor produced during a run, already copied (to the CPU unless told otherwise)."""
 
     kind: str  # "output" (or "reference", as the recorder was told) or "module_input"
     name: str
@@ -178,8 +178,9 @@ def select_modules(root: nn.Module, patterns: Sequence[str] | None = None) -> di
 class Recorder:
     """Forward hooks that stream every tensor of the selected modules to ``on_tensor``.
 
-    ``on_tensor(RecordedTensor)`` is called once per tensor, in production order, with a CPU copy
-    (taken right away, so later in-place changes and device memory do not matter). Module outputs
+    ``on_tensor(RecordedTensor)`` is called once per tensor, in production order, with a copy
+    taken right away (so later in-place changes do not matter) on ``copy_to``: the CPU by default,
+    so device memory stays bounded; ``None`` keeps the copy on the tensor's own device. Module outputs
     come as ``kind`` (default ``"output"``); with ``record_inputs`` each module's positional and
     keyword inputs come first, as ``"module_input"``. Modules whose output holds no tensor are not
     recorded. ``calls`` lists the recorded :class:`LayerCall` in execution order (a module's call
@@ -195,8 +196,10 @@ class Recorder:
         layers: Sequence[str] | None = None,
         record_inputs: bool = False,
         kind: str = "output",
+        copy_to: torch.device | str | None = "cpu",
     ):
         self.root = root
+        self.copy_to = copy_to
         self.on_tensor = on_tensor
         self.record_inputs = record_inputs
         self.kind = kind
@@ -236,7 +239,7 @@ class Recorder:
         self.detach()
 
     def _emit(self, kind: str, call: LayerCall, path: str, tensor: torch.Tensor) -> None:
-        copy = tensor.detach().to("cpu", copy=True)
+        copy = tensor.detach().clone() if self.copy_to is None else tensor.detach().to(self.copy_to, copy=True)
         self.tensor_count += 1
         self.byte_count += copy.numel() * copy.element_size()
         self.on_tensor(

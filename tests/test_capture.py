@@ -149,7 +149,8 @@ def test_compare_host_rebuilds_from_the_bundle_and_reproduces_it(decoder_bundle)
     assert mismatches == []
 
     layer = next(layer for layer in bundle.layers() if layer["name"] == "layers.1.attn")
-    inputs = {e.path: bundle.load(e) for e in bundle.entries_of("module_input") if e.layer == layer["name"]}
+    inputs = bundle.module_inputs(layer["name"])
+    assert list(inputs) == ["args/0"]
     with torch.no_grad():
         output = replay(module, layer, inputs)
     assert _same_bits(output, bundle.load("layers.1.attn"))
