@@ -52,10 +52,10 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Bloc
         raise LayoutError(f"layout batch/head dims {lb}x{lh} must be 1 or match q's {batch}x{heads_q}")
 
 
-def launch_config(device: torch.device, head_dim: int) -> configs.LaunchConfig:
+def launch_config(device: torch.device, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> configs.LaunchConfig:
     """The pinned config the launcher uses on this device (recorded in bundles)."""
     arch = "cpu" if platform.triton_interpreter_enabled() or device.type == "cpu" else platform.arch_of(device)
-    return configs.config_for(arch, head_dim)
+    return configs.config_for(arch, head_dim, dtype)
 
 
 def block_sparse_attention(
@@ -159,7 +159,7 @@ def _resolve_config(config, q, k, v, layout, scale) -> configs.LaunchConfig:
     if isinstance(config, configs.LaunchConfig):
         return config
     if config is None:
-        return launch_config(q.device, q.shape[-1])
+        return launch_config(q.device, q.shape[-1], q.dtype)
     if config != "autotune":
         raise ValueError(f"config must be None, a LaunchConfig or 'autotune', got {config!r}")
     key = (platform.arch_of(q.device), tuple(q.shape), tuple(k.shape), q.dtype, layout.block_m, layout.block_n)
@@ -175,7 +175,7 @@ def _autotune(q, k, v, layout, scale) -> configs.LaunchConfig:
 
     arch = platform.arch_of(q.device)
     best, best_ms = None, math.inf
-    for cand in configs.candidates(arch, q.shape[-1]):
+    for cand in configs.candidates(arch, q.shape[-1], q.dtype):
         try:
             ms = do_bench(lambda: block_sparse_attention(q, k, v, layout, sm_scale=scale, config=cand),
                           warmup=5, rep=20, return_mode="median")

@@ -86,14 +86,28 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
 }
 
 
+# fp32 tiles take twice the shared memory/LDS of 16-bit ones and use no matrix units for IEEE
+# products; 128x128x3-stage tiles need 384 KiB on sm_90 (measured OutOfResources on the H200).
+FP32_CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
+    "cpu": CONFIGS["cpu"],
+    "sm_80": ((64, LaunchConfig(64, 64, 4, 2)), (128, LaunchConfig(64, 32, 4, 2)), (256, LaunchConfig(32, 32, 4, 1))),
+    "sm_90": ((64, LaunchConfig(64, 64, 4, 2)), (128, LaunchConfig(64, 32, 4, 2)), (256, LaunchConfig(32, 32, 4, 1))),
+    "gfx90a": ((64, _amd(64, 64, 4, 1)), (128, _amd(64, 32, 4, 1)), (256, _amd(32, 32, 4, 1))),
+    "gfx942": ((64, _amd(64, 64, 4, 1)), (128, _amd(64, 32, 4, 1)), (256, _amd(32, 32, 4, 1))),
+    "gfx950": ((64, _amd(64, 64, 4, 1)), (128, _amd(64, 32, 4, 1)), (256, _amd(32, 32, 4, 1))),
+}
+
+
 def known_archs() -> tuple[str, ...]:
     return tuple(CONFIGS)
 
 
-def config_for(arch: str, head_dim: int) -> LaunchConfig:
-    """The pinned config for an architecture and head dim."""
+def config_for(arch: str, head_dim: int, dtype: object = None) -> LaunchConfig:
+    """The pinned config for an architecture, head dim and dtype (torch dtype or "fp32"/"bf16"/
+    "fp16"; None means a 16-bit dtype)."""
+    table = FP32_CONFIGS if str(dtype) in ("torch.float32", "fp32", "float32") else CONFIGS
     try:
-        rows = CONFIGS[arch]
+        rows = table[arch]
     except KeyError:
         raise ValueError(f"no launch config for architecture {arch!r}; known: {', '.join(CONFIGS)}") from None
     for max_head_dim, config in rows:
@@ -102,14 +116,14 @@ def config_for(arch: str, head_dim: int) -> LaunchConfig:
     raise ValueError(f"head_dim {head_dim} is larger than any config for {arch} (max {rows[-1][0]})")
 
 
-def candidates(arch: str, head_dim: int) -> list[LaunchConfig]:
+def candidates(arch: str, head_dim: int, dtype: object = None) -> list[LaunchConfig]:
     """Configs that opt-in autotuning tries (the pinned one first)."""
-    pinned = config_for(arch, head_dim)
+    pinned = config_for(arch, head_dim, dtype)
     out = [pinned]
     big = head_dim > 128
-    tiles = [(64, 32), (64, 64)] if big else [(64, 64), (128, 64), (128, 128), (64, 128)]
+    tiles = [(64, 32), (64, 64)] if big else [(128, 64), (128, 128), (64, 128)]
     warps = (4, 8)
-    stages = (1, 2) if arch.startswith("gfx") else (2, 3, 4)
+    stages = (1, 2) if arch.startswith("gfx") else (2, 3)
     for block_m, block_n in tiles:
         for num_warps in warps:
             for num_stages in stages:

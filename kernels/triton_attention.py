@@ -33,31 +33,31 @@ def _attend_block(
     DOT_PRECISION: tl.constexpr,
 ):
     cols = start_n + offs_n
-    kt_ptrs = k_base + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd
+    k_ptrs = k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd
     v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
     if MASKED:
         # Partial blocks may run past seq_k (the layout makes the tail block partial).
         if BLOCK_D == HEAD_DIM:
-            kt = tl.load(kt_ptrs, mask=cols[None, :] < seq_k, other=0.0)
+            k = tl.load(k_ptrs, mask=cols[:, None] < seq_k, other=0.0)
             v = tl.load(v_ptrs, mask=cols[:, None] < seq_k, other=0.0)
         else:
-            kt = tl.load(kt_ptrs, mask=(cols[None, :] < seq_k) & (offs_d[:, None] < HEAD_DIM), other=0.0)
+            k = tl.load(k_ptrs, mask=(cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
             v = tl.load(v_ptrs, mask=(cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     else:
         # Full blocks lie inside seq_k (BlockLayout.validate enforces it).
         if BLOCK_D == HEAD_DIM:
-            kt = tl.load(kt_ptrs)
+            k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
         else:
-            kt = tl.load(kt_ptrs, mask=offs_d[:, None] < HEAD_DIM, other=0.0)
+            k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
     if EMULATE_BF16:
         # Interpreter mode only: its bf16 tl.dot multiplies raw bit patterns (numerics.md).
         # Products of two bf16 values are exact in fp32, so an fp32 dot on upcast tiles is the
         # same mathematics as a bf16 matrix unit accumulating in fp32.
-        kt = kt.to(tl.float32)
+        k = k.to(tl.float32)
         v = v.to(tl.float32)
-    qk = tl.dot(q, kt, input_precision=DOT_PRECISION) * qk_scale
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
     if MASKED:
         visible = cols[None, :] < seq_k
         if IS_CAUSAL:

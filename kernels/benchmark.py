@@ -1,0 +1,160 @@
+"""GPU benchmark of the block-sparse kernel against FlexAttention (same block masks) and SDPA.
+
+    python -m parity.kernels.benchmark --json out.json [--sweep] [--seq 4096 16384]
+
+Effective TFLOP/s counts only the computed blocks: 4 * B * H * D * (query x key elements in
+computed blocks) / time, as in numerics.md. Times are medians of triton.testing.do_bench
+(CUDA events, warm-up excluded). Before timing, every implementation's output is checked against
+the fp32 PyTorch reference on the same inputs (relative L2 error). Needs a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+import torch
+
+from parity import platform
+
+from . import configs
+from .attention import block_sparse_attention, launch_config
+from .layout import BlockLayout, causal_layout, random_layout, sliding_window_layout
+from .reference import reference_attention
+from .testing import random_qkv
+
+MASKS = {
+    "causal": lambda s: causal_layout(s, s, block_m=128, block_n=128),
+    "sliding_window_1024": lambda s: sliding_window_layout(s, s, 1024, block_m=128, block_n=128),
+    "random25_causal": lambda s: random_layout(s, s, 0.25, 0, causal=True, block_m=128, block_n=128),
+}
+
+
+def flex_block_mask(layout: BlockLayout, device):
+    """The same layout as a FlexAttention BlockMask, with our predicate as its mask_mod."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    mask = layout.mask
+    nk = layout.num_kv_blocks
+
+    def pad(indices):
+        out = torch.zeros(*indices.shape[:3], nk, dtype=torch.int32)
+        out[..., : indices.shape[-1]] = indices
+        return out.to(device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        vis = kv_idx < layout.seq_k
+        if mask.causal:
+            vis = vis & (kv_idx <= q_idx + mask.offset)
+        if mask.window:
+            vis = vis & ((kv_idx > q_idx + mask.offset - mask.window) | (kv_idx < mask.sink_tokens))
+        return vis
+
+    return BlockMask.from_kv_blocks(
+        layout.kv_num_blocks.to(device), pad(layout.kv_indices),
+        layout.full_kv_num_blocks.to(device), pad(layout.full_kv_indices),
+        BLOCK_SIZE=(layout.block_m, layout.block_n), mask_mod=mask_mod,
+        seq_lengths=(layout.seq_q, layout.seq_k),
+    )
+
+
+def rel_l2(out, ref) -> float:
+    diff = (out.double() - ref.double()).norm()
+    return float(diff / ref.double().norm().clamp_min(1e-30))
+
+
+def bench(fn) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=50, rep=200, return_mode="median"))
+
+
+def run(seqs, batch, heads, head_dim, sweep: bool, check: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+    from triton.runtime.errors import OutOfResources
+
+    device = torch.device("cuda")
+    flex = torch.compile(flex_attention, dynamic=False)
+    rows, sweep_rows = [], []
+    for seq in seqs:
+        q, k, v = random_qkv(batch, heads, heads, seq, seq, head_dim, torch.bfloat16, seed=seq, device=device)
+        elements_dense = seq * seq
+        flops_per_element = 4 * head_dim  # computed elements already count every (batch, head)
+        for mask_name, build in MASKS.items():
+            layout = build(seq).to(device)
+            computed = layout.computed_elements() * (batch * heads) // (
+                layout.batch_heads[0] * layout.batch_heads[1])
+            density = computed / (batch * heads * elements_dense)
+            block_mask = flex_block_mask(layout.to("cpu"), device)
+            impls = {
+                "parity triton": lambda: block_sparse_attention(q, k, v, layout),
+                "FlexAttention": lambda: flex(q, k, v, block_mask=block_mask),
+            }
+            if mask_name == "causal":
+                impls["SDPA"] = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            errors = {}
+            if check and seq <= 4096:
+                ref = reference_attention(q, k, v, layout, precision="fp32")
+                for name, fn in impls.items():
+                    errors[name] = rel_l2(fn(), ref)
+                del ref
+            for name, fn in impls.items():
+                ms = bench(fn)
+                rows.append({
+                    "seq": seq, "impl": name, "mask": mask_name, "density": round(density, 4),
+                    "ms": round(ms, 4), "eff_tflops": round(flops_per_element * computed / ms / 1e9, 1),
+                    "rel_l2_vs_fp32_ref": errors.get(name),
+                })
+                print(json.dumps(rows[-1]), flush=True)
+            if sweep and seq == seqs[0]:
+                for cand in configs.candidates(platform.arch_of(device), head_dim):
+                    try:
+                        ms = bench(lambda: block_sparse_attention(q, k, v, layout, config=cand))
+                    except OutOfResources as err:  # a candidate that does not fit is recorded
+                        sweep_rows.append({"seq": seq, "mask": mask_name, **cand.to_dict(), "error": type(err).__name__})
+                        continue
+                    sweep_rows.append({"seq": seq, "mask": mask_name, **cand.to_dict(), "ms": round(ms, 4),
+                                       "eff_tflops": round(flops_per_element * computed / ms / 1e9, 1)})
+                    print(json.dumps(sweep_rows[-1]), flush=True)
+        for name, causal in (("SDPA dense", False),):
+            ms = bench(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
+            rows.append({"seq": seq, "impl": name, "mask": "dense", "density": 1.0, "ms": round(ms, 4),
+                         "eff_tflops": round(flops_per_element * batch * heads * elements_dense / ms / 1e9, 1),
+                         "rel_l2_vs_fp32_ref": None})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows, sweep_rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--sweep", action="store_true", help="also time every autotuning candidate")
+    parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    parser.add_argument("--json", help="write rows and environment here")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmark: needs a GPU", file=sys.stderr)
+        return 2
+    rows, sweep_rows = run(args.seq, args.batch, args.heads, args.head_dim, args.sweep, not args.no_check)
+    result = {
+        "fingerprint": platform.fingerprint("cuda"),
+        "pinned_config": dataclasses.asdict(launch_config(torch.device("cuda"), args.head_dim)),
+        "shape": {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "dtype": "bf16"},
+        "rows": rows,
+        "sweep": sweep_rows,
+    }
+    from tabulate import tabulate
+
+    print(tabulate(rows, headers="keys", tablefmt="github"))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
