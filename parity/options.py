@@ -1,0 +1,68 @@
+"""Options shared by the CLI and the pytest plugin, defined once.
+
+Each option has a CLI flag (``python -m parity compare --golden DIR``) and a pytest flag in the
+``parity`` group with the ``--parity-`` prefix (``pytest --parity-golden-dir DIR``); both read
+the same help text, type and default from here.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    dest: str
+    cli_flag: str | None
+    pytest_flag: str | None
+    help: str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return dict(self.kwargs)
+
+
+OPTIONS: dict[str, Option] = {
+    opt.dest: opt
+    for opt in (
+        Option("golden", "--golden", "--parity-golden-dir",
+               "golden bundle directory (compare) / directory of goldens (pytest)", (("metavar", "DIR"),)),
+        Option("impl", "--impl", "--parity-impl", "attention implementation to run: reference or triton",
+               (("default", "triton"),)),
+        Option("device", "--device", "--parity-device", "device to run on (default: cuda if present, else cpu)",
+               (("default", None),)),
+        Option("tolerances", "--tolerances", "--parity-tolerances",
+               "tolerance policy TOML file (default: [tool.parity] of ./pyproject.toml if present)",
+               (("metavar", "FILE"), ("default", None))),
+        Option("json", "--json", "--parity-report", "write the machine-readable report (JSON) here",
+               (("metavar", "FILE"), ("default", None))),
+        Option("junit_xml", "--junit-xml", None, "write a JUnit XML report here", (("metavar", "FILE"), ("default", None))),
+        Option("record", None, "--parity-record",
+               "write goldens that are missing (the test still fails, so a recording is never a pass)",
+               (("action", "store_true"), ("default", False))),
+        Option("regen", None, "--parity-regen",
+               "overwrite existing goldens with this run's tensors (explicit regeneration)",
+               (("action", "store_true"), ("default", False))),
+    )
+}
+
+
+def add_cli_options(parser: argparse.ArgumentParser, *names: str, required: tuple[str, ...] = ()) -> None:
+    """Add the named shared options to an argparse (sub)parser."""
+    for name in names:
+        opt = OPTIONS[name]
+        if opt.cli_flag is None:
+            raise KeyError(f"option {name!r} has no CLI flag")
+        kwargs = opt.as_kwargs()
+        if name in required:
+            kwargs.pop("default", None)
+            kwargs["required"] = True
+        parser.add_argument(opt.cli_flag, dest=opt.dest, help=opt.help, **kwargs)
+
+
+def add_pytest_options(group) -> None:
+    """Add every option that has a pytest flag to the plugin's ``parity`` option group."""
+    for opt in OPTIONS.values():
+        if opt.pytest_flag is not None:
+            group.addoption(opt.pytest_flag, dest=f"parity_{opt.dest}", help=opt.help, **opt.as_kwargs())
