@@ -1,0 +1,543 @@
+"""Ahead-of-time (compile-only) inspection of the attention kernel for GPUs that are not present.
+
+``inspect_configs`` compiles ``triton_attention.block_sparse_attn_fwd`` for a target (gfx942,
+gfx90a, gfx950, sm_80, sm_90) with exactly the arguments, constexprs and launch options the
+launcher (``kernels.attention.block_sparse_attention``) would pass on that GPU, and reads the
+compiler's output: matrix instructions, registers, spills, shared memory/LDS, occupancy. Nothing
+runs on a GPU: every number is what the compiler says, not a measurement.
+
+Why compile in child processes: with ``TRITON_INTERPRET=1`` (the CPU test setting), ``@triton.jit``
+returns interpreter objects that ``triton.compile`` cannot lower, and the interpreter patches
+``triton.language`` while kernels run. Each compile therefore runs in a fresh
+``python -m parity.kernels.aot`` process whose environment lacks ``TRITON_INTERPRET``; this leaves
+the caller's process and environment untouched and spreads configs over the available cores.
+Triton's own on-disk cache is used as usual (a repeated config is a cache hit); nothing else is
+written.
+
+How the launcher's specialization is reproduced: the launcher's JIT specializes every non-constexpr
+argument at launch (an int equal to 1 becomes a constexpr, ints and pointers divisible by 16 get
+``tt.divisibility``, on HIP pointers to tensors under 2 GiB get ``tt.pointer_range`` for buffer
+loads). ``launch_arguments`` builds the launcher's argument list for a representative problem
+(``Problem``: contiguous [B, H, S, D] meta tensors and a causal layout, the layout tensors broadcast
+as the launcher does) and ``_specialize`` applies Triton's own ``native_specialize_impl`` with the
+target's backend, so the compiled code is the code the launcher would get for that problem.
+tests/test_aot.py checks this against a recorded launcher call.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Any
+
+__all__ = [
+    "DTYPES", "TARGETS", "Problem", "AotResult", "inspect_configs", "inspect_cases", "launch_arguments",
+    "expects_matrix_unit", "kernel_source_digest",
+]
+
+# Compile targets; each must have an ArchSpec in parity.platform and rows in kernels.configs.
+TARGETS = ("gfx942", "gfx90a", "gfx950", "sm_80", "sm_90")
+DTYPES = ("fp16", "bf16", "fp32")
+_RESULT_MARK = "PARITY-AOT-RESULT "
+# CDNA: 4 SIMDs per compute unit share its LDS; waves of a workgroup are spread over them.
+_SIMDS_PER_CU = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """The representative launch whose specialization is compiled (shapes change the code only
+    through Triton's specialization: ints equal to 1 and divisibility by 16)."""
+
+    batch: int = 4
+    heads_q: int = 16
+    heads_kv: int = 16
+    seq_q: int = 4096
+    seq_k: int = 4096
+    sparse_block: int = 128  # the layout's block size (kernels.layout's default)
+    window: int = 0  # 0: causal layout; > 0: causal sliding-window layout
+    # The capture path records LSE; the LSE store is the heavier variant, so it is the default.
+    return_lse: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class AotResult:
+    """One compiled (target, dtype, head_dim) config and its verdict. Compile-only: no GPU ran."""
+
+    target: str
+    vendor: str
+    dtype: str
+    head_dim: int
+    config: dict[str, Any]  # LaunchConfig.to_dict() after the launcher's clamp to the layout
+    overrides: dict[str, int] = dataclasses.field(default_factory=dict)  # {} = the pinned config
+    constexprs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    problem: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # opcode -> count: v_mfma_* (AMD), mma.sync.* / wgmma.mma_async.* (NVIDIA PTX)
+    matrix_instructions: dict[str, int] = dataclasses.field(default_factory=dict)
+    matrix_unit_expected: bool = True
+    wgmma: bool | None = None  # sm_90 only: whether Hopper's warpgroup MMA is used
+    # Registers. AMD: per-lane arch VGPRs, AGPRs, their sum in the unified file (gfx90a and later:
+    # alignTo(vgpr, 4) + agpr, the figure occupancy depends on) and SGPRs. NVIDIA: regs per thread.
+    vgprs: int | None = None
+    agprs: int | None = None
+    total_vgprs: int | None = None
+    sgprs: int | None = None
+    registers: int | None = None
+    # Spills. AMD: .vgpr_spill_count/.sgpr_spill_count; NVIDIA: Triton's n_spills (local bytes / 4).
+    vgpr_spills: int | None = None
+    sgpr_spills: int | None = None
+    spills: int | None = None
+    scratch_bytes: int | None = None  # AMD private segment / NVIDIA stack frame, per lane/thread
+    # Shared memory / LDS per workgroup: Triton's dynamic allocation (metadata "shared") plus the
+    # static part (.group_segment_fixed_size on AMD), against the target's per-workgroup limit.
+    shared_bytes: int | None = None
+    static_shared_bytes: int | None = None
+    shared_limit_bytes: int | None = None
+    # AMD occupancy in waves per SIMD: by VGPRs (platform table), by LDS, the minimum, and the
+    # compiler's own estimate (LLVM's "; Occupancy:" comment) as a cross-check.
+    waves_per_simd_vgpr: int | None = None
+    waves_per_simd_lds: int | None = None
+    waves_per_simd: int | None = None
+    compiler_occupancy: int | None = None
+    enable_fp_fusion: bool | None = None
+    compile_seconds: float | None = None
+    error: str | None = None
+    problems: list[str] = dataclasses.field(default_factory=list)  # failed checks (verdict)
+    notes: list[str] = dataclasses.field(default_factory=list)  # worth knowing, not failures
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["passed"] = self.passed
+        out["compile_only"] = True
+        return out
+
+
+def expects_matrix_unit(target: str, dtype: str) -> bool:
+    """Whether the kernel's dots should lower to matrix instructions on this target.
+
+    The launcher passes DOT_PRECISION="ieee". fp16/bf16 dots use MFMA / tensor cores everywhere.
+    fp32 IEEE dots use fp32 MFMA on CDNA (v_mfma_f32_*_f32), but NVIDIA tensor cores have no IEEE
+    fp32 mode (TF32 would round the inputs), so Triton emits FMAs there by design.
+    """
+    return not (dtype == "fp32" and not target.startswith("gfx"))
+
+
+# ---- arguments, exactly as the launcher passes them --------------------------------------------
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+
+
+def check_request(target: str, dtype: str, head_dim: int) -> None:
+    """Raise UsageError (one line) for an unknown target, dtype or head dim."""
+    from parity import platform
+    from parity.errors import UsageError
+
+    from .attention import SUPPORTED_HEAD_DIMS
+
+    if target not in TARGETS:
+        platform.arch_spec(target)  # raises UsageError for names platform does not know
+        raise UsageError(f"target {target!r} has no ahead-of-time support; use one of {', '.join(TARGETS)}")
+    if dtype not in DTYPES:
+        raise UsageError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise UsageError(f"head_dim {head_dim} is not supported; use one of "
+                         f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
+
+
+def pinned_config(target: str, dtype: str, head_dim: int, overrides: dict[str, int] | None = None):
+    """The launcher's pinned config for ``target`` (kernels.configs), with ``overrides`` applied
+    (field names of LaunchConfig or, on AMD targets, of its ``amd`` knobs), before the clamp."""
+    from parity.errors import UsageError
+
+    from . import configs
+
+    cfg = configs.config_for(target, head_dim, _torch_dtype(dtype))
+    if not overrides:
+        return cfg
+    fields = {"block_m", "block_n", "num_warps", "num_stages"}
+    amd = dict(cfg.amd)
+    plain = {}
+    for key, value in overrides.items():
+        if key in fields:
+            plain[key] = int(value)
+        elif key in amd:
+            amd[key] = int(value)
+        else:
+            known = sorted(fields | set(amd))
+            raise UsageError(f"unknown config key {key!r} for {target}; use one of {', '.join(known)}")
+    return dataclasses.replace(cfg, **plain, amd=tuple(amd.items()))
+
+
+def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = Problem(),
+                     overrides: dict[str, int] | None = None):
+    """The launcher's kernel arguments for ``problem`` on ``target``.
+
+    Returns (args, constexprs, options, config): the non-constexpr arguments by parameter name
+    (meta tensors stand in for device tensors: only dtype, strides, alignment and size matter),
+    the constexprs, the launch options (``LaunchConfig.launch_kwargs()``) and the clamped config.
+    Mirrors kernels.attention.block_sparse_attention on a GPU (EMULATE_BF16 is interpreter-only);
+    ``overrides`` stand for passing ``config=LaunchConfig(...)`` to the launcher.
+    """
+    import torch
+    import triton
+
+    from .attention import _broadcast
+    from .layout import causal_layout, sliding_window_layout
+    from .triton_attention import LOG2E
+
+    check_request(target, dtype, head_dim)
+    p = problem
+    meta = torch.device("meta")
+    tdtype = _torch_dtype(dtype)
+    q = torch.empty(p.batch, p.heads_q, p.seq_q, head_dim, dtype=tdtype, device=meta)
+    k = torch.empty(p.batch, p.heads_kv, p.seq_k, head_dim, dtype=tdtype, device=meta)
+    v = torch.empty_like(k)
+    out = torch.empty_like(q)
+    lse = (torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=meta) if p.return_lse
+           else torch.empty(1, 1, 1, dtype=torch.float32, device=meta))
+    if p.window:
+        layout = sliding_window_layout(p.seq_q, p.seq_k, p.window, block_m=p.sparse_block, block_n=p.sparse_block)
+    else:
+        layout = causal_layout(p.seq_q, p.seq_k, block_m=p.sparse_block, block_n=p.sparse_block)
+    layout = layout.to(meta)
+    cfg = pinned_config(target, dtype, head_dim, overrides).clamp(layout.block_m, layout.block_n)
+    counts, indices = _broadcast(layout.kv_num_blocks, layout.kv_indices, p.batch, p.heads_q)
+    full_counts, full_indices = _broadcast(layout.full_kv_num_blocks, layout.full_kv_indices, p.batch, p.heads_q)
+    mask = layout.mask
+
+    values = [
+        q, k, v, out, lse, counts, indices, full_counts, full_indices,
+        head_dim ** -0.5 * LOG2E,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        lse.stride(0), lse.stride(1),
+        *counts.stride(), *indices.stride()[:3],
+        *full_counts.stride(), *full_indices.stride()[:3],
+        p.heads_q, p.heads_q // p.heads_kv, p.seq_q, p.seq_k,
+        mask.offset, mask.window, mask.sink_tokens,
+    ]
+    constexprs = {
+        "HEAD_DIM": head_dim,
+        "BLOCK_D": triton.next_power_of_2(head_dim),
+        "BLOCK_M": cfg.block_m,
+        "BLOCK_N": cfg.block_n,
+        "SPARSE_BLOCK_M": layout.block_m,
+        "SPARSE_BLOCK_N": layout.block_n,
+        "IS_CAUSAL": mask.causal,
+        "HAS_WINDOW": mask.window > 0,
+        "RETURN_LSE": p.return_lse,
+        "EMULATE_BF16": False,
+        "DOT_PRECISION": "ieee",
+    }
+    names = _kernel_arg_names()
+    runtime_names = [n for n in names if n not in constexprs]
+    if len(runtime_names) != len(values) or set(names) != set(runtime_names) | set(constexprs):
+        raise RuntimeError("kernels/aot.py is out of date with block_sparse_attn_fwd's signature: "
+                           f"{len(values)} runtime values for parameters {runtime_names}")
+    return dict(zip(runtime_names, values)), constexprs, cfg.launch_kwargs(), cfg
+
+
+def kernel_source_digest() -> str:
+    """Short sha256 of kernels/triton_attention.py: which kernel source a report describes."""
+    import hashlib
+    from pathlib import Path
+
+    return hashlib.sha256(Path(__file__).with_name("triton_attention.py").read_bytes()).hexdigest()[:12]
+
+
+def _kernel_arg_names() -> list[str]:
+    import inspect
+
+    from . import triton_attention
+
+    # .fn is the Python function under both JITFunction and the interpreter's wrapper.
+    return list(inspect.signature(triton_attention.block_sparse_attn_fwd.fn).parameters)
+
+
+# ---- compiling (runs in the child process) ------------------------------------------------------
+
+def _specialize(fn, backend, args: dict[str, Any], constexprs: dict[str, Any]):
+    """(signature, constexprs, attrs) for ASTSource, as the JIT computes them at launch."""
+    from triton.runtime.jit import native_specialize_impl
+
+    signature: dict[str, str] = {}
+    consts = dict(constexprs)
+    attrs: dict[tuple[int, ...], Any] = {}
+    for index, param in enumerate(fn.params):
+        name = param.name
+        if param.is_constexpr:
+            signature[name] = "constexpr"
+            continue
+        kind, spec = native_specialize_impl(type(backend), args[name], param.is_const,
+                                            not param.do_not_specialize,
+                                            not param.do_not_specialize_on_alignment)
+        signature[name] = kind
+        if kind == "constexpr":  # an int equal to 1
+            consts[name] = spec
+        elif isinstance(spec, str):
+            attrs[(index,)] = backend.parse_attr(spec)
+    return signature, consts, attrs
+
+
+def _compile_one(request: dict[str, Any]) -> dict[str, Any]:
+    import warnings
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.compiler.compiler import make_backend
+
+    from parity import platform
+
+    from . import triton_attention
+
+    target, dtype, head_dim = request["target"], request["dtype"], int(request["head_dim"])
+    problem = Problem(**request["problem"])
+    spec = platform.arch_spec(target)
+    result = AotResult(target=target, vendor=spec.vendor, dtype=dtype, head_dim=head_dim, config={},
+                       overrides=dict(request.get("overrides") or {}),
+                       problem=problem.to_dict(), matrix_unit_expected=expects_matrix_unit(target, dtype),
+                       shared_limit_bytes=spec.shared_mem_bytes)
+    try:
+        args, constexprs, options, cfg = launch_arguments(target, dtype, head_dim, problem,
+                                                          request.get("overrides"))
+        result.config = cfg.to_dict()
+        result.constexprs = constexprs
+        gpu_target = GPUTarget(spec.backend, spec.triton_arch, spec.warp_size)
+        fn = triton_attention.block_sparse_attn_fwd
+        signature, consts, attrs = _specialize(fn, make_backend(gpu_target), args, constexprs)
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            # The FP-fusion default is recorded in the result (enable_fp_fusion) instead.
+            warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION")
+            kernel = triton.compile(ASTSource(fn, signature, consts, attrs), target=gpu_target, options=options)
+        result.compile_seconds = round(time.perf_counter() - start, 2)
+    except Exception as err:  # recorded on the result and shown in the report, never swallowed
+        result.error = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+        return result.to_dict()
+    result.enable_fp_fusion = bool(kernel.metadata.enable_fp_fusion)
+    result.shared_bytes = int(kernel.metadata.shared)
+    if spec.backend == "hip":
+        _read_amdgcn(result, kernel.asm["amdgcn"], spec)
+    else:
+        _read_nvidia(result, kernel.asm["ptx"], kernel.asm["cubin"])
+    _judge(result)
+    return result.to_dict()
+
+
+def _meta_int(text: str, key: str) -> int | None:
+    match = re.search(rf"^\s*-?\s*\.{key}:\s+(\d+)\s*$", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def _comment_int(text: str, key: str) -> int | None:
+    match = re.search(rf"^; {key}: (\d+)", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def _read_amdgcn(result: AotResult, asm: str, spec) -> None:
+    result.matrix_instructions = dict(sorted(collections.Counter(
+        re.findall(r"^\s*(v_mfma_\w+|v_smfmac_\w+)", asm, re.MULTILINE)).items()))
+    # On gfx90a/gfx942/gfx950 arch VGPRs and AGPRs share one 512-entry file per lane: the
+    # allocation is alignTo(vgpr, 4) + agpr (.amdhsa_accum_offset + .agpr_count) and that total
+    # sets the occupancy. The code-object note's .vgpr_count already is that total (checked with
+    # waves_per_eu=1 on gfx942, bf16 D=128: NumVgprs 256 + NumAgprs 166 = TotalNumVgprs 422 =
+    # .vgpr_count); the arch-only figure is LLVM's "; NumVgprs:" comment.
+    result.total_vgprs = _meta_int(asm, "vgpr_count")
+    if result.total_vgprs is None:
+        result.total_vgprs = _comment_int(asm, "TotalNumVgprs")
+    result.agprs = _meta_int(asm, "agpr_count")
+    if result.agprs is None:
+        result.agprs = _comment_int(asm, "NumAgprs") or 0
+    result.vgprs = _comment_int(asm, "NumVgprs")
+    if result.vgprs is None and result.total_vgprs is not None:
+        result.vgprs = result.total_vgprs - result.agprs
+    result.sgprs = _meta_int(asm, "sgpr_count")
+    result.vgpr_spills = _meta_int(asm, "vgpr_spill_count")
+    result.sgpr_spills = _meta_int(asm, "sgpr_spill_count")
+    result.spills = (result.vgpr_spills or 0) + (result.sgpr_spills or 0)
+    result.scratch_bytes = _meta_int(asm, "private_segment_fixed_size")
+    result.static_shared_bytes = _meta_int(asm, "group_segment_fixed_size") or 0
+    result.compiler_occupancy = _comment_int(asm, "Occupancy")
+
+    num_warps = result.config["num_warps"]
+    result.waves_per_simd_vgpr = _waves_by_vgprs(result.total_vgprs, spec)
+    lds = result.shared_bytes + result.static_shared_bytes
+    if lds == 0:
+        result.waves_per_simd_lds = spec.max_waves_per_simd
+    else:
+        # 64 KiB (gfx90a/gfx942) or 160 KiB (gfx950) of LDS per CU, shared by its workgroups;
+        # spec.shared_mem_bytes is both the per-workgroup and the per-CU figure on CDNA.
+        workgroups = spec.shared_mem_bytes // lds
+        waves = (workgroups * num_warps) // _SIMDS_PER_CU
+        # A workgroup smaller than 4 waves still puts one wave on the SIMDs it uses.
+        result.waves_per_simd_lds = min(spec.max_waves_per_simd, max(waves, 1) if workgroups else 0)
+    known = [w for w in (result.waves_per_simd_vgpr, result.waves_per_simd_lds) if w is not None]
+    result.waves_per_simd = min(known) if known else None
+
+
+def _waves_by_vgprs(vgprs: int | None, spec) -> int | None:
+    if vgprs is None:
+        return None
+    for limit, waves in spec.vgpr_waves:
+        if vgprs <= limit:
+            return min(waves, spec.max_waves_per_simd)
+    return 0
+
+
+def _read_nvidia(result: AotResult, ptx: str, cubin: bytes) -> None:
+    ops = re.findall(r"^\s*((?:wgmma\.mma_async|mma\.sync)\.[\w.]+)", ptx, re.MULTILINE)
+    result.matrix_instructions = dict(sorted(collections.Counter(ops).items()))
+    if result.target == "sm_90":
+        result.wgmma = any(op.startswith("wgmma") for op in ops)
+    usage = _cuobjdump_res_usage(cubin)
+    result.registers = usage.get("REG")
+    # Triton's CompiledKernel.n_spills is CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES / 4, the per-thread
+    # local memory (ptxas's stack frame: with everything inlined, only spills live there).
+    stack = usage.get("STACK", 0) + usage.get("LOCAL", 0)
+    result.scratch_bytes = stack
+    result.spills = stack // 4
+    # cuobjdump's SHARED is static shared memory (the 1 KiB Hopper/Ampere reserve for the system
+    # shows up here); Triton's allocation is dynamic and counted in shared_bytes.
+    result.static_shared_bytes = usage.get("SHARED")
+
+
+def _cuobjdump_res_usage(cubin: bytes) -> dict[str, int]:
+    """REG/STACK/SHARED/LOCAL of the kernel from Triton's bundled cuobjdump (cache independent:
+    Triton discards ptxas's -v log unless asked to print it)."""
+    import tempfile
+
+    import triton.backends.nvidia as nvidia_backend
+
+    tool = os.path.join(os.path.dirname(nvidia_backend.__file__), "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        text = subprocess.run([tool, "-res-usage", handle.name], check=True, capture_output=True,
+                              text=True).stdout
+    line = next((ln for ln in text.splitlines() if "REG:" in ln), "")
+    return {key: int(value) for key, value in re.findall(r"(\w+(?:\[\d+\])?):(\d+)", line)}
+
+
+def _judge(result: AotResult) -> None:
+    """The verdict: no spills to memory, LDS/shared memory within the limit, matrix instructions.
+
+    SGPR spills with no scratch are a note, not a failure: LLVM spills SGPRs into VGPR lanes
+    (v_writelane/v_readlane) first and goes to scratch memory only when that fails, so with a zero
+    private segment they cost a VALU instruction each and no memory traffic.
+    """
+    if result.vendor == "amd":
+        if result.vgpr_spills or result.scratch_bytes:
+            result.problems.append(f"spills ({result.vgpr_spills} VGPR + {result.sgpr_spills} SGPR, "
+                                   f"{result.scratch_bytes} B scratch per lane)")
+        elif result.sgpr_spills:
+            result.notes.append(f"{result.sgpr_spills} SGPR spills into VGPR lanes (no scratch)")
+        shared = (result.shared_bytes or 0) + (result.static_shared_bytes or 0)
+        what = "LDS"
+    else:
+        if result.spills:
+            result.problems.append(f"spills ({result.scratch_bytes} B local memory per thread)")
+        # Triton checks its (dynamic) allocation against the device's opt-in limit at load time;
+        # cuobjdump's static SHARED on sm_90 is the 1 KiB the system reserves per block.
+        shared = result.shared_bytes or 0
+        what = "shared memory"
+    if shared > result.shared_limit_bytes:
+        result.problems.append(f"{what} {shared} B > limit {result.shared_limit_bytes} B")
+    if result.matrix_unit_expected and not result.matrix_instructions:
+        result.problems.append("no matrix instructions")
+    if result.waves_per_simd == 0:
+        result.problems.append("does not fit on a SIMD (0 waves)")
+
+
+# ---- the public entry point (parent process) ----------------------------------------------------
+
+def inspect_configs(targets=("gfx942",), dtypes=DTYPES, head_dims=(64, 128), *,
+                    problem: Problem = Problem(), overrides: dict[str, int] | None = None,
+                    jobs: int | None = None) -> list[AotResult]:
+    """Compile every (target, dtype, head_dim) with the launcher's config; compile-only, no GPU.
+
+    See ``inspect_cases``; results come in the order target, dtype, head_dim.
+    """
+    cases = [(t, d, int(h)) for t in targets for d in dtypes for h in head_dims]
+    return inspect_cases(cases, problem=problem, overrides=overrides, jobs=jobs)
+
+
+def inspect_cases(cases, *, problem: Problem = Problem(), overrides: dict[str, int] | None = None,
+                  jobs: int | None = None) -> list[AotResult]:
+    """Compile each (target, dtype, head_dim) case with the launcher's config; compile-only.
+
+    ``overrides`` replace fields of the pinned config (as if ``config=`` were given to the launcher),
+    to evaluate a proposed change. Raises UsageError for an unknown target, dtype, head dim or
+    config key. A config that fails to compile is returned with ``error`` set (and fails its
+    verdict). ``jobs`` child processes compile in parallel (default: one per available core, at
+    most one per case); each costs about 2 s of start-up (importing torch and Triton).
+    """
+    requests = []
+    for target, dtype, head_dim in cases:
+        check_request(target, dtype, int(head_dim))
+        pinned_config(target, dtype, int(head_dim), overrides)  # reject unknown keys here
+        requests.append({"target": target, "dtype": dtype, "head_dim": int(head_dim),
+                         "problem": problem.to_dict(), "overrides": dict(overrides or {})})
+    if not requests:
+        return []
+    if jobs is None:
+        jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    jobs = max(1, min(jobs, len(requests)))
+    # Largest head dims first, dealt round-robin, so the slowest compiles spread over the workers.
+    order = sorted(range(len(requests)), key=lambda i: -requests[i]["head_dim"])
+    shares = [order[w::jobs] for w in range(jobs)]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    workers = [
+        (share, subprocess.Popen([sys.executable, "-m", "parity.kernels.aot"], env=env, text=True,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        for share in shares
+    ]
+    results: list[AotResult | None] = [None] * len(requests)
+    failure = None
+    for share, proc in workers:
+        stdout, stderr = proc.communicate(json.dumps([requests[i] for i in share]))
+        payload = next((ln[len(_RESULT_MARK):] for ln in reversed(stdout.splitlines())
+                        if ln.startswith(_RESULT_MARK)), None)
+        if proc.returncode != 0 or payload is None:
+            tail = (stderr.strip().splitlines() or ["(no output)"])[-1]
+            failure = failure or f"ahead-of-time compile worker exited with status {proc.returncode}: {tail}"
+            continue
+        for index, data in zip(share, json.loads(payload)):
+            data.pop("passed")
+            data.pop("compile_only")
+            results[index] = AotResult(**data)
+    if failure:
+        raise RuntimeError(failure)
+    return results  # type: ignore[return-value]
+
+
+def _worker_main() -> int:
+    requests = json.loads(sys.stdin.read())
+    # Triton may print (e.g. kernel-override notices); keep stdout for the result line.
+    real_stdout = sys.stdout
+    sys.stdout = sys.stderr
+    try:
+        results = [_compile_one(request) for request in requests]
+    finally:
+        sys.stdout = real_stdout
+    print(_RESULT_MARK + json.dumps(results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET"):
+        raise SystemExit("parity.kernels.aot worker: TRITON_INTERPRET must be unset (compiles need real JIT functions)")
+    sys.exit(_worker_main())
