@@ -19,21 +19,25 @@ Conventions (the report and the policy rely on them):
   ``out`` is not.
 - Max relative error ``max |d| / max(|ref|, rel_floor)``: the floor keeps near-zero references
   from dividing by zero; the floor used is recorded.
-- Mismatch: an element is outside the tolerance when ``|d| > atol + rtol * |ref|`` (the
-  ``torch.isclose`` convention). Integer and bool tensors are compared exactly (``out != ref``);
-  ``atol``/``rtol`` do not apply to them.
-- "Smallest tolerance that would have passed": ``needed_atol`` is the smallest atol for which no
-  element mismatches at the given rtol (``max(|d| - rtol*|ref|)``, at least 0); ``needed_rtol`` is
-  the smallest rtol for the given atol (``max((|d| - atol) / |ref|)`` over elements with
-  ``|d| > atol``, at least 0; ``inf`` if such an element has ``ref == 0``). Exact up to float64
-  rounding of the bound itself.
+- Mismatch: an element is outside the tolerance when ``|d| > A + rtol * |ref|`` (the
+  ``torch.isclose`` convention), where the absolute term ``A = atol + atol_rms * ref_rms`` may
+  scale with the reference's RMS (over its finite elements): benign error near zero is
+  proportional to the tensor's typical magnitude, not to the element's, so one absolute atol
+  cannot suit a tensor of RMS 0.1 and one of RMS 2. ``A`` is recorded as ``effective_atol``.
+  Integer and bool tensors are compared exactly (``out != ref``); the tolerances do not apply.
+- "Smallest tolerance that would have passed": ``needed_atol`` is the smallest absolute term
+  ``A`` for which no element mismatches at the given rtol (``max(|d| - rtol*|ref|)``, at least 0);
+  ``needed_rtol`` is the smallest rtol for the given ``A`` (``max((|d| - A) / |ref|)`` over
+  elements with ``|d| > A``, at least 0; ``inf`` if such an element has ``ref == 0``). Exact up to
+  float64 rounding of the bound itself.
 - ULP distance (fp16 and bf16 only, when both sides have the same dtype): the distance between the
   16-bit patterns on the sign-magnitude number line, so adjacent representable values are 1 ULP
   apart, +0 and -0 are 0 apart, and the two smallest subnormals of opposite sign are 2 apart.
 - Sums are accumulated in float64 on the tensors' device; inputs are cast chunk by chunk, so the
   extra memory is a small multiple (about a dozen float64 arrays) of one chunk, whatever the
-  tensor size. Results depend on ``chunk_elements`` only through float64 rounding. A
-  non-contiguous input is flattened with one copy; bundle tensors are contiguous.
+  tensor size. ``ref`` is read twice (its RMS first, for the absolute term). Results depend on
+  ``chunk_elements`` only through float64 rounding. A non-contiguous input is flattened with one
+  copy; bundle tensors are contiguous.
 - ``LayerMetrics.to_dict()`` is JSON-safe: non-finite floats become the strings ``"nan"``,
   ``"inf"`` and ``"-inf"`` (``float()`` reads them back), absent values are ``None``, indices are
   lists.
@@ -84,7 +88,10 @@ class LayerMetrics:
     max_rel: float
     rel_floor: float
     ref_max_abs: float
+    ref_rms: float
     atol: float
+    atol_rms: float
+    effective_atol: float
     rtol: float
     mismatch_count: int
     mismatch_fraction: float
@@ -138,17 +145,19 @@ def compute_metrics(
     *,
     atol: float = 0.0,
     rtol: float = 0.0,
+    atol_rms: float = 0.0,
     rel_floor: float = DEFAULT_REL_FLOOR,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
 ) -> LayerMetrics:
     """Compare ``out`` (this host) with ``ref`` (the golden); both of the same shape, on one device.
 
-    ``atol``/``rtol`` define the mismatch count and the "needed" tolerances; pass the values of
-    the policy that will judge the result. Dtypes may differ (e.g. bf16 against an fp64
-    reference); ULP distances are then not computed. Raises ``ValueError`` for tensors that cannot
-    be compared (different shapes or devices, complex dtypes) and for bad arguments.
+    ``atol``, ``atol_rms`` and ``rtol`` define the mismatch count and the "needed" tolerances;
+    pass the values of the policy that will judge the result (``parity.policy.measure`` does).
+    Dtypes may differ (e.g. bf16 against an fp64 reference); ULP distances are then not computed.
+    Raises ``ValueError`` for tensors that cannot be compared (different shapes or devices,
+    complex dtypes) and for bad arguments.
     """
-    _check_arguments(out, ref, atol, rtol, rel_floor, chunk_elements)
+    _check_arguments(out, ref, atol, rtol, atol_rms, rel_floor, chunk_elements)
     shape = tuple(out.shape)
     out_flat = out.reshape(-1)
     ref_flat = ref.reshape(-1)
@@ -156,14 +165,20 @@ def compute_metrics(
     exact = not out.is_floating_point() and not ref.is_floating_point()
     with_ulp = out.dtype == ref.dtype and out.dtype in SIXTEEN_BIT_FLOATS
 
+    ref_rms = _finite_rms(ref_flat, chunk_elements)  # a 0-dim device tensor: no synchronization
+    effective_atol = atol + atol_rms * ref_rms
     acc = _Accumulators(out.device)
     for start in range(0, numel, chunk_elements):
         stop = min(start + chunk_elements, numel)
         acc.add_chunk(
             out_flat[start:stop], ref_flat[start:stop], start,
-            atol=atol, rtol=rtol, rel_floor=rel_floor, exact=exact, with_ulp=with_ulp,
+            absolute_term=effective_atol, rtol=rtol, rel_floor=rel_floor, exact=exact, with_ulp=with_ulp,
         )
-    return acc.finish(out_flat, ref_flat, shape, out.dtype, ref.dtype, atol, rtol, rel_floor, with_ulp)
+    return acc.finish(
+        out_flat, ref_flat, shape, out.dtype, ref.dtype,
+        atol=atol, atol_rms=atol_rms, ref_rms=ref_rms, effective_atol=effective_atol, rtol=rtol,
+        rel_floor=rel_floor, with_ulp=with_ulp,
+    )
 
 
 def compute_error_vs_reference(
@@ -186,7 +201,7 @@ def compute_error_vs_reference(
     return compute_metrics(out, high_precision_ref, **kwargs)
 
 
-def _check_arguments(out, ref, atol, rtol, rel_floor, chunk_elements) -> None:
+def _check_arguments(out, ref, atol, rtol, atol_rms, rel_floor, chunk_elements) -> None:
     if not isinstance(out, torch.Tensor) or not isinstance(ref, torch.Tensor):
         raise TypeError("compute_metrics compares two torch.Tensor objects")
     if out.shape != ref.shape:
@@ -195,13 +210,26 @@ def _check_arguments(out, ref, atol, rtol, rel_floor, chunk_elements) -> None:
         raise ValueError(f"device mismatch: out on {out.device}, ref on {ref.device}")
     if out.is_complex() or ref.is_complex():
         raise ValueError("complex tensors are not supported")
-    for name, value in (("atol", atol), ("rtol", rtol)):
+    for name, value in (("atol", atol), ("rtol", rtol), ("atol_rms", atol_rms)):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
     if not (math.isfinite(rel_floor) and rel_floor > 0):
         raise ValueError(f"rel_floor must be finite and > 0, got {rel_floor!r}")
     if not (isinstance(chunk_elements, int) and chunk_elements >= 1):
         raise ValueError(f"chunk_elements must be a positive int, got {chunk_elements!r}")
+
+
+def _finite_rms(flat: torch.Tensor, chunk_elements: int) -> torch.Tensor:
+    """RMS of the finite elements (0 if there are none), accumulated in float64 on the device."""
+    square_sum = torch.zeros((), dtype=torch.float64, device=flat.device)
+    count = torch.zeros((), dtype=torch.int64, device=flat.device)
+    for start in range(0, flat.numel(), chunk_elements):
+        values = flat[start : start + chunk_elements].to(torch.float64)
+        finite = torch.isfinite(values)
+        values = torch.where(finite, values, 0.0)
+        square_sum += (values * values).sum()
+        count += finite.sum()
+    return torch.sqrt(square_sum / count.clamp_min(1))
 
 
 def _ordered_bits(values16: torch.Tensor) -> torch.Tensor:
@@ -233,7 +261,7 @@ class _Accumulators:
         self.nonfinite_mismatch_count, self.first_nonfinite_mismatch = i64(), i64(-1)
         self.ulp_max, self.ulp_over_1_count = i64(), i64()
 
-    def add_chunk(self, out_raw, ref_raw, start, *, atol, rtol, rel_floor, exact, with_ulp):
+    def add_chunk(self, out_raw, ref_raw, start, *, absolute_term, rtol, rel_floor, exact, with_ulp):
         out = out_raw.to(torch.float64)
         ref = ref_raw.to(torch.float64)
         out_nan, ref_nan = torch.isnan(out), torch.isnan(ref)
@@ -274,11 +302,12 @@ class _Accumulators:
         if exact:
             mismatch = both_finite & (out_raw != ref_raw)
         else:
-            mismatch = abs_diff > atol + rtol * ref_abs  # zeroed positions never exceed atol >= 0
+            # zeroed (non-finite) positions never exceed an absolute term >= 0
+            mismatch = abs_diff > absolute_term + rtol * ref_abs
         self.mismatch_count += mismatch.sum()
         del mismatch
         self.needed_atol = torch.maximum(self.needed_atol, (abs_diff - rtol * ref_abs).max())
-        excess = abs_diff - atol
+        excess = abs_diff - absolute_term
         # excess / 0 is inf where ref == 0: no rtol can cover an error on an exact-zero reference.
         rtol_each = torch.where(excess > 0, excess / ref_abs, 0.0)
         self.needed_rtol = torch.maximum(self.needed_rtol, rtol_each.max())
@@ -298,7 +327,8 @@ class _Accumulators:
             self.ulp_max = torch.maximum(self.ulp_max, ulp.max().to(torch.int64))
             self.ulp_over_1_count += (ulp > 1).sum()
 
-    def finish(self, out_flat, ref_flat, shape, out_dtype, ref_dtype, atol, rtol, rel_floor, with_ulp):
+    def finish(self, out_flat, ref_flat, shape, out_dtype, ref_dtype, *,
+               atol, atol_rms, ref_rms, effective_atol, rtol, rel_floor, with_ulp):
         numel = out_flat.numel()
         finite_count = int(self.finite_count)
         dot, out_sq, ref_sq, diff_sq = (float(t) for t in (self.dot, self.out_sq, self.ref_sq, self.diff_sq))
@@ -335,7 +365,10 @@ class _Accumulators:
             max_rel=float(self.max_rel),
             rel_floor=float(rel_floor),
             ref_max_abs=float(self.ref_max_abs),
+            ref_rms=float(ref_rms),
             atol=float(atol),
+            atol_rms=float(atol_rms),
+            effective_atol=float(effective_atol),
             rtol=float(rtol),
             mismatch_count=mismatch_count,
             mismatch_fraction=mismatch_count / finite_count if finite_count else 0.0,

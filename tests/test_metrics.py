@@ -95,6 +95,23 @@ def test_needed_rtol_is_infinite_for_an_error_on_an_exact_zero_reference():
     assert m.needed_atol == pytest.approx(1e-3)
 
 
+def test_absolute_term_scales_with_the_reference_rms():
+    # rms(ref) = sqrt((9 + 16) / 2) = 3.5355; A = 0.05 + 0.1 * 3.5355 = 0.40355
+    out, ref = t([3.3, 4.45, NAN]), t([3.0, 4.0, INF])
+    m = compute_metrics(out, ref, atol=0.05, atol_rms=0.1)
+    assert m.ref_rms == pytest.approx(math.sqrt(12.5))  # the Inf is left out
+    assert m.effective_atol == pytest.approx(0.05 + 0.1 * math.sqrt(12.5))
+    assert m.mismatch_count == 1  # |d| 0.45 > A; 0.3 is not
+    assert m.needed_atol == pytest.approx(0.45, rel=1e-6)  # the whole absolute term
+    assert m.needed_rtol == pytest.approx((0.45 - m.effective_atol) / 4.0, rel=1e-5)
+    assert (m.atol, m.atol_rms) == (0.05, 0.1)
+
+
+def test_rms_of_a_reference_without_finite_elements_is_zero():
+    m = compute_metrics(t([NAN, 1.0]), t([NAN, INF]), atol_rms=0.1)
+    assert m.ref_rms == 0.0 and m.effective_atol == 0.0
+
+
 def test_max_relative_error_uses_the_floor_for_near_zero_references():
     out, ref = t([1e-3, 2.0]), t([0.0, 1.0])
     assert compute_metrics(out, ref, rel_floor=1e-6).max_rel == pytest.approx(1e3, rel=1e-6)
@@ -241,9 +258,10 @@ def _messy_pair(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_equals_unchunked(dtype):
     out, ref = _messy_pair(dtype)
-    whole = compute_metrics(out, ref, atol=1e-2, rtol=1e-2)
+    whole = compute_metrics(out, ref, atol=1e-3, atol_rms=1e-2, rtol=1e-2)
+    assert 0 < whole.mismatch_count < whole.finite_count
     for chunk in (1, 7, 999, 1000, 4096):
-        chunked = compute_metrics(out, ref, atol=1e-2, rtol=1e-2, chunk_elements=chunk)
+        chunked = compute_metrics(out, ref, atol=1e-3, atol_rms=1e-2, rtol=1e-2, chunk_elements=chunk)
         for name, value in whole.to_dict().items():
             other = chunked.to_dict()[name]
             if isinstance(value, float):
@@ -300,7 +318,9 @@ def test_shape_mismatch_is_a_value_error():
         compute_metrics(torch.zeros(2, 3), torch.zeros(3, 2))
 
 
-@pytest.mark.parametrize("kwargs", [{"atol": -1.0}, {"rtol": NAN}, {"rel_floor": 0.0}, {"chunk_elements": 0}])
+@pytest.mark.parametrize(
+    "kwargs", [{"atol": -1.0}, {"rtol": NAN}, {"atol_rms": INF}, {"rel_floor": 0.0}, {"chunk_elements": 0}]
+)
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         compute_metrics(torch.zeros(2), torch.zeros(2), **kwargs)
