@@ -101,6 +101,8 @@ def block_sparse_attention(
     heads_kv = k.shape[1]
     seq_k = k.shape[2]
     scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
+    if not scale > 0 or math.isinf(scale):
+        raise ValueError(f"sm_scale must be a positive finite number, got {sm_scale}")
     cfg = _resolve_config(config, q, k, v, layout, scale)
     cfg = cfg.clamp(layout.block_m, layout.block_n)
 

@@ -56,11 +56,11 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
         (128, LaunchConfig(128, 64, 8, 3)),
         (256, LaunchConfig(64, 32, 4, 2)),
     ),
-    # Hopper (H100/H200): wgmma needs num_warps a multiple of 4; 128x128 tiles with 8 warps and
-    # 3 stages measured fastest for D=128 bf16 on the H200 (BENCHMARK.md).
+    # Hopper (H100/H200): 128x128 tiles, 8 warps (two warpgroups of 64 rows), 2 stages measured
+    # fastest of 12 candidates for D=128 bf16 on the H200 on all three masks (BENCHMARK.md).
     "sm_90": (
         (64, LaunchConfig(128, 64, 4, 3)),
-        (128, LaunchConfig(128, 128, 8, 3)),
+        (128, LaunchConfig(128, 128, 8, 2)),
         (256, LaunchConfig(64, 64, 4, 2)),
     ),
     # CDNA2 (MI200): 64 KiB LDS; MFMA subnormal flushing is a known numerics difference.

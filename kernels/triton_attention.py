@@ -25,16 +25,17 @@ def _round_to_bf16(x):
 
 @triton.jit
 def _attend_block(
-    acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
-    stride_kn, stride_kd, stride_vn, stride_vd,
+    acc, l_i, m_i, q, k_ptrs0, v_ptrs0, start_n, offs_m, offs_n, offs_d,
+    stride_kn, stride_vn,
     seq_k, causal_offset, window, sink_tokens, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, EMULATE_BF16: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     cols = start_n + offs_n
-    k_ptrs = k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd
-    v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    # The per-element pointer tensors are built once per program; a tile is a scalar offset.
+    k_ptrs = k_ptrs0 + start_n.to(tl.int64) * stride_kn
+    v_ptrs = v_ptrs0 + start_n.to(tl.int64) * stride_vn
     if MASKED:
         # Partial blocks may run past seq_k (the layout makes the tail block partial).
         if BLOCK_D == HEAD_DIM:
@@ -57,7 +58,10 @@ def _attend_block(
         # same mathematics as a bf16 matrix unit accumulating in fp32.
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    # Raw scores; the scale is folded into the exponent's FMA below (qk * scale - m), one
+    # operation per element instead of a multiply and a subtract (sm_scale > 0, checked by the
+    # launcher, so the row max commutes with the scaling).
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
         visible = cols[None, :] < seq_k
         if IS_CAUSAL:
@@ -66,14 +70,14 @@ def _attend_block(
             in_window = cols[None, :] > offs_m[:, None] + causal_offset - window
             visible = visible & (in_window | (cols[None, :] < sink_tokens))
         qk = tl.where(visible, qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
     if MASKED:
         # A row that has seen no visible key keeps m = -inf; subtract 0 instead so that
         # exp2(-inf - m) is 0 rather than exp2(-inf + inf) = NaN.
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_sub = m_new
-    p = tl.math.exp2(qk - m_sub[:, None])
+    p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
     alpha = tl.math.exp2(m_i - m_sub)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
@@ -128,8 +132,10 @@ def block_sparse_attn_fwd(
         q = tl.load(q_ptrs, mask=(offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     if EMULATE_BF16:
         q = q.to(tl.float32)
-    k_base = K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
-    v_base = V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+    k_ptrs0 = (K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
+               + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
+    v_ptrs0 = (V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+               + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -143,9 +149,8 @@ def block_sparse_attn_fwd(
         for sub in tl.static_range(SPARSE_BLOCK_N // BLOCK_N):
             start_n = kv_block * SPARSE_BLOCK_N + sub * BLOCK_N
             acc, l_i, m_i = _attend_block(
-                acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
-                stride_kn, stride_kd, stride_vn, stride_vd,
-                seq_k, causal_offset, window, sink_tokens, qk_scale,
+                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, start_n, offs_m, offs_n, offs_d,
+                stride_kn, stride_vn, seq_k, causal_offset, window, sink_tokens, qk_scale,
                 HEAD_DIM, BLOCK_D, False, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION,
             )
 
@@ -156,9 +161,8 @@ def block_sparse_attn_fwd(
         for sub in tl.static_range(SPARSE_BLOCK_N // BLOCK_N):
             start_n = kv_block * SPARSE_BLOCK_N + sub * BLOCK_N
             acc, l_i, m_i = _attend_block(
-                acc, l_i, m_i, q, k_base, v_base, start_n, offs_m, offs_n, offs_d,
-                stride_kn, stride_kd, stride_vn, stride_vd,
-                seq_k, causal_offset, window, sink_tokens, qk_scale,
+                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, start_n, offs_m, offs_n, offs_d,
+                stride_kn, stride_vn, seq_k, causal_offset, window, sink_tokens, qk_scale,
                 HEAD_DIM, BLOCK_D, True, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION,
             )
 
