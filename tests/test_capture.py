@@ -278,10 +278,6 @@ def cli(monkeypatch, capsys):
     """``parity.cli.main(["capture", ...])`` -> (exit status, stdout, stderr)."""
     import parity.cli
 
-    # Only the capture command is built: these tests are about it, not about the sibling
-    # commands the dispatcher also registers (compare, inspect).
-    monkeypatch.setattr(parity.cli, "COMMANDS", ("capture",))
-
     def run(args):
         code = parity.cli.main(["capture", *args])
         captured = capsys.readouterr()
