@@ -33,7 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse's usage errors (2) and --help (0), as a return value
+        return int(exc.code or 0)
     try:
         return int(args.func(args))
     except UsageError as err:

@@ -63,7 +63,11 @@ def _subject_args(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from ..capture import REFERENCE_CHOICES, capture, stderr_progress
+    from ..compare import enable_triton_interpreter
 
+    # Same rule as compare: triton on a CPU device runs through the interpreter, switched on
+    # here while Triton is not imported yet.
+    enable_triton_interpreter(args.impl, args.device or "cpu")
     if args.reference not in REFERENCE_CHOICES:
         raise UsageError(f"unknown --reference {args.reference!r}; choose from {', '.join(REFERENCE_CHOICES)}")
     if not args.shard_mib > 0:
