@@ -37,7 +37,7 @@ from typing import Any
 
 __all__ = [
     "DTYPES", "TARGETS", "Problem", "AotResult", "inspect_configs", "inspect_cases", "launch_arguments",
-    "expects_matrix_unit", "kernel_source_digest",
+    "expects_matrix_unit", "kernel_source_digest", "pinned_config", "check_request",
 ]
 
 # Compile targets; each must have an ArchSpec in parity.platform and rows in kernels.configs.
@@ -101,7 +101,9 @@ class AotResult:
     static_shared_bytes: int | None = None
     shared_limit_bytes: int | None = None
     # AMD occupancy in waves per SIMD: by VGPRs (platform table), by LDS, the minimum, and the
-    # compiler's own estimate (LLVM's "; Occupancy:" comment) as a cross-check.
+    # compiler's own estimate (LLVM's "; Occupancy:" comment) as a cross-check. LLVM's figure is
+    # also capped by waves_per_eu (Triton sets "amdgpu-waves-per-eu"="N,N"), which the hardware
+    # does not know: it fits as many waves as the registers and LDS allow.
     waves_per_simd_vgpr: int | None = None
     waves_per_simd_lds: int | None = None
     waves_per_simd: int | None = None
@@ -420,9 +422,9 @@ def _cuobjdump_res_usage(cubin: bytes) -> dict[str, int]:
     Triton discards ptxas's -v log unless asked to print it)."""
     import tempfile
 
-    import triton.backends.nvidia as nvidia_backend
+    from triton import knobs
 
-    tool = os.path.join(os.path.dirname(nvidia_backend.__file__), "bin", "cuobjdump")
+    tool = knobs.nvidia.cuobjdump.path  # Triton's bundled one unless TRITON_CUOBJDUMP_PATH is set
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(cubin)
         handle.flush()
@@ -435,18 +437,24 @@ def _cuobjdump_res_usage(cubin: bytes) -> dict[str, int]:
 def _judge(result: AotResult) -> None:
     """The verdict: no spills to memory, LDS/shared memory within the limit, matrix instructions.
 
-    SGPR spills with no scratch are a note, not a failure: LLVM spills SGPRs into VGPR lanes
-    (v_writelane/v_readlane) first and goes to scratch memory only when that fails, so with a zero
-    private segment they cost a VALU instruction each and no memory traffic.
+    On AMD a spill fails when it reaches scratch memory (a non-zero private segment). Spills that
+    stay in registers are a note: LLVM spills SGPRs into VGPR lanes (v_writelane) and, on
+    gfx90a and later, VGPRs into free AGPRs (v_accvgpr_write) before it uses scratch; with a zero
+    private segment they cost an instruction each and no memory traffic.
     """
     if result.vendor == "amd":
-        if result.vgpr_spills or result.scratch_bytes:
-            result.problems.append(f"spills ({result.vgpr_spills} VGPR + {result.sgpr_spills} SGPR, "
-                                   f"{result.scratch_bytes} B scratch per lane)")
-        elif result.sgpr_spills:
-            result.notes.append(f"{result.sgpr_spills} SGPR spills into VGPR lanes (no scratch)")
+        spilled = f"{result.vgpr_spills} VGPR + {result.sgpr_spills} SGPR spills"
+        if result.scratch_bytes:
+            result.problems.append(f"spills to scratch ({spilled}, {result.scratch_bytes} B per lane)")
+        elif result.vgpr_spills or result.sgpr_spills:
+            result.notes.append(f"{spilled} into registers (no scratch)")
         shared = (result.shared_bytes or 0) + (result.static_shared_bytes or 0)
         what = "LDS"
+        # A workgroup's waves are resident at once: num_warps / 4 per SIMD at least.
+        needed = -(-result.config.get("num_warps", 1) // _SIMDS_PER_CU)
+        if result.waves_per_simd is not None and result.waves_per_simd < needed:
+            result.problems.append(f"a workgroup needs {needed} waves per SIMD, resources allow "
+                                   f"{result.waves_per_simd}")
     else:
         if result.spills:
             result.problems.append(f"spills ({result.scratch_bytes} B local memory per thread)")
@@ -458,8 +466,6 @@ def _judge(result: AotResult) -> None:
         result.problems.append(f"{what} {shared} B > limit {result.shared_limit_bytes} B")
     if result.matrix_unit_expected and not result.matrix_instructions:
         result.problems.append("no matrix instructions")
-    if result.waves_per_simd == 0:
-        result.problems.append("does not fit on a SIMD (0 waves)")
 
 
 # ---- the public entry point (parent process) ----------------------------------------------------

@@ -100,7 +100,10 @@ def _occupancy(r) -> str:
         return "-"
     text = f"{r.waves_per_simd} (vgpr {r.waves_per_simd_vgpr}, lds {r.waves_per_simd_lds})"
     if r.compiler_occupancy is not None and r.compiler_occupancy != r.waves_per_simd:
-        text += f"; llvm says {r.compiler_occupancy}"
+        if r.compiler_occupancy == r.config.get("waves_per_eu"):
+            text += f"; llvm {r.compiler_occupancy} = waves_per_eu cap"
+        else:
+            text += f"; llvm says {r.compiler_occupancy}"
     return text
 
 
