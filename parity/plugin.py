@@ -156,26 +156,6 @@ class ParityResult:
 # Policies
 
 
-def _pyproject_policy(rootdir: Path):
-    """``[tool.parity]`` of ``rootdir/pyproject.toml`` as a Policy, or None if there is no such table."""
-    from .policy import Policy
-
-    pyproject = rootdir / "pyproject.toml"
-    if not pyproject.is_file():
-        return None
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10: Policy.from_pyproject says what is missing
-        return Policy.from_pyproject(pyproject)
-    try:
-        tool = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("tool", {})
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
-        return Policy.from_pyproject(pyproject)  # raises the one-line UsageError naming the file
-    if isinstance(tool, dict) and "parity" in tool:
-        return Policy.from_pyproject(pyproject)
-    return None
-
-
 def resolve_policy(policy: Any = None, *, rootdir: str | os.PathLike | None = None):
     """A ``Policy`` from a Policy, a TOML path, or None (``[tool.parity]`` of ``rootdir/pyproject.toml``
     if it has one, else the built-in defaults). A bad file raises ``parity.errors.UsageError``."""
@@ -188,8 +168,11 @@ def resolve_policy(policy: Any = None, *, rootdir: str | os.PathLike | None = No
         return load_policy(policy)
     if policy is not None:
         raise UsageError(f"a parity policy is a parity.policy.Policy or a TOML path, got {type(policy).__name__}")
-    found = _pyproject_policy(Path(rootdir)) if rootdir is not None else None
-    return found if found is not None else Policy()
+    if rootdir is None:
+        return Policy()
+    from .compare import policy_for_cli  # the CLI's rule: [tool.parity] of pyproject.toml, else built-ins
+
+    return policy_for_cli(None, cwd=rootdir)
 
 
 # ---------------------------------------------------------------------------------------------
