@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[triton,test]"
 	touch $@
 
+# The Triton kernel on whatever device is here (the interpreter on a CPU) against the goldens
+# captured on an NVIDIA H200: the attention cases, then the decoder model layer by layer.
 demo: $(STAMP)
-	$(PY) -m parity compare --golden golden/h200-attention --impl triton
+	$(PY) -m parity compare --golden golden/h200-attention --impl triton --budget
+	$(PY) -m parity compare --golden golden/h200-decoder --impl triton --budget --isolate
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -330,3 +330,14 @@ def test_cli_user_errors_are_one_line_and_exit_2(tmp_path, cli, args, message):
     assert stderr.count("\n") == 1 and stderr.startswith("parity: error: ")
     assert re.search(message, stderr), stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_capture_fuzz_records_the_drawn_cases(tmp_path, capsys):
+    from parity.cli import main
+    from parity.fuzz import draw_cases
+
+    out = tmp_path / "fuzz"
+    assert main(["capture", "--subject", "attention", "--fuzz", "3", "--fuzz-seed", "7", "--out", str(out), "--quiet"]) == 0
+    assert open_bundle(out).subject["args"]["cases"] == draw_cases(3, seed=7)
+    assert main(["capture", "--subject", "attention", "--fuzz", "2", "--cases", "smoke", "--out", str(tmp_path / "x")]) == 2
+    assert "do not combine" in capsys.readouterr().err

@@ -33,6 +33,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="high-precision reference of every output: fp64 (CPU), fp32 (device) or none "
                              "(default: fp64)")
     parser.add_argument("--cases", default=None, help="attention case set: smoke, default or gpu")
+    parser.add_argument("--fuzz", type=int, default=None, metavar="N",
+                        help="attention: record N cases drawn by parity.fuzz.draw_cases, a pure function of "
+                             "N, --fuzz-seed and --fuzz-bounds (the bundle stores the cases; compare replays them)")
+    parser.add_argument("--fuzz-seed", type=int, default=0, metavar="S", help="seed of the --fuzz draw (default: 0)")
+    parser.add_argument("--fuzz-bounds", default="cpu", choices=("cpu", "gpu"),
+                        help="size bounds of --fuzz cases: cpu (small enough for the Triton interpreter) or gpu")
     parser.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
                         help="subject argument (VALUE parsed as JSON, else taken as a string); repeatable")
     parser.add_argument("--shard-mib", type=float, default=256.0, help="shard size limit in MiB (default: 256)")
@@ -58,6 +64,16 @@ def _subject_args(args: argparse.Namespace) -> dict:
         subject_args["dtype"] = args.dtype
     if args.cases is not None:
         subject_args["cases"] = args.cases
+    if args.fuzz is not None:
+        if args.subject != "attention":
+            raise UsageError("--fuzz draws attention cases; it needs --subject attention")
+        if "cases" in subject_args:
+            raise UsageError("--fuzz draws the cases; do not combine it with --cases or --arg cases=...")
+        if args.fuzz < 1:
+            raise UsageError(f"--fuzz must be a positive number of cases, got {args.fuzz}")
+        from ..fuzz import draw_cases
+
+        subject_args["cases"] = draw_cases(args.fuzz, seed=args.fuzz_seed, bounds=args.fuzz_bounds)
     return subject_args
 
 
