@@ -50,38 +50,41 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
     # Triton interpreter on CPU: large tiles mean fewer interpreted operations (numpy does the
     # work); staging knobs are meaningless there.
     "cpu": ((256, LaunchConfig(64, 64, 4, 1)),),
-    # Ampere: 163 KiB shared memory per block; FlexAttention's defaults for A100.
+    # Ampere: 163 KiB shared memory per block. 8 warps at D<=128 and 1 stage at D=256 keep the
+    # compiled kernel free of spills and within shared memory (python -m parity inspect).
     "sm_80": (
-        (64, LaunchConfig(128, 64, 4, 3)),
+        (64, LaunchConfig(128, 64, 8, 3)),
         (128, LaunchConfig(128, 64, 8, 3)),
-        (256, LaunchConfig(64, 32, 4, 2)),
+        (256, LaunchConfig(64, 32, 4, 1)),
     ),
     # Hopper (H100/H200): 128x128 tiles, 8 warps (two warpgroups of 64 rows), 2 stages measured
     # fastest of 12 candidates for D=128 bf16 on the H200 on all three masks (BENCHMARK.md).
+    # D=64 uses 8 warps (4 spill 18 registers, inspect); D=256 one stage (two need 288 KiB).
     "sm_90": (
-        (64, LaunchConfig(128, 64, 4, 3)),
+        (64, LaunchConfig(128, 64, 8, 3)),
         (128, LaunchConfig(128, 128, 8, 2)),
-        (256, LaunchConfig(64, 64, 4, 2)),
+        (256, LaunchConfig(64, 32, 4, 1)),
     ),
     # CDNA2 (MI200): 64 KiB LDS; MFMA subnormal flushing is a known numerics difference.
+    # 16-bit D=128 spills at 128x64 even with 8 warps (inspect); 128x32 does not.
     "gfx90a": (
-        (64, _amd(128, 64, 4, 1)),
-        (128, _amd(128, 64, 4, 1)),
-        (256, _amd(64, 32, 4, 1)),
+        (64, _amd(128, 64, 8, 1)),
+        (128, _amd(128, 32, 8, 1)),
+        (256, _amd(64, 32, 8, 1)),
     ),
-    # CDNA3 (MI300X): the common attention starting point BLOCK_M=128, BLOCK_N=64, 4 warps,
-    # 1 stage, waves_per_eu=2, 16x16 MFMA (numerics.md); D=256 halves the tiles to stay in
-    # 64 KiB LDS without spills (checked by `python -m parity inspect --target gfx942`).
+    # CDNA3 (MI300X): the common attention starting point BLOCK_M=128, BLOCK_N=64, 1 stage,
+    # waves_per_eu=2, 16x16 MFMA (numerics.md), with 8 warps: at 4 warps D=128 and D=256 spill
+    # 160-385 VGPRs to scratch (`python -m parity inspect --target gfx942`, compile-only).
     "gfx942": (
-        (64, _amd(128, 64, 4, 1)),
-        (128, _amd(128, 64, 4, 1)),
-        (256, _amd(64, 32, 4, 1)),
+        (64, _amd(128, 64, 8, 1)),
+        (128, _amd(128, 64, 8, 1)),
+        (256, _amd(64, 32, 8, 1)),
     ),
     # CDNA4 (MI350): 160 KiB LDS; same starting point as gfx942 until measured on hardware.
     "gfx950": (
-        (64, _amd(128, 64, 4, 1)),
-        (128, _amd(128, 64, 4, 1)),
-        (256, _amd(64, 64, 4, 1)),
+        (64, _amd(128, 64, 8, 1)),
+        (128, _amd(128, 64, 8, 1)),
+        (256, _amd(64, 64, 8, 1)),
     ),
 }
 
@@ -92,9 +95,10 @@ FP32_CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
     "cpu": CONFIGS["cpu"],
     "sm_80": ((64, LaunchConfig(64, 64, 4, 2)), (128, LaunchConfig(64, 32, 4, 2)), (256, LaunchConfig(32, 32, 4, 1))),
     "sm_90": ((64, LaunchConfig(64, 64, 4, 2)), (128, LaunchConfig(64, 32, 4, 2)), (256, LaunchConfig(32, 32, 4, 1))),
-    "gfx90a": ((64, _amd(64, 64, 4, 1)), (128, _amd(64, 32, 4, 1)), (256, _amd(32, 32, 4, 1))),
-    "gfx942": ((64, _amd(64, 64, 4, 1)), (128, _amd(64, 32, 4, 1)), (256, _amd(32, 32, 4, 1))),
-    "gfx950": ((64, _amd(64, 64, 4, 1)), (128, _amd(64, 32, 4, 1)), (256, _amd(32, 32, 4, 1))),
+    # AMD fp32: 8 warps at D=128 and one wave per EU at D=256 avoid scratch spills (inspect).
+    "gfx90a": ((64, _amd(64, 64, 4, 1)), (128, _amd(64, 32, 8, 1)), (256, _amd(32, 32, 4, 1, waves_per_eu=1))),
+    "gfx942": ((64, _amd(64, 64, 4, 1)), (128, _amd(64, 32, 8, 1)), (256, _amd(32, 32, 4, 1, waves_per_eu=1))),
+    "gfx950": ((64, _amd(64, 64, 4, 1)), (128, _amd(64, 32, 8, 1)), (256, _amd(32, 32, 4, 1, waves_per_eu=1))),
 }
 
 

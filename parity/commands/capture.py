@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
 
     # Same rule as compare: triton on a CPU device runs through the interpreter, switched on
     # here while Triton is not imported yet.
-    enable_triton_interpreter(args.impl, args.device or "cpu")
+    if args.impl == "triton" and (args.device or "cpu").partition(":")[0] == "cpu":
+        enable_triton_interpreter(args.impl, "cpu")
     if args.reference not in REFERENCE_CHOICES:
         raise UsageError(f"unknown --reference {args.reference!r}; choose from {', '.join(REFERENCE_CHOICES)}")
     if not args.shard_mib > 0:
