@@ -243,6 +243,8 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
         "RETURN_LSE": p.return_lse,
         "EMULATE_BF16": False,
         "DOT_PRECISION": "ieee",
+        # kernels.attention._tma_usable for the representative (contiguous, aligned) problem
+        "USE_TMA": bool(cfg.tma) and not (head_dim & (head_dim - 1)),
     }
     names = _kernel_arg_names()
     runtime_names = [n for n in names if n not in constexprs]

@@ -138,6 +138,7 @@ def block_sparse_attention(
         HAS_WINDOW=mask.window > 0,
         RETURN_LSE=return_lse,
         EMULATE_BF16=emulate_bf16,
+        USE_TMA=_tma_usable(cfg, q, k, v),
         # fp32 parity needs IEEE products; for fp16/bf16 operands the setting has no effect.
         DOT_PRECISION="ieee",
         **cfg.launch_kwargs(),
@@ -145,6 +146,40 @@ def block_sparse_attention(
     if emulate_bf16:
         result.copy_(staging)
     return (result, lse) if return_lse else result
+
+
+def _tma_usable(cfg: configs.LaunchConfig, q, k, v) -> bool:
+    """TMA descriptors need a GPU, a unit last stride, 16-byte aligned bases and row strides, and
+    a power-of-two head dim (no padded tile); otherwise the pointer path runs (same values)."""
+    if not cfg.tma or q.device.type != "cuda" or platform.triton_interpreter_enabled():
+        return False
+    head_dim = q.shape[-1]
+    if head_dim & (head_dim - 1):
+        return False
+    for t in (k, v):
+        elem = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * elem) % 16 for s in t.stride()[:-1]):
+            return False
+    _install_tma_allocator()
+    return True
+
+
+_TMA_ALLOCATOR_INSTALLED = False
+
+
+def _install_tma_allocator() -> None:
+    """Device-side tensor descriptors need a little global scratch per program (Triton asks the
+    allocator set with ``triton.set_allocator``); installed once, on first TMA launch."""
+    global _TMA_ALLOCATOR_INSTALLED
+    if _TMA_ALLOCATOR_INSTALLED:
+        return
+    import triton
+
+    def scratch(size: int, alignment: int, stream):
+        return torch.empty(size, dtype=torch.int8, device="cuda")
+
+    triton.set_allocator(scratch)
+    _TMA_ALLOCATOR_INSTALLED = True
 
 
 def _broadcast(counts: torch.Tensor, indices: torch.Tensor, batch: int, heads: int):

@@ -25,9 +25,12 @@ class LaunchConfig:
     num_stages: int
     # HIP-only compiler knobs, as (name, value) pairs; empty for NVIDIA and the interpreter.
     amd: tuple[tuple[str, int], ...] = ()
+    # NVIDIA Hopper only: load K/V tiles through TMA tensor descriptors. Same values, same
+    # order of operations; only the copy engine differs.
+    tma: bool = False
 
     def launch_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for the kernel launch (``kernel[grid](..., **cfg.launch_kwargs())``)."""
+        """Compiler options for the kernel launch (``kernel[grid](..., **cfg.launch_kwargs())``)."""
         return {"num_warps": self.num_warps, "num_stages": self.num_stages, **dict(self.amd)}
 
     def clamp(self, sparse_block_m: int, sparse_block_n: int) -> "LaunchConfig":
@@ -38,7 +41,7 @@ class LaunchConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"block_m": self.block_m, "block_n": self.block_n, "num_warps": self.num_warps,
-                "num_stages": self.num_stages, **dict(self.amd)}
+                "num_stages": self.num_stages, **dict(self.amd), **({"tma": True} if self.tma else {})}
 
 
 def _amd(block_m, block_n, num_warps, num_stages, *, waves_per_eu=2, nonkdim=16, kpack=1):
@@ -135,4 +138,6 @@ def candidates(arch: str, head_dim: int, dtype: object = None) -> list[LaunchCon
                                           num_stages=num_stages)
                 if cfg not in out:
                     out.append(cfg)
+    if arch == "sm_90":  # TMA variants of every candidate
+        out += [dataclasses.replace(cfg, tma=not cfg.tma) for cfg in list(out)]
     return out

@@ -24,15 +24,8 @@ def _round_to_bf16(x):
 
 
 @triton.jit
-def _attend_block(
-    acc, l_i, m_i, q, k_ptrs0, v_ptrs0, start_n, offs_m, offs_n, offs_d,
-    stride_kn, stride_vn,
-    seq_k, causal_offset, window, sink_tokens, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, EMULATE_BF16: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    cols = start_n + offs_n
+def _load_kv_tiles(k_ptrs0, v_ptrs0, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
     # The per-element pointer tensors are built once per program; a tile is a scalar offset.
     k_ptrs = k_ptrs0 + start_n.to(tl.int64) * stride_kn
     v_ptrs = v_ptrs0 + start_n.to(tl.int64) * stride_vn
@@ -52,6 +45,27 @@ def _attend_block(
         else:
             k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return k, v
+
+
+@triton.jit
+def _attend_block(
+    acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
+    stride_kn, stride_vn,
+    seq_k, causal_offset, window, sink_tokens, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    cols = start_n + offs_n
+    if USE_TMA:
+        # NVIDIA Hopper: the tensor-memory accelerator copies the tile; rows past seq_k are
+        # zero-filled by the descriptor's bounds, as the masked pointer loads below do.
+        k = k_desc.load([start_n, 0])
+        v = v_desc.load([start_n, 0])
+    else:
+        k, v = _load_kv_tiles(k_ptrs0, v_ptrs0, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
+                              HEAD_DIM, BLOCK_D, MASKED)
     if EMULATE_BF16:
         # Interpreter mode only: its bf16 tl.dot multiplies raw bit patterns (numerics.md).
         # Products of two bf16 values are exact in fp32, so an fp32 dot on upcast tiles is the
@@ -110,6 +124,7 @@ def block_sparse_attn_fwd(
     SPARSE_BLOCK_M: tl.constexpr, SPARSE_BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     # grid = (B * Hq, num_m_tiles): heads vary fastest and query tiles are taken last to first,
     # so the first wave holds the heaviest causal tiles of every head (better load balance).
@@ -136,6 +151,18 @@ def block_sparse_attn_fwd(
                + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
     v_ptrs0 = (V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
                + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+    if USE_TMA:
+        # Device-side descriptors over this (batch, kv head)'s [seq_k, D] slice (the launcher
+        # checks contiguity and 16-byte alignment and installs Triton's scratch allocator).
+        k_desc = tl.make_tensor_descriptor(
+            K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh,
+            shape=[seq_k, HEAD_DIM], strides=[stride_kn, 1], block_shape=[BLOCK_N, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(
+            V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh,
+            shape=[seq_k, HEAD_DIM], strides=[stride_vn, 1], block_shape=[BLOCK_N, BLOCK_D])
+    else:
+        k_desc = k_ptrs0
+        v_desc = v_ptrs0
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -149,9 +176,9 @@ def block_sparse_attn_fwd(
         for sub in tl.static_range(SPARSE_BLOCK_N // BLOCK_N):
             start_n = kv_block * SPARSE_BLOCK_N + sub * BLOCK_N
             acc, l_i, m_i = _attend_block(
-                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, start_n, offs_m, offs_n, offs_d,
+                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
                 stride_kn, stride_vn, seq_k, causal_offset, window, sink_tokens, qk_scale,
-                HEAD_DIM, BLOCK_D, False, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION,
+                HEAD_DIM, BLOCK_D, False, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION, USE_TMA,
             )
 
     part_count = tl.load(KV_NUM + off_b * stride_cb + off_h * stride_ch + q_block * stride_cm)
@@ -161,9 +188,9 @@ def block_sparse_attn_fwd(
         for sub in tl.static_range(SPARSE_BLOCK_N // BLOCK_N):
             start_n = kv_block * SPARSE_BLOCK_N + sub * BLOCK_N
             acc, l_i, m_i = _attend_block(
-                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, start_n, offs_m, offs_n, offs_d,
+                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
                 stride_kn, stride_vn, seq_k, causal_offset, window, sink_tokens, qk_scale,
-                HEAD_DIM, BLOCK_D, True, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION,
+                HEAD_DIM, BLOCK_D, True, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION, USE_TMA,
             )
 
     # Rows that saw no key have l = 0 and acc = 0: output 0, LSE -inf (the project's convention).
