@@ -108,8 +108,9 @@ def _launch_configs(module: torch.nn.Module) -> dict[str, Any]:
     return used
 
 
-class _Progress:
-    """Rate-limited progress lines on stderr (or nowhere)."""
+class Progress:
+    """Rate-limited progress lines (capture and compare): ``say(msg)`` always emits,
+    ``say.tick(lambda: msg)`` at most every ``every_s`` seconds."""
 
     def __init__(self, emit: Callable[[str], None] | None, every_s: float = 2.0):
         self.emit = emit
@@ -120,12 +121,11 @@ class _Progress:
         if self.emit is not None:
             self.emit(message)
 
-    def tick(self, recorder: Recorder) -> None:
+    def tick(self, message: Callable[[], str]) -> None:
         now = time.monotonic()
         if self.emit is not None and now - self._last >= self.every_s:
             self._last = now
-            self.emit(f"recorded {len(recorder.calls)} layers, {recorder.tensor_count} tensors "
-                      f"({recorder.byte_count / 2**20:.1f} MiB)")
+            self.emit(message())
 
 
 def stderr_progress(message: str) -> None:
@@ -163,7 +163,7 @@ def capture(
     plan = _reference_plan(reference, device)
     if plan is not None:
         runner.check_impl(runner.reference_impl)
-    say = _Progress(progress)
+    say = Progress(progress)
 
     with BundleWriter(out, force=force, shard_bytes=shard_bytes, progress=say.emit) as writer:
         state = runner.make_state(impl)
@@ -172,7 +172,8 @@ def capture(
         def store(record: RecordedTensor) -> None:
             writer.add(record.kind, record.name, record.tensor, layer=record.layer, module=record.module,
                        call_index=record.call_index, path=record.path, copy=False)
-            say.tick(recorder)
+            say.tick(lambda: f"recorded {len(recorder.calls)} layers, {recorder.tensor_count} tensors "
+                             f"({recorder.byte_count / 2**20:.1f} MiB)")
 
         recorder = Recorder(module, store, layers=layers, record_inputs=record_inputs)  # checks the globs
         inputs = runner.make_inputs()

@@ -68,9 +68,9 @@ import torch
 
 from . import platform
 from .bundle import BundleReader, Entry, open_bundle
-from .capture import _launch_configs, check_device, check_triton_mode
+from .capture import Progress, _launch_configs, check_device, check_triton_mode
 from .errors import UsageError
-from .metrics import LayerMetrics, compute_error_vs_reference
+from .metrics import LayerMetrics, compute_error_vs_reference, json_safe_float
 from .policy import ErrorBudget, Policy, Tolerance, Verdict, judge, load_policy, measure
 from .recorder import RecordedTensor, Recorder, flatten, replay, select_modules, tensor_name
 from .subjects import Inputs, runner_from_manifest
@@ -135,15 +135,15 @@ class BudgetInfo:
             return None if metrics is None else metrics.to_dict()
 
         return {
-            "k": _json_float(self.k),
-            "floor": _json_float(self.floor),
+            "k": json_safe_float(self.k),
+            "floor": json_safe_float(self.floor),
             "reference_dtype": self.reference_dtype,
-            "host_rel_l2": _json_float(self.host_rel_l2),
-            "capture_rel_l2": _json_float(self.capture_rel_l2),
-            "host_max_abs": _json_float(None if self.host_vs_reference is None else self.host_vs_reference.max_abs),
-            "capture_max_abs": _json_float(
+            "host_rel_l2": json_safe_float(self.host_rel_l2),
+            "capture_rel_l2": json_safe_float(self.capture_rel_l2),
+            "host_max_abs": json_safe_float(None if self.host_vs_reference is None else self.host_vs_reference.max_abs),
+            "capture_max_abs": json_safe_float(
                 None if self.capture_vs_reference is None else self.capture_vs_reference.max_abs),
-            "rel_l2_ratio": _json_float(self.rel_l2_ratio),
+            "rel_l2_ratio": json_safe_float(self.rel_l2_ratio),
             "note": self.note,
             "host_vs_reference": numbers(self.host_vs_reference),
             "capture_vs_reference": numbers(self.capture_vs_reference),
@@ -294,14 +294,14 @@ class ErrorGrowth:
     def to_dict(self) -> dict[str, Any]:
         jump = self.largest_jump
         return {
-            "rel_l2": [[name, _json_float(rel_l2)] for name, rel_l2, _ in self.points],
-            "max_abs": [[name, _json_float(max_abs)] for name, _, max_abs in self.points],
-            "first": None if self.first is None else [self.first[0], _json_float(self.first[1])],
-            "last": None if self.last is None else [self.last[0], _json_float(self.last[1])],
-            "peak": None if self.peak is None else [self.peak[0], _json_float(self.peak[1])],
-            "last_over_first": _json_float(self.last_over_first),
+            "rel_l2": [[name, json_safe_float(rel_l2)] for name, rel_l2, _ in self.points],
+            "max_abs": [[name, json_safe_float(max_abs)] for name, _, max_abs in self.points],
+            "first": None if self.first is None else [self.first[0], json_safe_float(self.first[1])],
+            "last": None if self.last is None else [self.last[0], json_safe_float(self.last[1])],
+            "peak": None if self.peak is None else [self.peak[0], json_safe_float(self.peak[1])],
+            "last_over_first": json_safe_float(self.last_over_first),
             "largest_jump": None if jump is None else {
-                "layer": jump[0], "from": _json_float(jump[1]), "to": _json_float(jump[2])},
+                "layer": jump[0], "from": json_safe_float(jump[1]), "to": json_safe_float(jump[2])},
         }
 
 
@@ -592,23 +592,6 @@ def fingerprint_differences(golden: Mapping[str, Any], here: Mapping[str, Any]) 
             for key in platform.NUMERICS_KEYS if key in golden and golden[key] != here.get(key)]
 
 
-class _Progress:
-    def __init__(self, emit: Callable[[str], None] | None, every_s: float = 2.0):
-        self.emit = emit
-        self.every_s = every_s
-        self._last = time.monotonic()
-
-    def __call__(self, message: str) -> None:
-        if self.emit is not None:
-            self.emit(message)
-
-    def tick(self, message: Callable[[], str]) -> None:
-        now = time.monotonic()
-        if self.emit is not None and now - self._last >= self.every_s:
-            self._last = now
-            self.emit(message())
-
-
 def _capture_globs(bundle: BundleReader, module: torch.nn.Module, warnings: list[str]) -> list[str] | None:
     """The capture's ``--layers`` globs, without those that match no module here (a warning each)."""
     globs = (bundle.manifest.get("capture") or {}).get("layers")
@@ -663,7 +646,7 @@ def compare_bundle(
     recorded inputs, and ``budget=True`` without references. Layer-level problems are results.
     """
     started = time.monotonic()
-    say = _Progress(progress)
+    say = Progress(progress)
     policy = _as_policy(policy)
     bundle = golden if isinstance(golden, BundleReader) else open_bundle(golden)
     runner = runner_from_manifest(bundle.subject)
@@ -763,7 +746,7 @@ def _notes_as_warnings(results: list[LayerResult]) -> list[str]:
 
 
 def _isolate(bundle: BundleReader, module: torch.nn.Module, device: torch.device, policy: Policy,
-             budget: bool | None, say: _Progress) -> dict[str, LayerResult]:
+             budget: bool | None, say: Progress) -> dict[str, LayerResult]:
     """Replay every recorded layer call on its golden inputs; results by tensor name."""
     results: dict[str, LayerResult] = {}
     outputs_by_layer: dict[str, list[Entry]] = {}
@@ -871,16 +854,5 @@ def policy_for_cli(tolerances: str | os.PathLike | None, *, cwd: str | os.PathLi
 # JSON helpers
 
 
-def _json_float(value: float | None) -> float | str | None:
-    if value is None:
-        return None
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
-
-
 def _json_value(value: Any) -> Any:
-    return _json_float(value) if isinstance(value, float) else value
+    return json_safe_float(value) if isinstance(value, float) else value
