@@ -10,9 +10,10 @@ from parity.report import format_text
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 BUNDLES = ("h200-attention", "h200-decoder")
-# numerics.md measured the CPU interpreter's bf16 error against fp64 equal to the H200 golden's
-# own (rel L2 2.0e-3 both); a kernel that rounds differently (e.g. truncation) shows ~2.7x.
-# Allow 1.5x: above rounding noise between two round-to-nearest implementations, below a bug.
+# These goldens are the fp32-computed reference rounded once to bf16 (its error vs fp64 is
+# output rounding only, rel L2 1.6e-3); a flash kernel also rounds P to bf16 before P.V, which
+# measured 1.17-1.33x that here (numerics.md: an SDPA golden and the kernel both at 2.0e-3).
+# Without the interpreter's rounding fix (truncation) the kernel showed ~2.7x. Allow 1.5x.
 SAME_ERROR_FACTOR = 1.5
 
 
@@ -37,7 +38,7 @@ def test_triton_here_matches_the_nvidia_goldens(name, device):
 
 def test_bf16_kernel_here_is_as_close_to_fp64_as_the_nvidia_golden(device):
     report = compare_bundle(GOLDEN / "h200-attention", impl="triton", device=device, budget=True)
-    bf16_outputs = [layer for layer in report.layers if layer.dtype == "bf16"]
+    bf16_outputs = [layer for layer in report.layers if layer.dtype == "bfloat16"]
     assert len(bf16_outputs) >= 3
     for layer in bf16_outputs:
         here = layer.budget.host_vs_reference.rel_l2
