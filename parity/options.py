@@ -39,7 +39,8 @@ OPTIONS: dict[str, Option] = {
                (("metavar", "FILE"), ("default", None))),
         Option("junit_xml", "--junit-xml", None, "write a JUnit XML report here", (("metavar", "FILE"), ("default", None))),
         Option("record", None, "--parity-record",
-               "write goldens that are missing (the test still fails, so a recording is never a pass)",
+               "reference host: re-record every golden a test checks from this run (missing goldens are "
+               "always recorded; either way the test fails, so a recording is never a pass)",
                (("action", "store_true"), ("default", False))),
         Option("regen", None, "--parity-regen",
                "overwrite existing goldens with this run's tensors (explicit regeneration)",

@@ -312,15 +312,16 @@ def check_parity(
     obtained_path = path.with_name(path.name + OBTAINED_SUFFIX)
     base = dict(name=name, golden=path, policy_source=resolved.source, test_id=test_id)
 
-    if not _is_bundle(path):
-        if not (record or regen):
-            return ParityResult(status="missing", tensors=[], **base, message=(
-                f"parity: golden {path} does not exist; run pytest with --parity-record to record it "
-                f"from this run ({_describe(kind, tensors)})"))
-        _write_bundle(path, kind, tensors, name, test_id, force=False)
+    # Golden lifecycle (pytest-regressions, syrupy): a missing golden is written from this run and
+    # the test still fails; --parity-record (the reference host) re-records every golden it checks.
+    exists = _is_bundle(path)
+    if not exists or record:
+        _write_bundle(path, kind, tensors, name, test_id, force=exists)
+        _remove_obtained(obtained_path)
+        why = "re-recorded (--parity-record)" if exists else "missing and has been recorded"
         return ParityResult(status="recorded", tensors=_unjudged(name, kind, tensors), **base, message=(
-            f"parity: golden {path} was missing and has been recorded from this run "
-            f"({_describe(kind, tensors)}); the test fails so that a recording is never a pass: rerun to check"))
+            f"parity: golden {path} was {why} from this run ({_describe(kind, tensors)}); "
+            f"the test fails so that a recording is never a pass: rerun to check"))
 
     from .compare import compare_tensors
 
@@ -491,15 +492,13 @@ def check_subject(
         path.parent.mkdir(parents=True, exist_ok=True)
         capture(runner, path, impl=recorder_impl, device=run_device, force=force)
 
-    if not _is_bundle(path):
-        if not (record or regen):
-            return ParityResult(status="missing", tensors=[], **base, message=(
-                f"parity: golden {path} does not exist; run pytest with --parity-record to capture subject "
-                f"{runner.name} with impl {recorder_impl}"))
-        record_golden(force=False)
+    exists = _is_bundle(path)
+    if not exists or record:  # the same lifecycle as tensor goldens (check_parity)
+        record_golden(force=exists)
+        why = "re-captured (--parity-record)" if exists else "missing and has been captured"
         return ParityResult(status="recorded", tensors=[], **base, message=(
-            f"parity: golden {path} was missing and has been captured (subject {runner.name}, impl "
-            f"{recorder_impl}); the test fails so that a recording is never a pass: rerun to check"))
+            f"parity: golden {path} was {why} (subject {runner.name}, impl {recorder_impl}); "
+            f"the test fails so that a recording is never a pass: rerun to check"))
 
     from .bundle import open_bundle
 
