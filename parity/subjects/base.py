@@ -81,13 +81,14 @@ class Subject:
         self.args = args
 
     def make_inputs(self) -> Inputs | dict[str, torch.Tensor]:
-        raise NotImplementedError
+        # required by the subject protocol: a subclass that forgets it fails on first use
+        raise NotImplementedError(f"subject {type(self).__name__} must define make_inputs()")
 
     def make_state(self) -> dict[str, torch.Tensor] | None:
         return None
 
     def build(self, impl: str) -> nn.Module:
-        raise NotImplementedError
+        raise NotImplementedError(f"subject {type(self).__name__} must define build(impl)")
 
     def call(self, module: nn.Module, inputs: Inputs) -> Any:
         return module(**inputs.tensors)
