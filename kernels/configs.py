@@ -60,8 +60,9 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
         (128, LaunchConfig(128, 64, 8, 3)),
         (256, LaunchConfig(64, 32, 4, 1)),
     ),
-    # Hopper (H100/H200): 128x128 tiles, 8 warps (two warpgroups of 64 rows), 2 stages measured
-    # fastest of 12 candidates for D=128 bf16 on the H200 on all three masks (BENCHMARK.md).
+    # Hopper (H100/H200): 128x128 tiles, 8 warps (two warpgroups of 64 rows), 2 stages: fastest
+    # of 12 candidates for D=128 bf16 on the H200 for window and random, within the ~7% timing
+    # spread of 3 stages for causal (BENCHMARK.md).
     # D=64 uses 8 warps (4 spill 18 registers, inspect); D=256 one stage (two need 288 KiB).
     "sm_90": (
         (64, LaunchConfig(128, 64, 8, 3)),

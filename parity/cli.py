@@ -42,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"parity: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except (ValueError, TypeError) as err:
+        # Raised while building or running a subject from the given arguments (a bad --arg, a
+        # manifest whose subject args do not fit, a kernel input check): unusable input, not a
+        # parity failure, so exit 2 with one line rather than a traceback and status 1.
+        print(f"parity: error: {type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("parity: interrupted", file=sys.stderr)
         return 130

@@ -341,3 +341,13 @@ def test_capture_fuzz_records_the_drawn_cases(tmp_path, capsys):
     assert open_bundle(out).subject["args"]["cases"] == draw_cases(3, seed=7)
     assert main(["capture", "--subject", "attention", "--fuzz", "2", "--cases", "smoke", "--out", str(tmp_path / "x")]) == 2
     assert "do not combine" in capsys.readouterr().err
+
+
+def test_subject_arguments_that_do_not_fit_are_exit_2_not_a_traceback(tmp_path, capsys):
+    from parity.cli import main
+
+    assert main(["capture", "--subject", "decoder", "--out", str(tmp_path / "d"), "--arg", "layers=abc",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("parity: error: TypeError") and err.count("\n") == 1
+    assert not (tmp_path / "d").exists()
