@@ -171,15 +171,18 @@ def pinned_config(target: str, dtype: str, head_dim: int, overrides: dict[str, i
     if not overrides:
         return cfg
     fields = {"block_m", "block_n", "num_warps", "num_stages"}
+    flags = {"tma", "m_fastest", "one_loop"}
     amd = dict(cfg.amd)
     plain = {}
     for key, value in overrides.items():
         if key in fields:
             plain[key] = int(value)
+        elif key in flags:
+            plain[key] = bool(int(value))
         elif key in amd:
             amd[key] = int(value)
         else:
-            known = sorted(fields | set(amd))
+            known = sorted(fields | flags | set(amd))
             raise UsageError(f"unknown config key {key!r} for {target}; use one of {', '.join(known)}")
     return dataclasses.replace(cfg, **plain, amd=tuple(amd.items()))
 
@@ -245,6 +248,8 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
         "DOT_PRECISION": "ieee",
         # kernels.attention._tma_usable for the representative (contiguous, aligned) problem
         "USE_TMA": bool(cfg.tma) and not (head_dim & (head_dim - 1)),
+        "M_FASTEST": cfg.m_fastest,
+        "ONE_LOOP": cfg.one_loop,
     }
     names = _kernel_arg_names()
     runtime_names = [n for n in names if n not in constexprs]

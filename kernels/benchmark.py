@@ -1,6 +1,11 @@
 """GPU benchmark of the block-sparse kernel against FlexAttention (same block masks) and SDPA.
 
     python -m parity.kernels.benchmark --json out.json [--sweep] [--seq 4096 16384]
+        [--config block_n=64,num_stages=3,one_loop=1 ...]
+
+``--config`` times a proposed variant of the pinned config (LaunchConfig fields, comma-separated)
+on every length and mask, next to the pinned config and FlexAttention; the pinned config and
+FlexAttention are timed a second time after the variants, to show the run-to-run spread.
 
 Effective TFLOP/s counts only the computed blocks: 4 * B * H * D * (query x key elements in
 computed blocks) / time, as in numerics.md. Times are medians of triton.testing.do_bench
@@ -70,7 +75,30 @@ def bench(fn) -> float:
     return float(do_bench(fn, warmup=50, rep=200, return_mode="median"))
 
 
-def run(seqs, batch, heads, head_dim, sweep: bool, check: bool):
+def parse_variant(spec: str, base: configs.LaunchConfig) -> configs.LaunchConfig:
+    """``block_n=64,num_stages=3,one_loop=1`` -> the pinned config with those fields replaced."""
+    ints = {"block_m", "block_n", "num_warps", "num_stages"}
+    flags = {"tma", "m_fastest", "one_loop"}
+    changes = {}
+    for item in filter(None, spec.split(",")):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in ints | flags:
+            raise ValueError(f"bad --config item {item!r}: use KEY=VALUE with KEY one of "
+                             f"{', '.join(sorted(ints | flags))}")
+        try:
+            changes[key] = bool(int(value)) if key in flags else int(value)
+        except ValueError:
+            raise ValueError(f"bad --config value in {item!r}: expected an integer") from None
+    return dataclasses.replace(base, **changes)
+
+
+def _label(cfg: configs.LaunchConfig) -> str:
+    flags = [flag for flag in ("tma", "m_fastest", "one_loop") if getattr(cfg, flag)]
+    return f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}" + "".join(f" +{f}" for f in flags)
+
+
+def run(seqs, batch, heads, head_dim, sweep: bool, check: bool, variants=()):
     from torch.nn.attention.flex_attention import flex_attention
     from triton.runtime.errors import OutOfResources
 
@@ -93,19 +121,45 @@ def run(seqs, batch, heads, head_dim, sweep: bool, check: bool):
             }
             if mask_name == "causal":
                 impls["SDPA"] = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-            errors = {}
-            if check and seq <= 4096:
-                ref = reference_attention(q, k, v, layout, precision="fp32")
+            pinned = launch_config(device, head_dim, q.dtype)
+            for cfg in variants:
+                impls[f"parity {_label(cfg)}"] = (lambda cfg=cfg: block_sparse_attention(q, k, v, layout, config=cfg))
+            errors, vs_pinned = {}, {}
+            if check:
+                # 4k: every implementation against the fp32 reference. Every length: each variant
+                # against the pinned config's output (0 when only the program order or loop
+                # structure changed; bf16 rounding when the tiles changed).
+                ref = reference_attention(q, k, v, layout, precision="fp32") if seq <= 4096 else None
+                base = impls["parity triton"]()
                 for name, fn in impls.items():
-                    errors[name] = rel_l2(fn(), ref)
-                del ref
+                    try:
+                        out = fn()
+                    except OutOfResources:
+                        continue
+                    if ref is not None:
+                        errors[name] = rel_l2(out, ref)
+                    if name.startswith("parity"):
+                        vs_pinned[name] = rel_l2(out, base)
+                del ref, base
+            if variants:  # the spread: the pinned config and FlexAttention once more, last
+                impls["parity triton (again)"] = impls["parity triton"]
+                impls["FlexAttention (again)"] = impls["FlexAttention"]
             for name, fn in impls.items():
-                ms = bench(fn)
+                try:
+                    ms = bench(fn)
+                except OutOfResources as err:  # a variant that does not fit is recorded
+                    rows.append({"seq": seq, "impl": name, "mask": mask_name, "error": type(err).__name__})
+                    print(json.dumps(rows[-1]), flush=True)
+                    continue
                 rows.append({
                     "seq": seq, "impl": name, "mask": mask_name, "density": round(density, 4),
                     "ms": round(ms, 4), "eff_tflops": round(flops_per_element * computed / ms / 1e9, 1),
-                    "rel_l2_vs_fp32_ref": errors.get(name),
+                    "rel_l2_vs_fp32_ref": errors.get(name.replace(" (again)", "")),
                 })
+                if name in vs_pinned and name != "parity triton":
+                    rows[-1]["rel_l2_vs_pinned"] = vs_pinned[name]
+                if name == "parity triton":
+                    rows[-1]["config"] = _label(pinned)
                 print(json.dumps(rows[-1]), flush=True)
             if sweep and seq == seqs[0]:
                 for cand in configs.candidates(platform.arch_of(device), head_dim):
@@ -134,15 +188,26 @@ def main(argv=None) -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--sweep", action="store_true", help="also time every autotuning candidate")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="also time this variant of the pinned config on every length and mask "
+                             "(fields block_m, block_n, num_warps, num_stages, tma, m_fastest, "
+                             "one_loop); repeatable")
     parser.add_argument("--json", help="write rows and environment here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("benchmark: needs a GPU", file=sys.stderr)
         return 2
-    rows, sweep_rows = run(args.seq, args.batch, args.heads, args.head_dim, args.sweep, not args.no_check)
+    pinned = launch_config(torch.device("cuda"), args.head_dim, torch.bfloat16)
+    try:
+        variants = [parse_variant(spec, pinned) for spec in args.config]
+    except ValueError as err:
+        print(f"benchmark: {err}", file=sys.stderr)
+        return 2
+    rows, sweep_rows = run(args.seq, args.batch, args.heads, args.head_dim, args.sweep, not args.no_check,
+                           variants)
     result = {
         "fingerprint": platform.fingerprint("cuda"),
-        "pinned_config": dataclasses.asdict(launch_config(torch.device("cuda"), args.head_dim)),
+        "pinned_config": dataclasses.asdict(pinned),
         "shape": {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "dtype": "bf16"},
         "rows": rows,
         "sweep": sweep_rows,

@@ -28,6 +28,10 @@ class LaunchConfig:
     # NVIDIA Hopper only: load K/V tiles through TMA tensor descriptors. Same values, same
     # order of operations; only the copy engine differs.
     tma: bool = False
+    # Program order: query tiles of one (batch, head) adjacent (True) or heads varying fastest.
+    m_fastest: bool = False
+    # Full and partial key blocks in one loop (a runtime mask flag) instead of two loops.
+    one_loop: bool = False
 
     def launch_kwargs(self) -> dict[str, Any]:
         """Compiler options for the kernel launch (``kernel[grid](..., **cfg.launch_kwargs())``)."""
@@ -41,7 +45,8 @@ class LaunchConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return {"block_m": self.block_m, "block_n": self.block_n, "num_warps": self.num_warps,
-                "num_stages": self.num_stages, **dict(self.amd), **({"tma": True} if self.tma else {})}
+                "num_stages": self.num_stages, **dict(self.amd),
+                **{flag: True for flag in ("tma", "m_fastest", "one_loop") if getattr(self, flag)}}
 
 
 def _amd(block_m, block_n, num_warps, num_stages, *, waves_per_eu=2, nonkdim=16, kpack=1):

@@ -2,7 +2,8 @@
 
 One program computes BLOCK_M query rows of one (batch, query head). It visits the key blocks its
 query block lists in the layout: full blocks first (no element mask), then partial blocks (the
-MaskSpec predicate is evaluated in registers). Launch it through ``kernels.attention``.
+MaskSpec predicate is evaluated in registers), in two loops or, with ONE_LOOP, in one. Launch it
+through ``kernels.attention``.
 """
 import triton
 import triton.language as tl
@@ -49,14 +50,31 @@ def _load_kv_tiles(k_ptrs0, v_ptrs0, start_n, cols, offs_d, stride_kn, stride_vn
 
 
 @triton.jit
+def _apply_mask(qk, cols, offs_m, seq_k, causal_offset, window, sink_tokens,
+                IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    # The MaskSpec predicate, evaluated in registers for a partial block; hidden scores -> -inf.
+    visible = cols[None, :] < seq_k
+    if IS_CAUSAL:
+        visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
+    if HAS_WINDOW:
+        in_window = cols[None, :] > offs_m[:, None] + causal_offset - window
+        visible = visible & (in_window | (cols[None, :] < sink_tokens))
+    return tl.where(visible, qk, float("-inf"))
+
+
+@triton.jit
 def _attend_block(
     acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
     stride_kn, stride_vn,
     seq_k, causal_offset, window, sink_tokens, qk_scale,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, EMULATE_BF16: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    partial, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+    RUNTIME_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
+    # MASKED (constexpr): this block is partial. RUNTIME_MASK (constexpr): the caller's single
+    # loop visits full and partial blocks alike and ``partial`` (a runtime scalar) says which;
+    # loads are then bounds-masked always (a no-op for full blocks) and only the element mask
+    # sits behind the branch, so the loads stay where the software pipeliner can overlap them.
     cols = start_n + offs_n
     if USE_TMA:
         # NVIDIA Hopper: the tensor-memory accelerator copies the tile; rows past seq_k are
@@ -65,7 +83,7 @@ def _attend_block(
         v = v_desc.load([start_n, 0])
     else:
         k, v = _load_kv_tiles(k_ptrs0, v_ptrs0, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
-                              HEAD_DIM, BLOCK_D, MASKED)
+                              HEAD_DIM, BLOCK_D, MASKED or RUNTIME_MASK)
     if EMULATE_BF16:
         # Interpreter mode only: its bf16 tl.dot multiplies raw bit patterns (numerics.md).
         # Products of two bf16 values are exact in fp32, so an fp32 dot on upcast tiles is the
@@ -77,15 +95,13 @@ def _attend_block(
     # launcher, so the row max commutes with the scaling).
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
-        visible = cols[None, :] < seq_k
-        if IS_CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
-        if HAS_WINDOW:
-            in_window = cols[None, :] > offs_m[:, None] + causal_offset - window
-            visible = visible & (in_window | (cols[None, :] < sink_tokens))
-        qk = tl.where(visible, qk, float("-inf"))
+        qk = _apply_mask(qk, cols, offs_m, seq_k, causal_offset, window, sink_tokens, IS_CAUSAL, HAS_WINDOW)
+    elif RUNTIME_MASK:
+        if partial:
+            qk = _apply_mask(qk, cols, offs_m, seq_k, causal_offset, window, sink_tokens, IS_CAUSAL,
+                             HAS_WINDOW)
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    if MASKED:
+    if MASKED or RUNTIME_MASK:
         # A row that has seen no visible key keeps m = -inf; subtract 0 instead so that
         # exp2(-inf - m) is 0 rather than exp2(-inf + inf) = NaN.
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -124,12 +140,20 @@ def block_sparse_attn_fwd(
     SPARSE_BLOCK_M: tl.constexpr, SPARSE_BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, M_FASTEST: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):
-    # grid = (B * Hq, num_m_tiles): heads vary fastest and query tiles are taken last to first,
-    # so the first wave holds the heaviest causal tiles of every head (better load balance).
-    off_bh = tl.program_id(0)
-    start_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    # Query tiles are taken last to first, so the heaviest causal tiles start first (load balance).
+    if M_FASTEST:
+        # 1-D grid of B * Hq * num_m_tiles programs, query tiles of one (batch, head) adjacent:
+        # the programs resident at once share a few heads' K/V, which then stays in L2.
+        num_m_tiles = tl.cdiv(seq_q, BLOCK_M)
+        pid = tl.program_id(0)
+        off_bh = pid // num_m_tiles
+        start_m = num_m_tiles - 1 - pid % num_m_tiles
+    else:
+        # grid = (B * Hq, num_m_tiles): heads vary fastest.
+        off_bh = tl.program_id(0)
+        start_m = tl.num_programs(1) - 1 - tl.program_id(1)
     off_b = off_bh // heads_q
     off_h = off_bh % heads_q
     off_hkv = off_h // gqa_group
@@ -168,29 +192,44 @@ def block_sparse_attn_fwd(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-    # Layout tensors broadcast over batch/head through zero strides.
+    # Layout tensors broadcast over batch/head through zero strides. Each layout block is
+    # SUB = SPARSE_BLOCK_N // BLOCK_N tiles; the loops run over tiles (one flat loop per block
+    # list), so that the software pipeliner sees one tile per iteration whatever BLOCK_N is.
+    SUB: tl.constexpr = SPARSE_BLOCK_N // BLOCK_N
     full_count = tl.load(FULL_NUM + off_b * stride_fcb + off_h * stride_fch + q_block * stride_fcm)
     full_idx_base = FULL_IDX + off_b * stride_fib + off_h * stride_fih + q_block * stride_fim
-    for i in range(full_count):
-        kv_block = tl.load(full_idx_base + i)
-        for sub in tl.static_range(SPARSE_BLOCK_N // BLOCK_N):
-            start_n = kv_block * SPARSE_BLOCK_N + sub * BLOCK_N
-            acc, l_i, m_i = _attend_block(
-                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
-                stride_kn, stride_vn, seq_k, causal_offset, window, sink_tokens, qk_scale,
-                HEAD_DIM, BLOCK_D, False, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION, USE_TMA,
-            )
-
     part_count = tl.load(KV_NUM + off_b * stride_cb + off_h * stride_ch + q_block * stride_cm)
     part_idx_base = KV_IDX + off_b * stride_ib + off_h * stride_ih + q_block * stride_im
-    for i in range(part_count):
-        kv_block = tl.load(part_idx_base + i)
-        for sub in tl.static_range(SPARSE_BLOCK_N // BLOCK_N):
-            start_n = kv_block * SPARSE_BLOCK_N + sub * BLOCK_N
+    if ONE_LOOP:
+        # Full blocks then partial blocks (the same order as the two loops below) in one loop:
+        # one pipeline prologue and drain per query tile instead of two.
+        for t in range((full_count + part_count) * SUB):
+            blk = t // SUB
+            partial = blk >= full_count
+            idx_ptr = tl.where(partial, part_idx_base + (blk - full_count), full_idx_base + blk)
+            start_n = tl.load(idx_ptr) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
-                stride_kn, stride_vn, seq_k, causal_offset, window, sink_tokens, qk_scale,
-                HEAD_DIM, BLOCK_D, True, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION, USE_TMA,
+                stride_kn, stride_vn, seq_k, causal_offset, window, sink_tokens, qk_scale, partial,
+                HEAD_DIM, BLOCK_D, False, True, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION,
+                USE_TMA,
+            )
+    else:
+        for t in range(full_count * SUB):
+            start_n = tl.load(full_idx_base + t // SUB) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
+            acc, l_i, m_i = _attend_block(
+                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
+                stride_kn, stride_vn, seq_k, causal_offset, window, sink_tokens, qk_scale, False,
+                HEAD_DIM, BLOCK_D, False, False, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION,
+                USE_TMA,
+            )
+        for t in range(part_count * SUB):
+            start_n = tl.load(part_idx_base + t // SUB) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
+            acc, l_i, m_i = _attend_block(
+                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
+                stride_kn, stride_vn, seq_k, causal_offset, window, sink_tokens, qk_scale, True,
+                HEAD_DIM, BLOCK_D, True, False, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION,
+                USE_TMA,
             )
 
     # Rows that saw no key have l = 0 and acc = 0: output 0, LSE -inf (the project's convention).

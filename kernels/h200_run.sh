@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One call on an NVIDIA GPU host (the H200 lent through the workplace's device tool) that checks
+# and times the kernel, writing everything under $OUT/results.tgz:
+#   1. install this checkout (no dependencies: the host's torch and Triton are the ones measured);
+#   2. the benchmark against FlexAttention and SDPA (kernels/BENCHMARK.md), with the variants
+#      given as arguments (each: --config KEY=VALUE,...);
+#   3. the GPU-marked tests;
+#   4. `parity compare` of the Triton kernel against the committed H200 goldens;
+#   5. the property tests under the parity-gpu Hypothesis profile;
+#   6. `parity inspect --target sm_90` with this host's Triton (compile report of the pinned configs).
+# Each step has a time limit and its own log; a failing step does not stop the later ones, and
+# the step's exit status is recorded in status.txt.
+#
+#   bash kernels/h200_run.sh --config m_fastest=1 --config block_n=64,num_stages=3,m_fastest=1
+set -u
+OUT=${OUT:-out}
+R="$OUT/r"
+mkdir -p "$R"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+
+step() {  # step NAME LIMIT_S COMMAND...
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$R/$name.log" 2>&1
+    local rc=$?
+    echo "$name rc=$rc ${SECONDS}s-total $((SECONDS - start))s" | tee -a "$R/status.txt"
+    tar czf "$OUT/results.tgz" -C "$OUT" r  # after every step: a call cut short still brings back the rest
+}
+
+# An editable install: a plain install would be shadowed by the checkout's own parity/ package.
+step install 120 "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu \
+    --format=csv >"$R/gpu.csv" 2>&1
+"$PY" -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)' >"$R/versions.txt" 2>&1
+step benchmark 330 "$PY" -m parity.kernels.benchmark --json "$R/bench.json" "$@"
+step gpu-tests 120 "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$R/gpu-tests.xml" tests
+step compare-attention 45 "$PY" -m parity compare --golden golden/h200-attention --impl triton \
+    --device cuda --budget --quiet --json "$R/compare-attention.json"
+step compare-decoder 45 "$PY" -m parity compare --golden golden/h200-decoder --impl triton \
+    --device cuda --budget --isolate --quiet --json "$R/compare-decoder.json"
+step gpu-properties 45 env PARITY_HYPOTHESIS_PROFILE=gpu "$PY" -m pytest -q -p no:cacheprovider \
+    tests/test_properties.py -k kernel_matches_reference
+step inspect 45 "$PY" -m parity inspect --target sm_90 --dtype bf16 --dtype fp16 --dtype fp32 \
+    --head-dim 64 --head-dim 128 --head-dim 256 --json "$R/inspect-sm90.json"
+tar czf "$OUT/results.tgz" -C "$OUT" r
+cat "$R/status.txt"
