@@ -171,7 +171,7 @@ def pinned_config(target: str, dtype: str, head_dim: int, overrides: dict[str, i
     if not overrides:
         return cfg
     fields = {"block_m", "block_n", "num_warps", "num_stages"}
-    flags = {"tma", "m_fastest", "one_loop"}
+    flags = {"tma", "one_loop"}
     amd = dict(cfg.amd)
     plain = {}
     for key, value in overrides.items():
@@ -248,7 +248,6 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
         "DOT_PRECISION": "ieee",
         # kernels.attention._tma_usable for the representative (contiguous, aligned) problem
         "USE_TMA": bool(cfg.tma) and not (head_dim & (head_dim - 1)),
-        "M_FASTEST": cfg.m_fastest,
         "ONE_LOOP": cfg.one_loop,
     }
     names = _kernel_arg_names()

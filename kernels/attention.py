@@ -117,8 +117,10 @@ def block_sparse_attention(
     mask = layout.mask
     counts, indices = _broadcast(layout.kv_num_blocks, layout.kv_indices, batch, heads_q)
     full_counts, full_indices = _broadcast(layout.full_kv_num_blocks, layout.full_kv_indices, batch, heads_q)
-    num_m_tiles = triton.cdiv(seq_q, cfg.block_m)
-    grid = (batch * heads_q * num_m_tiles,) if cfg.m_fastest else (batch * heads_q, num_m_tiles)
+    programs = batch * heads_q * triton.cdiv(seq_q, cfg.block_m)
+    if programs >= 2**31:
+        raise ValueError(f"{programs} query tiles (batch x heads x ceil(seq_q / {cfg.block_m})) exceed one launch's 2**31 - 1")
+    grid = (programs,)
     block_sparse_attn_fwd[grid](
         q, k, v, staging, lse,
         counts, indices, full_counts, full_indices,
@@ -140,7 +142,6 @@ def block_sparse_attention(
         RETURN_LSE=return_lse,
         EMULATE_BF16=emulate_bf16,
         USE_TMA=_tma_usable(cfg, q, k, v),
-        M_FASTEST=cfg.m_fastest,
         ONE_LOOP=cfg.one_loop,
         # fp32 parity needs IEEE products; for fp16/bf16 operands the setting has no effect.
         DOT_PRECISION="ieee",

@@ -1,7 +1,7 @@
 """GPU benchmark of the block-sparse kernel against FlexAttention (same block masks) and SDPA.
 
     python -m parity.kernels.benchmark --json out.json [--sweep] [--seq 4096 16384]
-        [--config block_n=64,num_stages=3,one_loop=1 ...]
+        [--config block_n=128,one_loop=0 ...]
 
 ``--config`` times a proposed variant of the pinned config (LaunchConfig fields, comma-separated)
 on every length and mask, next to the pinned config and FlexAttention; the pinned config and
@@ -78,7 +78,7 @@ def bench(fn) -> float:
 def parse_variant(spec: str, base: configs.LaunchConfig) -> configs.LaunchConfig:
     """``block_n=64,num_stages=3,one_loop=1`` -> the pinned config with those fields replaced."""
     ints = {"block_m", "block_n", "num_warps", "num_stages"}
-    flags = {"tma", "m_fastest", "one_loop"}
+    flags = {"tma", "one_loop"}
     changes = {}
     for item in filter(None, spec.split(",")):
         key, sep, value = item.partition("=")
@@ -94,7 +94,7 @@ def parse_variant(spec: str, base: configs.LaunchConfig) -> configs.LaunchConfig
 
 
 def _label(cfg: configs.LaunchConfig) -> str:
-    flags = [flag for flag in ("tma", "m_fastest", "one_loop") if getattr(cfg, flag)]
+    flags = [flag for flag in ("tma", "one_loop") if getattr(cfg, flag)]
     return f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}" + "".join(f" +{f}" for f in flags)
 
 
@@ -190,8 +190,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE,...",
                         help="also time this variant of the pinned config on every length and mask "
-                             "(fields block_m, block_n, num_warps, num_stages, tma, m_fastest, "
-                             "one_loop); repeatable")
+                             "(fields block_m, block_n, num_warps, num_stages, tma, one_loop); "
+                             "repeatable")
     parser.add_argument("--json", help="write rows and environment here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

@@ -28,8 +28,6 @@ class LaunchConfig:
     # NVIDIA Hopper only: load K/V tiles through TMA tensor descriptors. Same values, same
     # order of operations; only the copy engine differs.
     tma: bool = False
-    # Program order: query tiles of one (batch, head) adjacent (True) or heads varying fastest.
-    m_fastest: bool = False
     # Full and partial key blocks in one loop (a runtime mask flag) instead of two loops.
     one_loop: bool = False
 
@@ -46,7 +44,7 @@ class LaunchConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"block_m": self.block_m, "block_n": self.block_n, "num_warps": self.num_warps,
                 "num_stages": self.num_stages, **dict(self.amd),
-                **{flag: True for flag in ("tma", "m_fastest", "one_loop") if getattr(self, flag)}}
+                **{flag: True for flag in ("tma", "one_loop") if getattr(self, flag)}}
 
 
 def _amd(block_m, block_n, num_warps, num_stages, *, waves_per_eu=2, nonkdim=16, kpack=1):
@@ -65,13 +63,15 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
         (128, LaunchConfig(128, 64, 8, 3)),
         (256, LaunchConfig(64, 32, 4, 1)),
     ),
-    # Hopper (H100/H200): 128x128 tiles, 8 warps (two warpgroups of 64 rows), 2 stages: fastest
-    # of 12 candidates for D=128 bf16 on the H200 for window and random, within the ~7% timing
-    # spread of 3 stages for causal (BENCHMARK.md).
+    # Hopper (H100/H200), D<=128: 128x64 tiles, 8 warps (two warpgroups of 64 rows), 3 stages, one
+    # loop over full and partial blocks. Of 10 variants timed on the H200 (bf16, D=128, causal,
+    # window 1024 and random 25% at 4k and 16k; BENCHMARK.md) it and 128x128 s3 one-loop were
+    # the two fastest, within 3% of each other everywhere; this one has no spills (inspect), the
+    # 128x128 one spills. One loop pays only with 3+ stages: at 2 it was 6-12% slower.
     # D=64 uses 8 warps (4 spill 18 registers, inspect); D=256 one stage (two need 288 KiB).
     "sm_90": (
         (64, LaunchConfig(128, 64, 8, 3)),
-        (128, LaunchConfig(128, 128, 8, 2)),
+        (128, LaunchConfig(128, 64, 8, 3, one_loop=True)),
         (256, LaunchConfig(64, 32, 4, 1)),
     ),
     # CDNA2 (MI200): 64 KiB LDS; MFMA subnormal flushing is a known numerics difference.

@@ -9,13 +9,15 @@
 #   5. the property tests under the parity-gpu Hypothesis profile;
 #   6. `parity inspect --target sm_90` with this host's Triton (compile report of the pinned configs).
 # Each step has a time limit and its own log; a failing step does not stop the later ones, and
-# the step's exit status is recorded in status.txt.
+# the step's exit status is recorded in status.txt. EXTRA_BENCH (benchmark arguments) adds a
+# second benchmark run, e.g. another head dim; PROPERTY_EXAMPLES sets the property test's cases.
 #
-#   bash kernels/h200_run.sh --config m_fastest=1 --config block_n=64,num_stages=3,m_fastest=1
+#   EXTRA_BENCH="--head-dim 64 --seq 4096 --config one_loop=1" \
+#       bash kernels/h200_run.sh --config block_n=128 --config one_loop=0
 set -u
 OUT=${OUT:-out}
-R="$OUT/r"
-mkdir -p "$R"
+R=$(mktemp -d)/r  # only results.tgz goes under $OUT (the device tool brings back at most 8 files)
+mkdir -p "$R" "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 
@@ -26,7 +28,7 @@ step() {  # step NAME LIMIT_S COMMAND...
     timeout "$limit" "$@" >"$R/$name.log" 2>&1
     local rc=$?
     echo "$name rc=$rc ${SECONDS}s-total $((SECONDS - start))s" | tee -a "$R/status.txt"
-    tar czf "$OUT/results.tgz" -C "$OUT" r  # after every step: a call cut short still brings back the rest
+    tar czf "$OUT/results.tgz" -C "$(dirname "$R")" r  # after every step: a call cut short still brings back the rest
 }
 
 # An editable install: a plain install would be shadowed by the checkout's own parity/ package.
@@ -35,14 +37,19 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,te
     --format=csv >"$R/gpu.csv" 2>&1
 "$PY" -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)' >"$R/versions.txt" 2>&1
 step benchmark 330 "$PY" -m parity.kernels.benchmark --json "$R/bench.json" "$@"
+if [ -n "${EXTRA_BENCH:-}" ]; then
+    # shellcheck disable=SC2086  # word splitting of the argument string is intended
+    step benchmark-extra 150 "$PY" -m parity.kernels.benchmark --json "$R/bench-extra.json" $EXTRA_BENCH
+fi
 step gpu-tests 120 "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$R/gpu-tests.xml" tests
 step compare-attention 45 "$PY" -m parity compare --golden golden/h200-attention --impl triton \
     --device cuda --budget --quiet --json "$R/compare-attention.json"
 step compare-decoder 45 "$PY" -m parity compare --golden golden/h200-decoder --impl triton \
     --device cuda --budget --isolate --quiet --json "$R/compare-decoder.json"
-step gpu-properties 45 env PARITY_HYPOTHESIS_PROFILE=gpu "$PY" -m pytest -q -p no:cacheprovider \
+step gpu-properties 150 env PARITY_HYPOTHESIS_PROFILE=gpu PARITY_HYPOTHESIS_MAX_EXAMPLES="${PROPERTY_EXAMPLES:-40}" \
+    "$PY" -m pytest -q -p no:cacheprovider \
     tests/test_properties.py -k kernel_matches_reference
-step inspect 45 "$PY" -m parity inspect --target sm_90 --dtype bf16 --dtype fp16 --dtype fp32 \
+step inspect 90 "$PY" -m parity inspect --target sm_90 --dtype bf16 --dtype fp16 --dtype fp32 \
     --head-dim 64 --head-dim 128 --head-dim 256 --json "$R/inspect-sm90.json"
-tar czf "$OUT/results.tgz" -C "$OUT" r
+tar czf "$OUT/results.tgz" -C "$(dirname "$R")" r
 cat "$R/status.txt"

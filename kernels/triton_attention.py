@@ -140,20 +140,16 @@ def block_sparse_attn_fwd(
     SPARSE_BLOCK_M: tl.constexpr, SPARSE_BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr, M_FASTEST: tl.constexpr, ONE_LOOP: tl.constexpr,
+    USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):
-    # Query tiles are taken last to first, so the heaviest causal tiles start first (load balance).
-    if M_FASTEST:
-        # 1-D grid of B * Hq * num_m_tiles programs, query tiles of one (batch, head) adjacent:
-        # the programs resident at once share a few heads' K/V, which then stays in L2.
-        num_m_tiles = tl.cdiv(seq_q, BLOCK_M)
-        pid = tl.program_id(0)
-        off_bh = pid // num_m_tiles
-        start_m = num_m_tiles - 1 - pid % num_m_tiles
-    else:
-        # grid = (B * Hq, num_m_tiles): heads vary fastest.
-        off_bh = tl.program_id(0)
-        start_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    # 1-D grid of B * Hq * num_m_tiles programs. The query tiles of one (batch, head) are
+    # adjacent, so the programs resident at once share a few heads' K/V, which stay in L2 (on the
+    # H200 this beat heads-fastest order by 5-27%, kernels/BENCHMARK.md). Within a head the
+    # tiles run last to first: the heaviest causal tiles start first (load balance).
+    num_m_tiles = tl.cdiv(seq_q, BLOCK_M)
+    pid = tl.program_id(0)
+    off_bh = pid // num_m_tiles
+    start_m = num_m_tiles - 1 - pid % num_m_tiles
     off_b = off_bh // heads_q
     off_h = off_bh % heads_q
     off_hkv = off_h // gqa_group

@@ -31,6 +31,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
+from . import platform
 from .errors import UsageError
 from .subjects.attention import LAYOUT_KINDS, AttentionCase
 
@@ -329,7 +330,7 @@ def check_case(case: AttentionCase, device: Any = None):
     from .kernels.testing import check_kernel_output
 
     if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = platform.default_device().type
     q, k, v = (t.to(device) for t in case.make_qkv())
     layout = case.make_layout()
     poisoned = torch.full_like(q, float("nan"))
@@ -366,9 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(data, dict):
             raise UsageError("--case must be a JSON object (one case)")
         case = AttentionCase.from_json(data)
-        import torch
-
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = args.device or platform.default_device().type
         if device.startswith("cpu"):
             # Must precede the first import of triton, which happens in check_case.
             os.environ.setdefault("TRITON_INTERPRET", "1")

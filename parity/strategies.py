@@ -37,13 +37,14 @@ from .fuzz import CPU_BOUNDS, GPU_BOUNDS, CaseBounds, resolve_bounds
 from .subjects.attention import AttentionCase
 
 __all__ = [
-    "PROFILE_ENV", "PROFILES", "register_profiles", "profile_name", "parity_settings", "case_bounds",
+    "PROFILE_ENV", "MAX_EXAMPLES_ENV", "PROFILES", "register_profiles", "profile_name", "parity_settings", "case_bounds",
     "attention_cases", "batch_sizes", "head_counts", "seq_lengths", "head_dims", "block_sizes", "dtypes",
     "seeds", "note_case", "LAYOUT_BUILDERS", "LayoutSpec", "layout_specs", "CaseBounds", "CPU_BOUNDS",
     "GPU_BOUNDS",
 ]
 
 PROFILE_ENV = "PARITY_HYPOTHESIS_PROFILE"
+MAX_EXAMPLES_ENV = "PARITY_HYPOTHESIS_MAX_EXAMPLES"
 PROFILE_PREFIX = "parity-"
 # No deadline anywhere: interpreter runs and first-call GPU compilation take seconds, and a
 # deadline failure there says nothing about correctness.
@@ -93,11 +94,26 @@ def profile_name(environ: Mapping[str, str] | None = None) -> str:
 
 
 def parity_settings(profile: str | None = None, **changes: Any) -> settings:
-    """Settings of a parity profile (default: :func:`profile_name`), with changes; use as a decorator."""
+    """Settings of a parity profile (default: :func:`profile_name`), with changes; use as a decorator.
+
+    ``PARITY_HYPOTHESIS_MAX_EXAMPLES=N`` scales every test's examples to N per profile-default
+    test (tests that ask for a multiple of the profile's count keep the ratio): a time-boxed GPU
+    run can take the ``gpu`` bounds with fewer cases than its 200."""
     name = _short(profile) if profile else profile_name()
     if name not in PROFILES:
         raise UsageError(f"unknown parity Hypothesis profile {profile!r}; choose from {', '.join(PROFILES)}")
-    return settings(settings.get_profile(PROFILE_PREFIX + name), **changes)
+    base = settings.get_profile(PROFILE_PREFIX + name)
+    requested = os.environ.get(MAX_EXAMPLES_ENV, "").strip()
+    if requested:
+        try:
+            count = int(requested)
+            if count < 1:
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"{MAX_EXAMPLES_ENV}={requested!r}: expected a positive integer") from None
+        ratio = changes.get("max_examples", base.max_examples) / base.max_examples
+        changes = {**changes, "max_examples": max(1, round(count * ratio))}
+    return settings(base, **changes)
 
 
 def case_bounds(profile: str | None = None, **changes: Any) -> CaseBounds:

@@ -7,23 +7,23 @@ import pytest
 def pytest_configure(config):
     # Without a GPU, Triton kernels run on CPU tensors through the interpreter. It must be
     # enabled before triton is first imported, which happens inside tests, not at collection.
-    import torch
+    from parity import platform
 
-    if not torch.cuda.is_available():
+    if not platform.gpu_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
 def device():
-    import torch
+    from parity import platform
 
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return platform.default_device()
 
 
 def pytest_collection_modifyitems(config, items):
-    import torch
+    from parity import platform
 
-    if torch.cuda.is_available():
+    if platform.gpu_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA or ROCm GPU (none present)")
     for item in items:

@@ -346,8 +346,13 @@ def test_capture_fuzz_records_the_drawn_cases(tmp_path, capsys):
 def test_subject_arguments_that_do_not_fit_are_exit_2_not_a_traceback(tmp_path, capsys):
     from parity.cli import main
 
-    assert main(["capture", "--subject", "decoder", "--out", str(tmp_path / "d"), "--arg", "layers=abc",
-                 "--quiet"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("parity: error: TypeError") and err.count("\n") == 1
-    assert not (tmp_path / "d").exists()
+    for arg, message in (("layers=abc", "decoder layers must be a positive integer, got 'abc'"),
+                         ("layers=-1", "decoder layers must be a positive integer, got -1"),
+                         ("sink_blocks=-2", "decoder sink_blocks must be a non-negative integer, got -2"),
+                         ("head_dim=12", "decoder head_dim must be one the kernel supports"),
+                         ("rope_base=\"x\"", "TypeError: '>' not supported")):
+        assert main(["capture", "--subject", "decoder", "--out", str(tmp_path / "d"), "--arg", arg,
+                     "--quiet"]) == 2, arg
+        err = capsys.readouterr().err
+        assert err.startswith(f"parity: error: {message}") and err.count("\n") == 1, err
+        assert not (tmp_path / "d").exists()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import example, given
 
-from parity import fuzz
+from parity import fuzz, platform
 from parity.kernels import BlockLayout, layout_from_block_mask
 from parity.strategies import (LayoutSpec, attention_cases, case_bounds, layout_specs, note_case, parity_settings,
                                profile_name)
@@ -21,7 +21,7 @@ LAYOUT_SETTINGS = parity_settings(max_examples=2 * parity_settings().max_example
 
 
 def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return platform.default_device().type
 
 
 def _case(b, hq, hkv, sq, sk, d, layout="causal", dtype="bf16", bm=64, bn=64, **kw) -> AttentionCase:
@@ -31,7 +31,7 @@ def _case(b, hq, hkv, sq, sk, d, layout="causal", dtype="bf16", bm=64, bn=64, **
 # ---- the kernel against the reference ------------------------------------------------------------
 
 
-@pytest.mark.skipif(profile_name() == "gpu" and not torch.cuda.is_available(),
+@pytest.mark.skipif(profile_name() == "gpu" and not platform.gpu_available(),
                     reason="the gpu profile draws GPU-sized cases; the interpreter would take hours")
 @parity_settings()
 @given(case=attention_cases(BOUNDS))

@@ -164,6 +164,18 @@ def test_profiles_have_no_deadline_and_ci_is_derandomized():
         profile_name({"PARITY_HYPOTHESIS_PROFILE": "fast"})
 
 
+def test_max_examples_from_the_environment_keeps_each_tests_ratio(monkeypatch):
+    monkeypatch.setenv("PARITY_HYPOTHESIS_MAX_EXAMPLES", "30")
+    gpu = parity_settings("gpu")
+    assert gpu.max_examples == 30 and gpu.deadline is None
+    assert parity_settings("gpu", max_examples=2 * 200).max_examples == 60
+    assert parity_settings("ci", max_examples=10).max_examples == 15  # 10/20 of 30
+    for bad in ("0", "many"):
+        monkeypatch.setenv("PARITY_HYPOTHESIS_MAX_EXAMPLES", bad)
+        with pytest.raises(UsageError, match=f"PARITY_HYPOTHESIS_MAX_EXAMPLES='{bad}': expected a positive integer"):
+            parity_settings("ci")
+
+
 def test_a_shrunk_failure_prints_the_command_that_reproduces_it(pytester):
     pytester.makepyfile('''
 from hypothesis import given

@@ -172,6 +172,14 @@ def test_attention_module_has_one_layer_per_case():
     ({"cases": "huge"}, r"unknown attention case set 'huge'"),
     ({"dtype": "fp8"}, r"attention dtype must be fp16, bf16 or fp32"),
     ({"cases": [{"batch": 1}]}, r"bad attention case"),
+    ({"cases": [dict(batch=0, heads_q=2, heads_kv=1, seq_q=8, seq_k=8, head_dim=32)]},
+     r"attention case batch must be a positive integer, got 0"),
+    ({"cases": [dict(batch=1, heads_q=3, heads_kv=2, seq_q=8, seq_k=8, head_dim=32)]},
+     r"heads_q \(3\) must be a multiple of heads_kv \(2\)"),
+    ({"cases": [dict(batch=1, heads_q=2, heads_kv=1, seq_q=8, seq_k=8, head_dim=32, layout="random", density=1.5)]},
+     r"density must be in \[0, 1\], got 1.5"),
+    ({"cases": [dict(batch=1, heads_q=2, heads_kv=1, seq_q=8, seq_k=8, head_dim=32, window=-3)]},
+     r"window must be a non-negative integer, got -3"),
 ])
 def test_attention_bad_args(args, message):
     with pytest.raises(UsageError, match=message):

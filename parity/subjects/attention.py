@@ -50,6 +50,18 @@ class AttentionCase:
     block_n: int = 64
 
     def __post_init__(self):
+        for name in ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "block_m", "block_n"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UsageError(f"attention case {name} must be a positive integer, got {value!r}")
+        for name in ("window", "sink_blocks", "empty_block", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UsageError(f"attention case {name} must be a non-negative integer, got {value!r}")
+        if self.heads_q % self.heads_kv:
+            raise UsageError(f"attention case heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
+        if not isinstance(self.density, (int, float)) or not 0.0 <= self.density <= 1.0:
+            raise UsageError(f"attention case density must be in [0, 1], got {self.density!r}")
         if self.layout not in LAYOUT_KINDS:
             raise UsageError(f"unknown attention layout {self.layout!r}; choose from {', '.join(LAYOUT_KINDS)}")
         if self.dtype not in ("fp16", "bf16", "fp32"):
