@@ -56,12 +56,14 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
     # Triton interpreter on CPU: large tiles mean fewer interpreted operations (numpy does the
     # work); staging knobs are meaningless there.
     "cpu": ((256, LaunchConfig(64, 64, 4, 1)),),
-    # Ampere: 163 KiB shared memory per block. 8 warps at D<=128 and 1 stage at D=256 keep the
-    # compiled kernel free of spills and within shared memory (python -m parity inspect).
+    # Ampere: 163 KiB shared memory per block. No Ampere GPU was available: these are the
+    # spill-free choices of ahead-of-time inspection (python -m parity inspect --target sm_80),
+    # with Triton 3.9: at D=128, 128x64 w8 s3 spills 18 registers with two loops and none with
+    # one; at D=256, 64x32 spills 36 with 4 warps and none with 8.
     "sm_80": (
         (64, LaunchConfig(128, 64, 8, 3)),
-        (128, LaunchConfig(128, 64, 8, 3)),
-        (256, LaunchConfig(64, 32, 4, 1)),
+        (128, LaunchConfig(128, 64, 8, 3, one_loop=True)),
+        (256, LaunchConfig(64, 32, 8, 1)),
     ),
     # Hopper (H100/H200), D<=128: 128x64 tiles, 8 warps (two warpgroups of 64 rows), 3 stages, one
     # loop over full and partial blocks. Of 10 variants timed on the H200 (bf16, D=128, causal,
@@ -102,8 +104,13 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
 # products; 128x128x3-stage tiles need 384 KiB on sm_90 (measured OutOfResources on the H200).
 FP32_CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
     "cpu": CONFIGS["cpu"],
-    "sm_80": ((64, LaunchConfig(64, 64, 4, 2)), (128, LaunchConfig(64, 32, 4, 2)), (256, LaunchConfig(32, 32, 4, 1))),
-    "sm_90": ((64, LaunchConfig(64, 64, 4, 2)), (128, LaunchConfig(64, 32, 4, 2)), (256, LaunchConfig(32, 32, 4, 1))),
+    # NVIDIA fp32 (IEEE) is an FMA dot: each thread holds its rows of Q and columns of K over the
+    # whole head dim, so the tiles must be small to stay in registers. These are the largest
+    # spill-free ones of the sizes tried (`python -m parity inspect --target sm_90 --dtype fp32
+    # --set ...`): 64x64 at D=64 spilled 952 B per thread, 64x32 at D=128 7 KiB. Compile-only
+    # choice; fp32 is the exactness path, not a timed one.
+    "sm_80": ((64, LaunchConfig(32, 32, 4, 2)), (128, LaunchConfig(32, 16, 4, 2)), (256, LaunchConfig(32, 16, 4, 1))),
+    "sm_90": ((64, LaunchConfig(32, 32, 4, 2)), (128, LaunchConfig(32, 16, 4, 2)), (256, LaunchConfig(32, 16, 4, 1))),
     # AMD fp32: 8 warps at D=128 and one wave per EU at D=256 avoid scratch spills (inspect).
     "gfx90a": ((64, _amd(64, 64, 4, 1)), (128, _amd(64, 32, 8, 1)), (256, _amd(32, 32, 4, 1, waves_per_eu=1))),
     "gfx942": ((64, _amd(64, 64, 4, 1)), (128, _amd(64, 32, 8, 1)), (256, _amd(32, 32, 4, 1, waves_per_eu=1))),
