@@ -68,6 +68,7 @@ def block_sparse_attention(
     return_lse: bool = False,
     config: configs.LaunchConfig | str | None = None,
     out: torch.Tensor | None = None,
+    lse_out: torch.Tensor | None = None,
 ):
     """Forward block-sparse attention with the Triton kernel.
 
@@ -77,6 +78,7 @@ def block_sparse_attention(
     sm_scale: defaults to D ** -0.5.
     config: None (the pinned config for this architecture), a LaunchConfig, or "autotune".
     out: optional preallocated [B, Hq, Sq, D] output (tests pass a NaN-poisoned one).
+    lse_out: optional preallocated [B, Hq, Sq] fp32 LSE buffer (with ``return_lse``).
     Returns out [B, Hq, Sq, D] in q's dtype, and with ``return_lse`` the natural-log LSE
     [B, Hq, Sq] in fp32. A row that sees no key gives 0 and LSE -inf, never NaN.
     """
@@ -111,7 +113,16 @@ def block_sparse_attention(
     # Interpreter + bf16: the kernel stores fp32 and torch does the final round-to-nearest-even
     # cast, because the interpreter's own fp32 -> bf16 cast truncates (numerics.md).
     staging = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device) if emulate_bf16 else result
-    lse = (torch.empty(batch, heads_q, seq_q, dtype=torch.float32, device=q.device) if return_lse
+    if lse_out is not None:
+        if not return_lse:
+            raise ValueError("lse_out is only written with return_lse=True")
+        if lse_out.shape != q.shape[:3] or lse_out.dtype != torch.float32 or lse_out.device != q.device:
+            raise ValueError(f"lse_out must be {list(q.shape[:3])} torch.float32 on {q.device}, got "
+                             f"{list(lse_out.shape)} {lse_out.dtype} on {lse_out.device}")
+        if lse_out.stride(-1) != 1:
+            raise ValueError("lse_out must have a unit stride along the sequence")
+    lse = (lse_out if lse_out is not None
+           else torch.empty(batch, heads_q, seq_q, dtype=torch.float32, device=q.device) if return_lse
            else torch.empty(1, 1, 1, dtype=torch.float32, device=q.device))
 
     mask = layout.mask

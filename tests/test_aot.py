@@ -79,6 +79,9 @@ def test_sm90_bf16_uses_tensor_cores(compiled):
     assert r.wgmma is any(op.startswith("wgmma") for op in r.matrix_instructions)
     assert r.registers and r.registers <= 255
     assert r.shared_bytes <= platform.arch_spec("sm_90").shared_mem_bytes
+    # The pinned config stays in registers (the earlier 128x128 tile spilled 2-6 registers).
+    assert r.spills == 0 and r.scratch_bytes == 0, describe(r)
+    assert r.passed, r.problems
 
 
 # ---- the compile uses what the launcher would pass ---------------------------------------------

@@ -39,8 +39,11 @@ LAYOUTS = {
 def run_and_check(batch, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, layout, device, seed=0, sm_scale=None):
     q, k, v = random_qkv(batch, heads_q, heads_kv, seq_q, seq_k, head_dim, dtype, seed, device)
     poisoned = torch.full_like(q, float("nan"))
-    out, lse = block_sparse_attention(q, k, v, layout, return_lse=True, out=poisoned, sm_scale=sm_scale)
-    assert out.data_ptr() == poisoned.data_ptr()
+    poisoned_lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32, device=q.device)
+    out, lse = block_sparse_attention(q, k, v, layout, return_lse=True, out=poisoned, lse_out=poisoned_lse,
+                                      sm_scale=sm_scale)
+    assert out.data_ptr() == poisoned.data_ptr() and lse.data_ptr() == poisoned_lse.data_ptr()
+    assert not lse.isnan().any(), f"{int(lse.isnan().sum())} LSE entries left NaN (unwritten)"
     result = check_kernel_output(out, lse, q, k, v, layout, sm_scale=sm_scale)
     assert result.nonfinite_outputs == 0, f"{result.nonfinite_outputs} outputs left NaN/Inf (unwritten?)"
     assert result.passed, str(result)
@@ -141,6 +144,16 @@ def test_bad_input_raises_clear_error(mutate, message):
     q, k, v, layout = mutate(*_good())
     with pytest.raises(ValueError, match=message):
         block_sparse_attention(q, k, v, layout)
+
+
+def test_bad_output_buffers_raise_clear_errors():
+    q, k, v, layout = _good()
+    with pytest.raises(ValueError, match=r"out must be \[1, 4, 64, 32\] torch.float16"):
+        block_sparse_attention(q, k, v, layout, out=torch.empty(1, 4, 64, 32))
+    with pytest.raises(ValueError, match=r"lse_out must be \[1, 4, 64\] torch.float32"):
+        block_sparse_attention(q, k, v, layout, return_lse=True, lse_out=torch.empty(1, 4, 64, dtype=torch.float16))
+    with pytest.raises(ValueError, match="lse_out is only written with return_lse=True"):
+        block_sparse_attention(q, k, v, layout, lse_out=torch.empty(1, 4, 64))
 
 
 def _corrupt(layout, **changes):
