@@ -121,7 +121,7 @@ def fingerprint(device: torch.device | str | None = None) -> dict[str, Any]:
         "triton": triton_version(),
         "cuda_version": torch.version.cuda,
         "hip_version": torch.version.hip,
-        "driver": None,
+        "driver": None,  # kernel driver (nvidia-smi's version); driver_api: CUDA driver API
         "triton_interpreter": triton_interpreter_enabled(),
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
@@ -138,13 +138,42 @@ def fingerprint(device: torch.device | str | None = None) -> dict[str, Any]:
         info["device_name"] = props.name
         info["multiprocessors"] = props.multi_processor_count
         info["driver"] = _driver_version()
+        info["driver_api"] = _driver_api_version()
     return info
 
 
 def _driver_version() -> str | None:
+    """The kernel driver's version as nvidia-smi prints it (NVML, e.g. 580.159.04); on ROCm the
+    amdgpu module's version. None when the library or file is not there."""
+    import ctypes
+
+    if torch.version.hip:
+        try:
+            with open("/sys/module/amdgpu/version") as handle:
+                return handle.read().strip() or None
+        except OSError:
+            return None
     try:
-        if torch.version.hip:
-            return torch.version.hip
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        if lib.nvmlInit_v2() != 0:
+            return None
+        try:
+            buffer = ctypes.create_string_buffer(96)
+            if lib.nvmlSystemGetDriverVersion(buffer, ctypes.c_uint(len(buffer))) != 0:
+                return None
+            return buffer.value.decode() or None
+        finally:
+            lib.nvmlShutdown()
+    except (OSError, AttributeError):
+        return None
+
+
+def _driver_api_version() -> str | None:
+    """The CUDA driver API version the driver supports (cuDriverGetVersion, e.g. 13.0); on ROCm
+    the HIP version torch was built with."""
+    if torch.version.hip:
+        return torch.version.hip
+    try:
         import ctypes
 
         lib = ctypes.CDLL("libcuda.so.1")
@@ -152,7 +181,7 @@ def _driver_version() -> str | None:
         if lib.cuDriverGetVersion(ctypes.byref(version)) != 0:
             return None
         return f"{version.value // 1000}.{(version.value % 1000) // 10}"
-    except OSError:
+    except (OSError, AttributeError):
         return None
 
 
