@@ -180,6 +180,46 @@ def run(seqs, batch, heads, head_dim, sweep: bool, check: bool, variants=()):
     return rows, sweep_rows
 
 
+def markdown(result: dict) -> str:
+    """The benchmark document's tables from a ``--json`` result: the summary (pinned config vs
+    FlexAttention and SDPA) and, when variants were timed, every variant's TFLOP/s per length and mask."""
+    rows = [r for r in result["rows"] if "ms" in r]
+    lines = ["| S | mask | density | parity ms | parity eff TFLOP/s | Flex ms | Flex eff TFLOP/s | "
+             "parity / Flex | SDPA causal ms (eff TFLOP/s) | rel L2 vs fp32 ref: parity / Flex |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    keys = sorted({(r["seq"], r["mask"]) for r in rows if r["mask"] != "dense"}, key=lambda k: (k[0], list(MASKS).index(k[1])))
+
+    def find(seq, mask, impl):
+        return next((r for r in rows if r["seq"] == seq and r["mask"] == mask and r["impl"] == impl), None)
+
+    def err(r):
+        return f"{r['rel_l2_vs_fp32_ref']:.2e}" if r and r.get("rel_l2_vs_fp32_ref") is not None else "-"
+
+    for seq, mask in keys:
+        ours, flex, sdpa = find(seq, mask, "parity triton"), find(seq, mask, "FlexAttention"), find(seq, mask, "SDPA")
+        if not ours or not flex:
+            continue
+        sdpa_cell = f"{sdpa['ms']} ({sdpa['eff_tflops']:.0f})" if sdpa else "-"
+        lines.append(f"| {seq} | {mask} | {ours['density']:.3f} | {ours['ms']} | {ours['eff_tflops']:.0f} | "
+                     f"{flex['ms']} | {flex['eff_tflops']:.0f} | {ours['eff_tflops'] / flex['eff_tflops']:.2f} | "
+                     f"{sdpa_cell} | {err(ours)} / {err(flex)} |")
+    for r in result["rows"]:
+        if r["mask"] == "dense" and "ms" in r:
+            lines.append(f"| {r['seq']} | dense, SDPA | 1.000 | - | - | - | - | - | {r['ms']} ({r['eff_tflops']:.0f}) | - |")
+    impls = [name for name in dict.fromkeys(r["impl"] for r in rows) if name.startswith("parity") or name.startswith("Flex")]
+    if len(impls) > 2:
+        lines += ["", "| implementation | " + " | ".join(f"{seq} {mask}" for seq, mask in keys) + " |",
+                  "|---|" + "---|" * len(keys)]
+        for name in impls:
+            cells = []
+            for seq, mask in keys:
+                r = find(seq, mask, name)
+                cells.append(f"{r['eff_tflops']:.0f}" if r else "-")
+            label = f"{name} ({find(*keys[0], name).get('config')})" if name == "parity triton" else name
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq", type=int, nargs="+", default=[4096, 16384])
@@ -193,7 +233,17 @@ def main(argv=None) -> int:
                              "(fields block_m, block_n, num_warps, num_stages, tma, one_loop); "
                              "repeatable")
     parser.add_argument("--json", help="write rows and environment here")
+    parser.add_argument("--markdown", metavar="RESULT.json",
+                        help="print the benchmark document's tables from an earlier --json result (no GPU)")
     args = parser.parse_args(argv)
+    if args.markdown:
+        try:
+            with open(args.markdown) as fh:
+                print(markdown(json.load(fh)))
+        except (OSError, ValueError, KeyError) as err:
+            print(f"benchmark: cannot read {args.markdown}: {err}", file=sys.stderr)
+            return 2
+        return 0
     if not torch.cuda.is_available():
         print("benchmark: needs a GPU", file=sys.stderr)
         return 2

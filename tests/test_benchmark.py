@@ -1,0 +1,48 @@
+"""The benchmark's CPU-side pieces: variant parsing and the document's tables from a result."""
+import json
+
+import pytest
+
+from parity.kernels import benchmark, configs
+
+
+def test_variant_spec_replaces_fields_of_the_pinned_config():
+    base = configs.config_for("sm_90", 128, "bf16")
+    cfg = benchmark.parse_variant("block_n=128, num_stages=2,one_loop=0", base)
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.one_loop) == (128, 128, 8, 2, False)
+    assert benchmark._label(benchmark.parse_variant("tma=1", base)) == "128x64 w8 s3 +tma +one_loop"
+    with pytest.raises(ValueError, match="bad --config item 'warps=8'"):
+        benchmark.parse_variant("warps=8", base)
+    with pytest.raises(ValueError, match="expected an integer"):
+        benchmark.parse_variant("block_n=big", base)
+
+
+def _row(seq, impl, mask, ms, tflops, **extra):
+    return {"seq": seq, "impl": impl, "mask": mask, "density": 0.5, "ms": ms, "eff_tflops": tflops,
+            "rel_l2_vs_fp32_ref": 2e-3 if seq == 4096 else None, **extra}
+
+
+def test_markdown_tables_from_a_result(tmp_path, capsys):
+    result = {"rows": [
+        _row(4096, "parity triton", "causal", 0.7, 410.0, config="128x64 w8 s3 +one_loop"),
+        _row(4096, "FlexAttention", "causal", 0.76, 373.0),
+        _row(4096, "SDPA", "causal", 0.52, 539.0),
+        _row(4096, "parity 128x128 w8 s3 +one_loop", "causal", 0.69, 412.0),
+        {"seq": 4096, "impl": "parity 256x128 w8 s3", "mask": "causal", "error": "OutOfResources"},
+        _row(4096, "SDPA dense", "dense", 0.9, 605.0),
+    ]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(result))
+    assert benchmark.main(["--markdown", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "| 4096 | causal | 0.500 | 0.7 | 410 | 0.76 | 373 | 1.10 | 0.52 (539) | 2.00e-03 / 2.00e-03 |" in text
+    assert "| 4096 | dense, SDPA | 1.000 |" in text
+    assert "| parity triton (128x64 w8 s3 +one_loop) | 410 |" in text
+    assert "| parity 128x128 w8 s3 +one_loop | 412 |" in text
+    assert "256x128" not in text  # a variant that did not fit has no timing row
+
+
+def test_markdown_of_a_missing_file_is_one_line_and_exit_2(tmp_path, capsys):
+    assert benchmark.main(["--markdown", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("benchmark: cannot read") and err.count("\n") == 1
