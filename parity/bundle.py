@@ -133,6 +133,32 @@ def check_target(path: str | os.PathLike, *, force: bool) -> Path:
     return target
 
 
+def _partial_prefix(target: Path) -> str:
+    """Hidden sibling directory a bundle is written in before the rename: ``.NAME.partial-HOST-PID-*``."""
+    host = "".join(ch if ch.isalnum() else "_" for ch in os.uname().nodename) or "host"
+    return f".{target.name}.partial-{host}-"
+
+
+def _remove_stale_partials(target: Path) -> None:
+    """Delete partial directories of ``target`` left by a writer on this host that no longer runs
+    (a capture killed with SIGKILL cannot clean up). Another host's, or a live process's, stay."""
+    prefix = _partial_prefix(target)
+    try:
+        siblings = list(target.parent.glob(prefix + "*"))
+    except OSError:
+        return
+    for path in siblings:
+        pid_text = path.name[len(prefix):].split("-", 1)[0]
+        if not pid_text.isdigit() or not path.is_dir():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except (PermissionError, OverflowError):
+            continue  # alive under another user, or not a pid
+
+
 class BundleWriter:
     """Writes a bundle shard by shard; use as a context manager and call :meth:`commit`.
 
@@ -180,7 +206,9 @@ class BundleWriter:
 
     def open(self) -> None:
         if self._tmp is None:
-            self._tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.partial-", dir=self.target.parent))
+            _remove_stale_partials(self.target)
+            self._tmp = Path(tempfile.mkdtemp(prefix=_partial_prefix(self.target) + f"{os.getpid()}-",
+                                              dir=self.target.parent))
 
     def abort(self) -> None:
         """Delete everything written so far; the target is left as it was."""

@@ -164,6 +164,35 @@ def test_interrupted_replacement_leaves_the_old_bundle_untouched(tmp_path):
     assert open_bundle(target).load("old").tolist() == [1.0, 1.0, 1.0]
 
 
+def test_a_killed_writers_partial_directory_is_removed_by_the_next_writer(tmp_path):
+    """A capture killed with SIGKILL cannot clean up its hidden partial directory; the next
+    writer of the same target removes it when its process is gone, on this host only."""
+    import signal
+    import subprocess
+    import sys
+
+    from parity.bundle import _partial_prefix
+
+    target = tmp_path / "b"
+    code = ("import sys, torch; from parity.bundle import BundleWriter\n"
+            f"w = BundleWriter({str(target)!r}, shard_bytes=64)\n"
+            "w.add('output', 'x', torch.zeros(64)); w.add('output', 'z', torch.zeros(64))\n"
+            "print('ready', flush=True); sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    stale = [p for p in tmp_path.iterdir() if p.name.startswith(_partial_prefix(target))]
+    assert len(stale) == 1 and any(stale[0].iterdir()), "the killed writer left its shards behind"
+    live = tmp_path / (_partial_prefix(target) + f"{os.getpid()}-live")       # a running writer's
+    other = tmp_path / f".b.partial-otherhost-{child.pid}-x"                   # another host's
+    live.mkdir()
+    other.mkdir()
+    _write(target, {"y": torch.ones(2)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["b", live.name, other.name])
+    assert open_bundle(target).load("y").tolist() == [1.0, 1.0]
+
+
 def test_uncommitted_writer_leaves_nothing(tmp_path):
     with BundleWriter(tmp_path / "b") as writer:
         writer.add("output", "x", torch.zeros(2))
