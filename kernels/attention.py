@@ -92,13 +92,21 @@ def block_sparse_attention(
     batch, heads_q, seq_q, head_dim = q.shape
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} is not supported; use one of {SUPPORTED_HEAD_DIMS}")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
+        raise ValueError(f"out must be {list(q.shape)} {q.dtype} on {q.device}, got {list(out.shape)} {out.dtype} on {out.device}")
+    if lse_out is not None:
+        if not return_lse:
+            raise ValueError("lse_out is only written with return_lse=True")
+        if lse_out.shape != q.shape[:3] or lse_out.dtype != torch.float32 or lse_out.device != q.device:
+            raise ValueError(f"lse_out must be {list(q.shape[:3])} torch.float32 on {q.device}, got "
+                             f"{list(lse_out.shape)} {lse_out.dtype} on {lse_out.device}")
+        if lse_out.stride(-1) != 1:
+            raise ValueError("lse_out must have a unit stride along the sequence")
     interpreter = platform.triton_interpreter_enabled()
     if q.device.type == "cpu" and not interpreter:
         raise ValueError("CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before importing triton")
     if layout.device != q.device:
         layout = layout.to(q.device)
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.device != q.device):
-        raise ValueError(f"out must be {list(q.shape)} {q.dtype} on {q.device}, got {list(out.shape)} {out.dtype} on {out.device}")
 
     heads_kv = k.shape[1]
     seq_k = k.shape[2]
@@ -113,14 +121,6 @@ def block_sparse_attention(
     # Interpreter + bf16: the kernel stores fp32 and torch does the final round-to-nearest-even
     # cast, because the interpreter's own fp32 -> bf16 cast truncates (numerics.md).
     staging = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device) if emulate_bf16 else result
-    if lse_out is not None:
-        if not return_lse:
-            raise ValueError("lse_out is only written with return_lse=True")
-        if lse_out.shape != q.shape[:3] or lse_out.dtype != torch.float32 or lse_out.device != q.device:
-            raise ValueError(f"lse_out must be {list(q.shape[:3])} torch.float32 on {q.device}, got "
-                             f"{list(lse_out.shape)} {lse_out.dtype} on {lse_out.device}")
-        if lse_out.stride(-1) != 1:
-            raise ValueError("lse_out must have a unit stride along the sequence")
     lse = (lse_out if lse_out is not None
            else torch.empty(batch, heads_q, seq_q, dtype=torch.float32, device=q.device) if return_lse
            else torch.empty(1, 1, 1, dtype=torch.float32, device=q.device))
