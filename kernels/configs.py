@@ -69,7 +69,7 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
     # loop over full and partial blocks. Of 10 variants timed on the H200 (bf16, D=128, causal,
     # window 1024 and random 25% at 4k and 16k; BENCHMARK.md) it and 128x128 s3 one-loop were
     # the two fastest, within 3% of each other everywhere; this one has no spills (inspect), the
-    # 128x128 one spills. One loop pays only with 3+ stages: at 2 it was 6-12% slower.
+    # 128x128 one spills. One loop pays only with 3+ stages: at 2 it was 4-10% slower.
     # D=64 uses 8 warps (4 spill 18 registers, inspect); D=256 one stage (two need 288 KiB) and
     # 8 warps (with 4, Triton 3.6 on the H200 spilled 6 registers; inspect).
     "sm_90": (

@@ -201,7 +201,7 @@ def test_gpu_large(kind, dtype):
 
 
 # ---- launch variants: loop structure, pipelining --------------------------------
-def _check_variants(layout, q, k, v, base, block_ns, stages=(None,)):
+def _check_variants(layout, q, k, v, base, block_ns, stages=None):
     """One loop vs two and the pipelining depth change no operation's order: at fixed
     tiles every variant must give the bits of the first, and each passes against the reference.
     A BLOCK_N below the layout's block makes each layout block several tiles of the flat loop."""
@@ -210,9 +210,8 @@ def _check_variants(layout, q, k, v, base, block_ns, stages=(None,)):
     for block_n in block_ns:
         first = None
         for one_loop in (False, True):
-            for num_stages in stages:
-                cfg = dataclasses.replace(base, block_n=block_n, one_loop=one_loop,
-                                          num_stages=num_stages or base.num_stages)
+            for num_stages in stages or (base.num_stages,):
+                cfg = dataclasses.replace(base, block_n=block_n, one_loop=one_loop, num_stages=num_stages)
                 out, lse = block_sparse_attention(q, k, v, layout, return_lse=True, config=cfg,
                                                   out=torch.full_like(q, float("nan")))
                 check = check_kernel_output(out, lse, q, k, v, layout)

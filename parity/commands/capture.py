@@ -9,7 +9,7 @@ from ..errors import UsageError
 EPILOG = """\
 subjects: attention (the block-sparse op; --cases smoke|default|gpu), decoder (a small
 block-sparse decoder LM), or package.module:factory for your own (see parity.subjects.base).
---impl triton on --device cpu needs TRITON_INTERPRET=1 in the environment.
+--impl triton on a CPU device turns on the Triton interpreter (TRITON_INTERPRET=1) by itself.
 """
 
 

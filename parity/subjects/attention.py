@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from .base import DTYPES, Inputs, Subject
+from .base import DTYPES, Inputs, Subject, check_ints
 from .ops import SparseAttention
 
 LAYOUT_KINDS = ("causal", "window", "sink", "random", "dense", "emptyrow")
@@ -50,14 +50,10 @@ class AttentionCase:
     block_n: int = 64
 
     def __post_init__(self):
-        for name in ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "block_m", "block_n"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UsageError(f"attention case {name} must be a positive integer, got {value!r}")
-        for name in ("window", "sink_blocks", "empty_block", "seed"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise UsageError(f"attention case {name} must be a non-negative integer, got {value!r}")
+        sizes = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "block_m", "block_n")
+        check_ints("attention case", {name: getattr(self, name) for name in sizes}, 1)
+        counts = ("window", "sink_blocks", "empty_block", "seed")
+        check_ints("attention case", {name: getattr(self, name) for name in counts}, 0)
         if self.heads_q % self.heads_kv:
             raise UsageError(f"attention case heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
         if not isinstance(self.density, (int, float)) or not 0.0 <= self.density <= 1.0:

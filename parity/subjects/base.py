@@ -44,6 +44,15 @@ DTYPES: dict[str, torch.dtype] = {
 DTYPE_LABELS = {dtype: label for label, dtype in DTYPES.items()}
 
 
+def check_ints(what: str, values: Mapping[str, Any], minimum: int) -> None:
+    """Raise a UsageError naming the first of ``values`` that is not an integer >= ``minimum``
+    (1: "a positive integer", 0: "a non-negative integer"); bools are not integers here."""
+    bound = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise UsageError(f"{what} {name} must be {bound}, got {value!r}")
+
+
 def parse_dtype(label: str) -> torch.dtype:
     """``"bf16"`` -> ``torch.bfloat16``; a UsageError names the bad value."""
     try:

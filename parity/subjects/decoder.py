@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from .base import DTYPES, Inputs, Subject
+from .base import DTYPES, Inputs, Subject, check_ints
 from .ops import SparseAttention
 
 LAYER_LAYOUTS = ("causal", "window", "sink")
@@ -137,15 +137,15 @@ class DecoderSubject(Subject):
                  layer_layouts: list[str] | tuple[str, ...] = ("causal", "window", "sink", "window"),
                  window: int = 48, sink_blocks: int = 1, block: int = 32, rope_base: float = 10000.0,
                  dtype: str = "bf16", seed: int = 0):
-        sizes = dict(vocab=vocab, d_model=d_model, layers=layers, heads=heads, kv_heads=kv_heads,
-                     head_dim=head_dim, ffn_dim=ffn_dim, seq_len=seq_len, batch=batch, block=block)
-        for name, value in {**sizes, "window": window, "sink_blocks": sink_blocks + 1, "seed": seed + 1}.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                shown = {"sink_blocks": sink_blocks, "seed": seed}.get(name, value)
-                bound = "a non-negative" if name in ("sink_blocks", "seed") else "a positive"
-                raise UsageError(f"decoder {name} must be {bound} integer, got {shown!r}")
-        if head_dim not in (16, 32, 64, 96, 128, 256):
-            raise UsageError(f"decoder head_dim must be one the kernel supports (16, 32, 64, 96, 128, 256), got {head_dim}")
+        from ..kernels.attention import SUPPORTED_HEAD_DIMS
+
+        check_ints("decoder", dict(vocab=vocab, d_model=d_model, layers=layers, heads=heads, kv_heads=kv_heads,
+                                   head_dim=head_dim, ffn_dim=ffn_dim, seq_len=seq_len, batch=batch,
+                                   block=block, window=window), 1)
+        check_ints("decoder", dict(sink_blocks=sink_blocks, seed=seed), 0)
+        if head_dim not in SUPPORTED_HEAD_DIMS:
+            raise UsageError(f"decoder head_dim must be one the kernel supports "
+                             f"({', '.join(map(str, SUPPORTED_HEAD_DIMS))}), got {head_dim}")
         if not rope_base > 0:
             raise UsageError(f"decoder rope_base must be positive, got {rope_base!r}")
         if dtype not in DTYPES or dtype == "fp64":
