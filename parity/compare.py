@@ -12,7 +12,11 @@ How a bundle is compared (:func:`compare_bundle`):
 3. Tensors recorded on only one side, or with a different shape or dtype, are failures of those
    layers (statuses ``missing-here``, ``missing-in-golden``, ``shape-mismatch``,
    ``dtype-mismatch``), never crashes. A dtype mismatch still gets metrics (both sides are
-   compared in float64), judged by the golden dtype's tolerance.
+   compared in float64), judged by the golden dtype's tolerance. One exception, because fusing
+   is the usual reason for a port: a golden tensor of a module that this host never ran, inside
+   a module whose output *was* recorded and compared here, is ``fused-here``: not a failure,
+   the enclosing module carries the verdict (``Policy.strict_structure`` makes it
+   ``missing-here`` again).
 4. ``isolate=True`` (bundles captured with ``--record-inputs``): every recorded layer call is
    replayed on its *golden* inputs and its output compared again. A layer that fails end to end
    but passes in isolation inherits its error from upstream; one that fails in isolation
@@ -28,15 +32,19 @@ tensors this host never produced are placed where the golden recorded them).
 
 Error budget (numerics.md, the flash-attention rule): this host's error against the bundle's
 high-precision reference may be at most ``k`` times the capture host's own (golden against the
-same reference) plus a floor, for rel L2 and max abs. ``budget`` chooses when it is checked:
+same reference) plus a rounding floor (``parity.policy.budget_floors``), for rel L2 and max abs.
+``budget`` chooses when it is checked:
 
-- ``None`` (default; the CLI without ``--budget``): where the policy sets ``budget_k`` for the
-  layer (``[budget] k = 2.0`` in the tolerance file). A bundle without references then leaves
-  the check undone, and the report warns about it.
-- ``True`` (``--budget``): for every layer, with the policy's ``budget_k`` where it sets one,
-  else ``DEFAULT_BUDGET_K`` (2.0). The bundle must hold references (captured with
-  ``--reference fp64`` or ``fp32``, the default): a UsageError otherwise.
-- ``False``: never, whatever the policy says.
+- ``None`` (default): on every floating tensor the bundle holds a reference of, with the
+  policy's ``budget_k`` (built-in 2.0; ``budget_k = "off"`` in a tolerance file turns it off).
+  Tensors without a reference are judged by the fixed thresholds alone.
+- ``True`` (``--budget``): required: the bundle must hold references (a UsageError otherwise),
+  and a tensor without one is noted as not checked. The policy's ``budget_k`` where it sets one,
+  else ``DEFAULT_BUDGET_K`` (2.0).
+- ``False`` (``--no-budget``): never, whatever the policy says.
+
+``LayerResult.rule`` says which rule judged each tensor: ``budget`` (the budget and the fixed
+thresholds as a backstop) or ``thresholds`` (the fixed thresholds alone).
 
 Whenever the budget is checked, both numbers (this host vs reference, capture host vs reference)
 are in the layer's ``budget`` info. The budget check is one more check of the layer's verdict;
@@ -71,17 +79,27 @@ from .bundle import BundleReader, Entry, open_bundle
 from .capture import Progress, _launch_configs, check_device, check_triton_mode
 from .errors import UsageError
 from .metrics import LayerMetrics, compute_error_vs_reference, json_safe_float
-from .policy import ErrorBudget, Policy, Tolerance, Verdict, judge, load_policy, measure
-from .recorder import RecordedTensor, Recorder, flatten, replay, select_modules, tensor_name
+from .policy import (
+    DEFAULT_BUDGET_K,
+    ErrorBudget,
+    Policy,
+    Tolerance,
+    Verdict,
+    budget_floors,
+    judge,
+    load_policy,
+    measure,
+)
+from .recorder import ROOT, RecordedTensor, Recorder, flatten, replay, select_modules, tensor_name
 from .subjects import Inputs, runner_from_manifest
 
 REPORT_FORMAT = "parity-compare-report"
 REPORT_VERSION = 1
 
-# The flash-attention rule (numerics.md): at most twice the capture host's own error.
-DEFAULT_BUDGET_K = 2.0
-
-STATUSES = ("pass", "fail", "missing-in-golden", "missing-here", "shape-mismatch", "dtype-mismatch")
+STATUSES = ("pass", "fused-here", "fail", "missing-in-golden", "missing-here", "shape-mismatch",
+            "dtype-mismatch")
+# Statuses that do not fail a comparison.
+PASSING_STATUSES = ("pass", "fused-here")
 # Isolated (replayed) results have these too, plus the ways a replay can be impossible.
 ISOLATED_STATUSES = STATUSES + ("not-recorded", "not-replayable", "replay-error")
 
@@ -101,16 +119,27 @@ class BudgetInfo:
     """Both hosts' errors against the capture host's high-precision reference of one tensor.
 
     ``host_vs_reference`` is this host's output, ``capture_vs_reference`` the golden, each against
-    the same reference; ``k`` and ``floor`` are the budget checked (``k`` None: numbers only).
-    ``note`` says why no numbers could be computed (no reference, a less precise reference).
+    the same reference; ``k`` and ``floors`` (by quantity, ``rel_l2`` and ``max_abs``) are the
+    budget checked (``k`` None: numbers only). ``note`` says why no numbers could be computed
+    (no reference, a less precise reference).
     """
 
     host_vs_reference: LayerMetrics | None
     capture_vs_reference: LayerMetrics | None
     k: float | None
-    floor: float
+    floors: Mapping[str, float] | None = None
     reference_dtype: str | None = None
     note: str | None = None
+
+    @property
+    def checked(self) -> bool:
+        return self.k is not None and self.host_vs_reference is not None
+
+    def allowed(self, quantity: str) -> float | None:
+        """``k x capture host's error + floor`` for ``rel_l2`` or ``max_abs`` (None: not checked)."""
+        if not self.checked or self.floors is None:
+            return None
+        return self.k * getattr(self.capture_vs_reference, quantity) + self.floors[quantity]
 
     @property
     def host_rel_l2(self) -> float | None:
@@ -136,7 +165,10 @@ class BudgetInfo:
 
         return {
             "k": json_safe_float(self.k),
-            "floor": json_safe_float(self.floor),
+            "floor_rel_l2": json_safe_float(None if self.floors is None else self.floors["rel_l2"]),
+            "floor_max_abs": json_safe_float(None if self.floors is None else self.floors["max_abs"]),
+            "allowed_rel_l2": json_safe_float(self.allowed("rel_l2")),
+            "allowed_max_abs": json_safe_float(self.allowed("max_abs")),
             "reference_dtype": self.reference_dtype,
             "host_rel_l2": json_safe_float(self.host_rel_l2),
             "capture_rel_l2": json_safe_float(self.capture_rel_l2),
@@ -179,7 +211,16 @@ class LayerResult:
 
     @property
     def passed(self) -> bool:
-        return self.status == "pass"
+        return self.status in PASSING_STATUSES
+
+    @property
+    def rule(self) -> str | None:
+        """Which rule judged the tensor: ``"budget"`` (the error budget against the bundle's
+        reference, with the fixed thresholds as a backstop), ``"thresholds"`` (the fixed
+        thresholds alone: no reference), or None where nothing was compared."""
+        if self.metrics is None:
+            return None
+        return "budget" if self.budget is not None and self.budget.checked else "thresholds"
 
     @property
     def attribution(self) -> str | None:
@@ -210,6 +251,7 @@ class LayerResult:
             "path": self.path,
             "status": self.status,
             "passed": self.passed,
+            "rule": self.rule,
             "dtype": self.dtype,
             "shape": None if self.shape is None else list(self.shape),
             "here_dtype": self.here_dtype,
@@ -324,6 +366,8 @@ class CompareReport:
     warnings: list[str] = dataclasses.field(default_factory=list)
     kernel_configs: dict[str, Any] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
+    # What was read of the bundle: {"tensors", "verified", "not_read": {kind: count}} (_integrity).
+    integrity: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -340,7 +384,20 @@ class CompareReport:
 
     @property
     def budget_checked(self) -> bool:
-        return any(result.budget is not None and result.budget.k is not None for result in self.layers)
+        return any(result.rule == "budget" for result in self.layers)
+
+    @property
+    def rules(self) -> dict[str, int]:
+        """How many tensors each rule judged (``LayerResult.rule``)."""
+        counts: dict[str, int] = {}
+        for result in self.layers:
+            if result.rule is not None:
+                counts[result.rule] = counts.get(result.rule, 0) + 1
+        return counts
+
+    @property
+    def fused_here(self) -> list[LayerResult]:
+        return [result for result in self.layers if result.status == "fused-here"]
 
     @property
     def error_growth(self) -> ErrorGrowth:
@@ -373,8 +430,9 @@ class CompareReport:
             "golden_impl": self.golden_impl,
             "device": self.device,
             "isolate": self.isolate,
-            "budget": {"mode": {None: "policy", True: "on", False: "off"}[self.budget],
+            "budget": {"mode": {None: "default", True: "required", False: "off"}[self.budget],
                        "checked": self.budget_checked},
+            "rules": self.rules,
             "hosts": self.hosts,
             "platforms": self.platforms,
             "fingerprint_differences": [d.to_dict() for d in self.fingerprint_differences],
@@ -383,6 +441,7 @@ class CompareReport:
                 "layers": len(self.layers),
                 "passing": len(self.layers) - len(failing),
                 "failing": len(failing),
+                "fused_here": len(self.fused_here),
                 "first_failing_layer": self.first_failing_layer,
                 "introducing_layers": self.introducing_layers if self.isolate else None,
                 "statuses": {status: sum(r.status == status for r in self.layers)
@@ -391,6 +450,7 @@ class CompareReport:
             },
             "policy": self.policy.to_dict(),
             "kernel_configs": self.kernel_configs,
+            "integrity": self.integrity,
             "seconds": round(self.seconds, 3),
             "layers": [result.to_dict() for result in self.layers],
         }
@@ -413,6 +473,8 @@ def _is_inside(module: str, parent: str) -> bool:
 
 def failed_checks(result: LayerResult) -> dict[str, Any]:
     """See :meth:`LayerResult.failed_checks`."""
+    if result.passed:
+        return {}
     if result.status == "missing-here":
         return {"missing": "this host produced no such tensor"}
     if result.status == "missing-in-golden":
@@ -434,6 +496,8 @@ def failed_checks(result: LayerResult) -> dict[str, Any]:
         for key in ("atol", "atol_rms", "rtol"):
             if key in needed:
                 checks[key] = needed[key]
+    if tol.outlier_factor is not None and metrics.outlier_count:
+        checks["outlier_factor"] = needed.get("outlier_factor", metrics.worst_bound_ratio)
     if "min_cosine" in needed and not needed["min_cosine"] >= tol.min_cosine:
         checks["min_cosine"] = needed["min_cosine"]
     if "max_rel_l2" in needed and not needed["max_rel_l2"] <= tol.max_rel_l2:
@@ -469,15 +533,15 @@ def _shape_text(shape: tuple[int, ...] | None) -> str:
     return "?" if shape is None else "[" + ", ".join(str(n) for n in shape) + "]"
 
 
-def _budget_tolerance(tol: Tolerance, budget: bool | None, dtype: torch.dtype) -> Tolerance:
-    """The tolerance with the budget mode applied; integer and bool tensors never have a budget
-    (they are compared exactly, and there is no rounding error to budget)."""
-    if not dtype.is_floating_point:
+def _budget_tolerance(tol: Tolerance, budget: bool | None, dtype: torch.dtype, has_reference: bool) -> Tolerance:
+    """The tolerance with the budget mode applied (module docstring). Integer and bool tensors
+    never have a budget (they are compared exactly: there is no rounding error to budget); by
+    default a tensor without a reference has none either (the thresholds judge it)."""
+    unbudgeted = not dtype.is_floating_point or budget is False or (budget is None and not has_reference)
+    if unbudgeted:
         return replace(tol, budget_k=None) if tol.budget_k is not None else tol
     if budget is True and tol.budget_k is None:
         return replace(tol, budget_k=DEFAULT_BUDGET_K)
-    if budget is False and tol.budget_k is not None:
-        return replace(tol, budget_k=None)
     return tol
 
 
@@ -489,7 +553,7 @@ def _failure(name: str, status: str, reason: str, tol: Tolerance, **fields: Any)
 def _budget_info(out: torch.Tensor, golden: torch.Tensor, reference: torch.Tensor | None,
                  tol: Tolerance) -> BudgetInfo:
     def info(note: str, ref_dtype: str | None = None) -> BudgetInfo:
-        return BudgetInfo(None, None, tol.budget_k, tol.budget_floor, ref_dtype, note)
+        return BudgetInfo(None, None, tol.budget_k, None, ref_dtype, note)
 
     if reference is None:
         return info("no high-precision reference of this tensor in the bundle")
@@ -504,7 +568,7 @@ def _budget_info(out: torch.Tensor, golden: torch.Tensor, reference: torch.Tenso
         capture = compute_error_vs_reference(golden, reference)
     except ValueError as err:  # a reference less precise than the tensor (fp32 reference of fp64)
         return info(str(err), ref_dtype)
-    return BudgetInfo(host, capture, tol.budget_k, tol.budget_floor, ref_dtype)
+    return BudgetInfo(host, capture, tol.budget_k, budget_floors(tol, golden.dtype, capture.ref_max_abs), ref_dtype)
 
 
 def compare_tensors(
@@ -529,7 +593,7 @@ def compare_tensors(
     or dtype mismatch: those are results with status ``shape-mismatch`` / ``dtype-mismatch``.
     """
     policy = _as_policy(policy)
-    tol = _budget_tolerance(policy.resolve(name, golden.dtype), budget, golden.dtype)
+    tol = _budget_tolerance(policy.resolve(name, golden.dtype), budget, golden.dtype, reference is not None)
     fields = dict(layer=layer, path=path, dtype=_dtype_text(golden.dtype), shape=tuple(golden.shape),
                   here_dtype=_dtype_text(out.dtype), here_shape=tuple(out.shape))
     if tuple(out.shape) != tuple(golden.shape):
@@ -594,7 +658,7 @@ def fingerprint_differences(golden: Mapping[str, Any], here: Mapping[str, Any]) 
 
 def _capture_globs(bundle: BundleReader, module: torch.nn.Module, warnings: list[str]) -> list[str] | None:
     """The capture's ``--layers`` globs, without those that match no module here (a warning each)."""
-    globs = (bundle.manifest.get("capture") or {}).get("layers")
+    globs = bundle.capture_layers
     if globs is None:
         return None
     usable = []
@@ -649,12 +713,11 @@ def compare_bundle(
     say = Progress(progress)
     policy = _as_policy(policy)
     bundle = golden if isinstance(golden, BundleReader) else open_bundle(golden)
-    runner = runner_from_manifest(bundle.subject)
+    runner = runner_from_manifest(bundle.subject, trusted=policy.trusted_subjects, bundle_dir=bundle.path)
     runner.check_impl(impl)
     device = check_device(device if device is not None else platform.default_device())
     check_triton_mode(impl, device)
-    capture_info = bundle.manifest.get("capture") or {}
-    if isolate and not capture_info.get("record_inputs"):
+    if isolate and not bundle.record_inputs:
         raise UsageError(f"--isolate needs a bundle captured with --record-inputs; {bundle.path} was captured "
                          "without recorded layer inputs")
     has_references = bool(bundle.entries_of("reference"))
@@ -680,7 +743,7 @@ def compare_bundle(
             return
         out = record.tensor
         if not bundle.has(record.name, "output"):
-            tol = _budget_tolerance(policy.resolve(record.name, out.dtype), budget, out.dtype)
+            tol = _budget_tolerance(policy.resolve(record.name, out.dtype), budget, out.dtype, False)
             results.append(_failure(
                 record.name, "missing-in-golden", "missing in the golden bundle: the golden host recorded no "
                 "such tensor", tol, layer=record.layer, path=record.path, dtype=_dtype_text(out.dtype),
@@ -688,7 +751,8 @@ def compare_bundle(
         else:
             seen.add(record.name)
             entry = bundle.entry(record.name)
-            tol = _budget_tolerance(policy.resolve(record.name, entry.torch_dtype), budget, entry.torch_dtype)
+            tol = _budget_tolerance(policy.resolve(record.name, entry.torch_dtype), budget, entry.torch_dtype,
+                                    bundle.has(record.name, "reference"))
             reference = None
             if tol.budget_k is not None and bundle.has(record.name, "reference") and tuple(out.shape) == entry.shape:
                 reference = bundle.load(record.name, "reference", device=out.device)
@@ -703,10 +767,19 @@ def compare_bundle(
         runner.run(module, inputs)
     del inputs
 
+    compared_modules = {_module_of(result) for result in results if result.name in seen}
     missing_here = {}
     for entry in golden_entries:
         if entry.name not in seen:
-            tol = _budget_tolerance(policy.resolve(entry.name, entry.torch_dtype), budget, entry.torch_dtype)
+            tol = _budget_tolerance(policy.resolve(entry.name, entry.torch_dtype), budget, entry.torch_dtype,
+                                    bundle.has(entry.name, "reference"))
+            enclosing = None if policy.strict_structure else _enclosing(entry.module or entry.layer, compared_modules)
+            if enclosing is not None:
+                missing_here[entry.name] = LayerResult(
+                    name=entry.name, status="fused-here", tolerance=tol, verdict=Verdict(passed=True),
+                    layer=entry.layer, path=entry.path, dtype=entry.dtype, shape=entry.shape,
+                    note=f"not run here; judged through its enclosing module {enclosing}")
+                continue
             missing_here[entry.name] = _failure(
                 entry.name, "missing-here", "missing here: this host's run produced no such tensor", tol,
                 layer=entry.layer, path=entry.path, dtype=entry.dtype, shape=entry.shape)
@@ -719,7 +792,7 @@ def compare_bundle(
 
     golden_fp, here_fp = bundle.platform, platform.fingerprint(device)
     differences = fingerprint_differences(golden_fp, here_fp)
-    warnings = [d.message for d in differences] + warnings + _notes_as_warnings(ordered)
+    warnings = [d.message for d in differences] + warnings + _notes_as_warnings(ordered) + _fused_warning(ordered)
     report = CompareReport(
         golden=str(bundle.path), subject=bundle.subject, impl=impl, golden_impl=bundle.impl, device=str(device),
         policy=policy, layers=ordered, hosts=_hosts(golden_fp, here_fp), fingerprint_differences=differences,
@@ -727,9 +800,44 @@ def compare_bundle(
         isolate=isolate, budget=budget, warnings=warnings,
         kernel_configs={"golden": (bundle.kernel_configs or {}).get("used"), "here": _launch_configs(module)},
         seconds=time.monotonic() - started,
+        integrity=_integrity(bundle),
     )
     say(f"compared {len(ordered)} tensors in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
+
+
+def _integrity(bundle: BundleReader) -> dict[str, Any]:
+    """What compare checked of the bundle: every tensor it read had its checksum verified; the
+    others (references it did not need, module inputs without --isolate) were not read at all."""
+    not_read: dict[str, int] = {}
+    for entry in bundle.entries:
+        if (entry.kind, entry.name) not in bundle.verified:
+            not_read[entry.kind] = not_read.get(entry.kind, 0) + 1
+    return {"tensors": len(bundle.entries), "verified": len(bundle.entries) - sum(not_read.values()),
+            "not_read": not_read}
+
+
+def _enclosing(module: str, compared_modules: set[str]) -> str | None:
+    """The innermost module enclosing ``module`` whose output was compared here, if any."""
+    module = module.split("#", 1)[0]
+    parts = module.split(".") if module != ROOT else []
+    for depth in range(len(parts) - 1, 0, -1):
+        parent = ".".join(parts[:depth])
+        if parent in compared_modules:
+            return parent
+    if module != ROOT and ROOT in compared_modules:
+        return ROOT
+    return None
+
+
+def _fused_warning(results: list[LayerResult]) -> list[str]:
+    fused = [result for result in results if result.status == "fused-here"]
+    if not fused:
+        return []
+    modules = sorted({_module_of(result) for result in fused})
+    shown = ", ".join(modules[:3]) + (f" and {len(modules) - 3} more" if len(modules) > 3 else "")
+    return [f"{len(modules)} recorded module{'s' if len(modules) != 1 else ''} never ran here ({shown}): "
+            "fused here, judged through the enclosing module (strict_structure = true makes them failures)"]
 
 
 def _notes_as_warnings(results: list[LayerResult]) -> list[str]:
@@ -754,18 +862,19 @@ def _isolate(bundle: BundleReader, module: torch.nn.Module, device: torch.device
         outputs_by_layer.setdefault(entry.layer, []).append(entry)
 
     def fail(entry: Entry, status: str, note: str) -> LayerResult:
-        tol = _budget_tolerance(policy.resolve(entry.name, entry.torch_dtype), budget, entry.torch_dtype)
+        tol = _budget_tolerance(policy.resolve(entry.name, entry.torch_dtype), budget, entry.torch_dtype,
+                                bundle.has(entry.name, "reference"))
         return _failure(entry.name, status, note, tol, layer=entry.layer, path=entry.path, dtype=entry.dtype,
                         shape=entry.shape, note=note)
 
     layers = bundle.layers()
     say(f"isolate: replaying {len(layers)} layers on their golden inputs")
     for number, layer in enumerate(layers):
-        entries = outputs_by_layer.get(layer.get("name"), [])
+        entries = outputs_by_layer.get(layer["name"], [])
         problem = None
         if not entries:
             continue
-        if layer.get("inputs") is None:
+        if layer["inputs"] is None:
             problem = ("not-recorded", "no recorded inputs for this layer")
         elif layer["module"] != "<root>" and not _has_submodule(module, layer["module"]):
             problem = ("missing-here", f"this host's model has no module {layer['module']!r}")
@@ -791,7 +900,8 @@ def _isolate(bundle: BundleReader, module: torch.nn.Module, device: torch.device
             if tensor is None:
                 results[entry.name] = fail(entry, "missing-here", "the replayed layer produced no such output")
                 continue
-            tol = _budget_tolerance(policy.resolve(entry.name, entry.torch_dtype), budget, entry.torch_dtype)
+            tol = _budget_tolerance(policy.resolve(entry.name, entry.torch_dtype), budget, entry.torch_dtype,
+                                    bundle.has(entry.name, "reference"))
             reference = None
             if tol.budget_k is not None and bundle.has(entry.name, "reference") and tuple(tensor.shape) == entry.shape:
                 reference = bundle.load(entry.name, "reference", device=tensor.device)

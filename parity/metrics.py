@@ -25,6 +25,11 @@ Conventions (the report and the policy rely on them):
   proportional to the tensor's typical magnitude, not to the element's, so one absolute atol
   cannot suit a tensor of RMS 0.1 and one of RMS 2. ``A`` is recorded as ``effective_atol``.
   Integer and bool tensors are compared exactly (``out != ref``); the tolerances do not apply.
+- Outliers: an element's *bound ratio* is ``|d| / (A + rtol * |ref|)``, how many times its own
+  mismatch bound its error is (``inf`` where the bound is 0 and ``|d| > 0``). With
+  ``outlier_factor`` set, ``outlier_count`` counts the elements whose ratio exceeds it; the
+  element with the largest ratio is recorded (``worst_bound_*``) whether or not a factor is set.
+  Integer and bool tensors have no outliers (they are compared exactly).
 - "Smallest tolerance that would have passed": ``needed_atol`` is the smallest absolute term
   ``A`` for which no element mismatches at the given rtol (``max(|d| - rtol*|ref|)``, at least 0);
   ``needed_rtol`` is the smallest rtol for the given ``A`` (``max((|d| - A) / |ref|)`` over
@@ -45,6 +50,7 @@ Conventions (the report and the policy rely on them):
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass, fields
 
 import torch
@@ -108,6 +114,12 @@ class LayerMetrics:
     worst_index: tuple[int, ...] | None
     worst_out: float | None
     worst_ref: float | None
+    outlier_factor: float | None = None
+    outlier_count: int = 0
+    worst_bound_ratio: float = 0.0
+    worst_bound_index: tuple[int, ...] | None = None
+    worst_bound_out: float | None = None
+    worst_bound_ref: float | None = None
 
     @property
     def nonfinite_positions_agree(self) -> bool:
@@ -130,8 +142,10 @@ class LayerMetrics:
         """Inverse of ``to_dict`` (reports and bundles store metrics as JSON)."""
         values = {}
         for field in fields(cls):
+            if field.name not in data and field.default is not dataclasses.MISSING:
+                continue  # a report written before the field existed
             value = data[field.name]
-            if field.name in ("first_nonfinite_mismatch_index", "worst_index"):
+            if field.name in ("first_nonfinite_mismatch_index", "worst_index", "worst_bound_index"):
                 value = None if value is None else tuple(int(i) for i in value)
             elif isinstance(value, (float, str)) and field.name not in ("out_dtype", "ref_dtype"):
                 value = _float_from_json(value)
@@ -148,16 +162,20 @@ def compute_metrics(
     atol_rms: float = 0.0,
     rel_floor: float = DEFAULT_REL_FLOOR,
     chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+    outlier_factor: float | None = None,
 ) -> LayerMetrics:
     """Compare ``out`` (this host) with ``ref`` (the golden); both of the same shape, on one device.
 
     ``atol``, ``atol_rms`` and ``rtol`` define the mismatch count and the "needed" tolerances;
     pass the values of the policy that will judge the result (``parity.policy.measure`` does).
+    ``outlier_factor``: count the elements whose error exceeds this many times their bound.
     Dtypes may differ (e.g. bf16 against an fp64 reference); ULP distances are then not computed.
     Raises ``ValueError`` for tensors that cannot be compared (different shapes or devices,
     complex dtypes) and for bad arguments.
     """
     _check_arguments(out, ref, atol, rtol, atol_rms, rel_floor, chunk_elements)
+    if outlier_factor is not None and not (math.isfinite(outlier_factor) and outlier_factor >= 1):
+        raise ValueError(f"outlier_factor must be finite and >= 1, got {outlier_factor!r}")
     shape = tuple(out.shape)
     out_flat = out.reshape(-1)
     ref_flat = ref.reshape(-1)
@@ -173,11 +191,12 @@ def compute_metrics(
         acc.add_chunk(
             out_flat[start:stop], ref_flat[start:stop], start,
             absolute_term=effective_atol, rtol=rtol, rel_floor=rel_floor, exact=exact, with_ulp=with_ulp,
+            outlier_factor=outlier_factor,
         )
     return acc.finish(
         out_flat, ref_flat, shape, out.dtype, ref.dtype,
         atol=atol, atol_rms=atol_rms, ref_rms=ref_rms, effective_atol=effective_atol, rtol=rtol,
-        rel_floor=rel_floor, with_ulp=with_ulp,
+        rel_floor=rel_floor, with_ulp=with_ulp, outlier_factor=outlier_factor,
     )
 
 
@@ -260,8 +279,10 @@ class _Accumulators:
         self.nan_out, self.nan_ref, self.inf_out, self.inf_ref = i64(), i64(), i64(), i64()
         self.nonfinite_mismatch_count, self.first_nonfinite_mismatch = i64(), i64(-1)
         self.ulp_max, self.ulp_over_1_count = i64(), i64()
+        self.outlier_count, self.worst_ratio, self.worst_ratio_flat = i64(), f64(0.0), i64(-1)
 
-    def add_chunk(self, out_raw, ref_raw, start, *, absolute_term, rtol, rel_floor, exact, with_ulp):
+    def add_chunk(self, out_raw, ref_raw, start, *, absolute_term, rtol, rel_floor, exact, with_ulp,
+                  outlier_factor=None):
         out = out_raw.to(torch.float64)
         ref = ref_raw.to(torch.float64)
         out_nan, ref_nan = torch.isnan(out), torch.isnan(ref)
@@ -303,7 +324,18 @@ class _Accumulators:
             mismatch = both_finite & (out_raw != ref_raw)
         else:
             # zeroed (non-finite) positions never exceed an absolute term >= 0
-            mismatch = abs_diff > absolute_term + rtol * ref_abs
+            bound = absolute_term + rtol * ref_abs
+            mismatch = abs_diff > bound
+            # How many times its own bound each element's error is; 0/0 (an exact element on a
+            # zero bound) is 0, d/0 is inf: no multiple of a zero bound forgives an error.
+            ratio = torch.where(mismatch, abs_diff / bound, 0.0)
+            if outlier_factor is not None:
+                self.outlier_count += (ratio > outlier_factor).sum()
+            chunk_ratio, chunk_ratio_at = ratio.max(dim=0)
+            take = chunk_ratio > self.worst_ratio
+            self.worst_ratio = torch.where(take, chunk_ratio, self.worst_ratio)
+            self.worst_ratio_flat = torch.where(take, start + chunk_ratio_at, self.worst_ratio_flat)
+            del bound, ratio
         self.mismatch_count += mismatch.sum()
         del mismatch
         self.needed_atol = torch.maximum(self.needed_atol, (abs_diff - rtol * ref_abs).max())
@@ -328,7 +360,7 @@ class _Accumulators:
             self.ulp_over_1_count += (ulp > 1).sum()
 
     def finish(self, out_flat, ref_flat, shape, out_dtype, ref_dtype, *,
-               atol, atol_rms, ref_rms, effective_atol, rtol, rel_floor, with_ulp):
+               atol, atol_rms, ref_rms, effective_atol, rtol, rel_floor, with_ulp, outlier_factor=None):
         numel = out_flat.numel()
         finite_count = int(self.finite_count)
         dot, out_sq, ref_sq, diff_sq = (float(t) for t in (self.dot, self.out_sq, self.ref_sq, self.diff_sq))
@@ -353,6 +385,13 @@ class _Accumulators:
             worst_ref = float(ref_flat[worst_flat].item())
         else:
             worst_index = worst_out = worst_ref = None
+        ratio_flat = int(self.worst_ratio_flat)
+        if ratio_flat >= 0:
+            bound_index = _unravel(ratio_flat, shape)
+            bound_out = float(out_flat[ratio_flat].item())
+            bound_ref = float(ref_flat[ratio_flat].item())
+        else:
+            bound_index = bound_out = bound_ref = None
         return LayerMetrics(
             numel=numel,
             finite_count=finite_count,
@@ -385,6 +424,12 @@ class _Accumulators:
             worst_index=worst_index,
             worst_out=worst_out,
             worst_ref=worst_ref,
+            outlier_factor=None if outlier_factor is None else float(outlier_factor),
+            outlier_count=int(self.outlier_count),
+            worst_bound_ratio=float(self.worst_ratio),
+            worst_bound_index=bound_index,
+            worst_bound_out=bound_out,
+            worst_bound_ref=bound_ref,
         )
 
 

@@ -46,6 +46,7 @@ from tabulate import tabulate
 
 from .compare import CompareReport, LayerResult
 from .errors import UsageError
+from .text import printable
 
 TABLE_FORMAT = "github"
 FAILURE_LIMIT = 5
@@ -58,6 +59,7 @@ CHECK_LABELS = {
     "dtype": "dtype",
     "nan_policy": "nan/inf",
     "max_mismatch_fraction": "mismatch",
+    "outlier_factor": "outliers",
     "min_cosine": "cosine",
     "max_rel_l2": "rel_l2",
     "max_abs": "max_abs",
@@ -66,6 +68,9 @@ CHECK_LABELS = {
     "replay": "replay",
 }
 _MISMATCH_ALTERNATIVES = ("atol", "atol_rms", "rtol")
+# The rule column: "budget" (the error budget against the reference, the thresholds as a
+# backstop) or "thresh" (the fixed thresholds alone: the bundle has no reference of the tensor).
+RULE_LABELS = {"budget": "budget", "thresholds": "thresh"}
 _DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
 
@@ -164,6 +169,8 @@ def passing_value(key: str, needed: Any) -> str:
 
 def verdict_text(result: LayerResult) -> str:
     """``pass``, or ``FAIL`` with the failed checks (``FAIL rel_l2,mismatch``) or the problem."""
+    if result.status == "fused-here":
+        return "fused here"
     if result.passed:
         return "pass"
     if result.status == "missing-here":
@@ -180,11 +187,13 @@ def verdict_text(result: LayerResult) -> str:
 
 
 def _escape_cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """A name from a bundle as a Markdown table cell: control characters escaped (a manifest's
+    layer name must not be able to drive the terminal), ``|`` escaped."""
+    return printable(text).replace("|", "\\|")
 
 
 def _columns(report: CompareReport) -> list[str]:
-    columns = ["layer", "dtype", "shape", "cosine", "max abs", "rel L2", "mismatch %", "verdict"]
+    columns = ["layer", "dtype", "shape", "cosine", "max abs", "rel L2", "mismatch %", "rule", "verdict"]
     if report.isolate:
         columns += ["iso rel L2", "iso max abs", "iso verdict", "error"]
     if report.budget_checked:
@@ -206,6 +215,7 @@ def _row(report: CompareReport, result: LayerResult) -> list[str]:
         format_number(metrics.max_abs if metrics else None),
         format_number(metrics.rel_l2 if metrics else None),
         format_percent(metrics.mismatch_fraction if metrics else None),
+        RULE_LABELS.get(result.rule, "-"),
         verdict_text(result),
     ]
     if report.isolate:
@@ -281,16 +291,35 @@ def _host_text(host: dict[str, Any]) -> str:
     return text
 
 
+def rules_text(report: CompareReport) -> str:
+    """Which rule judged how many tensors, in words."""
+    rules = report.rules
+    parts = []
+    if rules.get("budget"):
+        parts.append(f"error budget (k x the capture host's own error vs the reference, thresholds as backstop) "
+                     f"on {rules['budget']}")
+    if rules.get("thresholds"):
+        parts.append(f"fixed thresholds alone on {rules['thresholds']}"
+                     + (" (no reference in the bundle)" if report.budget is not False else " (--no-budget)"))
+    return "; ".join(parts) if parts else "no tensor compared"
+
+
 def header_lines(report: CompareReport) -> list[str]:
     subject = report.subject.get("name") or report.subject.get("spec") or "?"
     lines = [
-        f"parity compare: {report.golden} (subject {subject}, {len(report.layers)} tensors)",
-        f"  golden host: {_host_text(report.hosts['golden'])}; impl {report.golden_impl}",
+        f"parity compare: {printable(report.golden)} (subject {printable(subject)}, {len(report.layers)} tensors)",
+        f"  golden host: {printable(_host_text(report.hosts['golden']))}; impl {printable(report.golden_impl)}",
         f"  this host:   {_host_text(report.hosts['here'])}; impl {report.impl} on {report.device}",
-        f"  policy: {report.policy.source}"
-        + ("; error budget checked" if report.budget_checked else "")
+        f"  policy: {printable(report.policy.source)}"
         + ("; layers replayed on golden inputs (--isolate)" if report.isolate else ""),
+        f"  rules: {rules_text(report)}",
     ]
+    integrity = report.integrity
+    if integrity:
+        not_read = ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in sorted(integrity["not_read"].items()))
+        lines.append(f"  bundle: checksums verified for the {integrity['verified']} of {integrity['tensors']} stored "
+                     f"tensors this run read" + (f"; not read: {not_read} (python -m parity verify checks every "
+                                                  "one)" if not_read else ""))
     return lines
 
 
@@ -302,18 +331,18 @@ def growth_line(report: CompareReport) -> str:
     if all(rel_l2 == 0 for _, rel_l2, _ in growth.points):
         return "error growth: none (rel L2 is 0 for every compared tensor)"
     first, last, peak = growth.first, growth.last, growth.peak
-    text = (f"error growth (rel L2, execution order): {format_number(first[1])} at {first[0]} -> "
-            f"{format_number(last[1])} at {last[0]}")
+    text = (f"error growth (rel L2, execution order): {format_number(first[1])} at {printable(first[0])} -> "
+            f"{format_number(last[1])} at {printable(last[0])}")
     ratio = growth.last_over_first
     if ratio is not None and math.isfinite(ratio) and first[1] != 0:
         text += f" ({_ratio_text(ratio)})"
     if peak is not None and peak[0] != last[0]:
-        text += f"; peak {format_number(peak[1])} at {peak[0]}"
+        text += f"; peak {format_number(peak[1])} at {printable(peak[0])}"
     jump = growth.largest_jump
     if jump is not None:
         name, before, after = jump
         factor = "from 0" if before == 0 else _ratio_text(after / before)
-        text += f"; largest jump at {name} ({format_number(before)} -> {format_number(after)}, {factor})"
+        text += f"; largest jump at {printable(name)} ({format_number(before)} -> {format_number(after)}, {factor})"
     return text
 
 
@@ -348,8 +377,8 @@ def failure_lines(report: CompareReport, limit: int | None = FAILURE_LIMIT) -> l
     lines = [f"failing tensors{more}, with the smallest tolerance that would have passed each:"]
     rest = failing[len(shown):]
     for result in shown:
-        lines.append(f"  {result.name}:")
-        lines.extend(f"    {reason}" for reason in result.verdict.reasons)
+        lines.append(f"  {printable(result.name)}:")
+        lines.extend(f"    {printable(reason, limit=2000)}" for reason in result.verdict.reasons)
         would_pass = would_pass_text(result)
         if would_pass:
             lines.append(f"    would pass with: {would_pass}")
@@ -358,7 +387,7 @@ def failure_lines(report: CompareReport, limit: int | None = FAILURE_LIMIT) -> l
         if result.attribution == "inherited":
             lines.append("    passes on its golden inputs (--isolate): the error is inherited from upstream")
     if rest:
-        names = ", ".join(result.name for result in rest[:20]) + (", ..." if len(rest) > 20 else "")
+        names = ", ".join(printable(result.name) for result in rest[:20]) + (", ..." if len(rest) > 20 else "")
         lines.append(f"  and {len(rest)} more (every number is in the JSON report): {names}")
     return lines
 
@@ -366,24 +395,27 @@ def failure_lines(report: CompareReport, limit: int | None = FAILURE_LIMIT) -> l
 def verdict_line(report: CompareReport) -> str:
     """``PARITY HOLDS: 12/12 layers`` or ``PARITY FAILS: first failing layer X (n of m layers fail)``."""
     total = len(report.layers)
+    fused = len(report.fused_here)
+    fused_text = f" ({fused} fused here, judged through their enclosing modules)" if fused else ""
     if report.passed:
-        return f"PARITY HOLDS: {total}/{total} layers"
+        return f"PARITY HOLDS: {total}/{total} layers{fused_text}"
     if total == 0:
         return "PARITY FAILS: nothing was compared (0 layers)"
     failing = len(report.failing)
-    return f"PARITY FAILS: first failing layer {report.first_failing_layer} ({failing} of {total} layers fail)"
+    first = printable(report.first_failing_layer)
+    return f"PARITY FAILS: first failing layer {first} ({failing} of {total} layers fail)"
 
 
 def format_text(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows: int | None = None,
                 failure_limit: int | None = FAILURE_LIMIT) -> str:
     """The whole report for people; the last line is the verdict."""
     lines = header_lines(report)
-    lines += [f"warning: {warning}" for warning in report.warnings]
+    lines += [f"warning: {printable(warning, limit=2000)}" for warning in report.warnings]
     lines += ["", format_table(report, tablefmt=tablefmt, max_rows=max_rows), ""]
     lines.append(growth_line(report))
     if report.isolate and report.introducing_layers:
         lines.append("error introduced by (fails on its golden inputs, innermost modules): "
-                     + ", ".join(report.introducing_layers))
+                     + ", ".join(printable(name) for name in report.introducing_layers))
     failures = failure_lines(report, failure_limit)
     if failures:
         lines += [""] + failures

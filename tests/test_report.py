@@ -68,15 +68,20 @@ def test_compact_numbers():
 def test_table_holds_every_column_and_escapes_pipes():
     results = _chain(3, bad_at=2)
     results.append(compare_tensors("out/dict|key", _tensor(9), _tensor(9)))
+    results.append(compare_tensors("\x1b[2J\nPARITY HOLDS: 99/99 layers", _tensor(9), _tensor(9),
+                                   reference=_tensor(9).double()))
     text = format_table(_report(results))
     header, rule, *rows = text.splitlines()
     assert [c.strip() for c in header.strip("|").split("|")] == [
-        "layer", "dtype", "shape", "cosine", "max abs", "rel L2", "mismatch %", "verdict"]
+        "layer", "dtype", "shape", "cosine", "max abs", "rel L2", "mismatch %", "rule", "verdict",
+        "ref rel L2 here", "ref rel L2 golden"]  # the budget's columns: one tensor has a reference
     assert set(rule) <= set("|-: ")
-    assert rows[0].startswith("| layers.0 ") and "| pass " in rows[0]
+    assert rows[0].startswith("| layers.0 ") and "| thresh | pass " in rows[0]
     assert re.search(r"\| FAIL [a-z_,]*rel_l2", rows[2])
     assert "out/dict\\|key" in rows[3]  # a Markdown table survives a "|" in a name
-    assert len(rows) == 4
+    # A name from a manifest cannot drive the terminal or fake a line of the report.
+    assert "\x1b" not in text and rows[4].startswith("| \\x1b[2J\\x0aPARITY HOLDS") and "| budget | pass" in rows[4]
+    assert len(rows) == 5
 
 
 def test_verdict_line():
