@@ -21,10 +21,12 @@ $(STAMP): pyproject.toml Makefile
 	touch $@
 
 # The Triton kernel on whatever device is here (the interpreter on a CPU) against the goldens
-# captured on an NVIDIA H200: the attention cases, then the decoder model layer by layer.
+# captured on an NVIDIA H200, under the default rule (the error budget wherever the bundle has a
+# reference): the attention cases, the decoder model layer by layer, the 150-case fuzz corpus.
 demo: $(STAMP)
-	$(PY) -m parity compare --golden golden/h200-attention --impl triton --budget
-	$(PY) -m parity compare --golden golden/h200-decoder --impl triton --budget --isolate
+	$(PY) -m parity compare --golden golden/h200-attention --impl triton
+	$(PY) -m parity compare --golden golden/h200-decoder --impl triton --isolate
+	$(PY) -m parity compare --golden golden/h200-fuzz --impl triton --max-rows 20
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

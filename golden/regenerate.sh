@@ -12,3 +12,6 @@ OUTDIR=${1:-golden}
 "$PY" -m parity capture --subject decoder --out "$OUTDIR/h200-decoder" \
     --impl reference --device cuda --reference fp32 --record-inputs --force --quiet \
     --layers 'embed' 'layers.*.attn.core' 'layers.*.attn' 'layers.*.mlp' 'layers.?' 'norm' 'lm_head'
+# The cross-host fuzz corpus (150 cases, every dtype and layout kind, odd lengths; < 20 MB).
+"$PY" -m parity capture --subject attention --out "$OUTDIR/h200-fuzz" --fuzz 150 --fuzz-seed 2026 \
+    --fuzz-bounds corpus --impl reference --device cuda --reference fp64 --force --quiet
