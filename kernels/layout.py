@@ -52,6 +52,14 @@ class MaskSpec:
     offset: int = 0
 
     def __post_init__(self):
+        # Layout metadata travels in bundles: a re-typed field (causal = {}) must be an error,
+        # not a silently different mask.
+        if not isinstance(self.causal, bool):
+            raise LayoutError(f"mask causal must be true or false, got {self.causal!r}")
+        for name in ("window", "sink_tokens", "offset"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise LayoutError(f"mask {name} must be an integer, got {value!r}")
         if self.window < 0 or self.sink_tokens < 0:
             raise LayoutError(f"window and sink_tokens must be >= 0, got {self}")
         if self.window and not self.causal:
@@ -210,8 +218,13 @@ class BlockLayout:
         missing = [name for name in _TENSOR_FIELDS if name not in tensors]
         if missing:
             raise LayoutError(f"layout tensors missing: {', '.join(missing)}")
+        fields = {field.name for field in dataclasses.fields(MaskSpec)}
+        mask_meta = meta.get("mask")
+        if not isinstance(mask_meta, dict) or set(mask_meta) != fields:
+            raise LayoutError(f"layout metadata: mask must be an object with exactly {', '.join(sorted(fields))}, "
+                              f"got {mask_meta!r}")
         try:
-            mask = MaskSpec(**meta.get("mask", {}))
+            mask = MaskSpec(**mask_meta)
             layout = cls(
                 seq_q=int(meta["seq_q"]),
                 seq_k=int(meta["seq_k"]),

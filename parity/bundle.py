@@ -1,4 +1,4 @@
-"""Golden bundles: a directory of safetensors shards plus ``manifest.json``, written atomically.
+"""Golden bundles: a directory of safetensors shards plus ``manifest.json``, committed so that none is lost.
 
 Layout of a bundle directory::
 
@@ -8,26 +8,44 @@ Layout of a bundle directory::
 
 Tensors are stored under generated keys (``t0000000``) in generated file names, never under
 names derived from layer names: a model's layer names may hold slashes, ``..``, unicode or be
-very long. Every path read from a manifest is checked to stay inside the bundle directory.
+very long. The manifest may only name plain files inside the bundle directory.
 
-Reading never executes code: the manifest is JSON and tensors come from safetensors (no pickle,
-no ``torch.load``). Every tensor's sha256 is checked when it is read. Any damage (missing or
-invalid manifest, unknown schema, missing or truncated shard, checksum mismatch, a tensor that
-disagrees with the manifest) is one :class:`~parity.errors.BundleError` line naming the file.
+Reading never executes code: the manifest is JSON, checked against the schema in
+:mod:`parity.manifest` before any field is used, and tensors are read from the safetensors
+files by this module (the 8-byte header length is checked against the file size, the header
+against the manifest, then the bytes are read with ``pread``: no pickle, no ``torch.load``, no
+memory map that a truncated file could turn into SIGBUS). Every tensor's sha256 is checked when
+it is read; :meth:`BundleReader.verify` checks every tensor and every shard file in one pass.
+Any damage is one :class:`~parity.errors.BundleError` line naming the file.
 
-Writing goes to a hidden temporary directory next to the target, which is renamed into place only
-once the manifest is complete; an exception or KeyboardInterrupt removes it and leaves any existing
-bundle at the target untouched. An existing bundle is replaced only with ``force=True``.
+Writing goes to a hidden partial directory next to the target (``.NAME.partial-HOST-PID-*``,
+created with the user's umask), which is moved into place only once the manifest is complete:
+
+- without ``force``, by a rename that never replaces anything (``renameat2(RENAME_NOREPLACE)``);
+  if another process created the target meanwhile, the new bundle is kept beside it as
+  ``NAME.conflict-HOST-PID-*`` and the writer fails with a UsageError;
+- with ``force``, by atomically exchanging the two directories (``RENAME_EXCHANGE``), so the
+  target always holds a complete bundle, then deleting the old one. Where the filesystem cannot
+  exchange, the old bundle is first renamed to ``.NAME.old-HOST-PID-*`` (a journal): if the
+  writer dies before the new one is in place, the next writer or reader of the target restores it.
+
+A writer that is killed leaves its partial or old directory behind; the next writer of the same
+target removes those whose process is gone (on this host only: another host's pids mean nothing
+here) and restores an old bundle when the target is missing.
 """
 from __future__ import annotations
 
-import dataclasses
+import ctypes
 import datetime
+import errno
 import hashlib
 import json
 import os
+import platform as _py_platform
+import secrets
 import shutil
-import tempfile
+import stat
+import struct
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,28 +54,41 @@ import torch
 
 from . import __version__
 from .errors import BundleError, UsageError
+from .manifest import (
+    DTYPES,
+    FORMAT_NAME,
+    KINDS,
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    SCHEMA_VERSION,
+    Entry,
+    Manifest,
+    Shard,
+    DIGEST_FIELD,
+    canonical_json,
+    load_manifest,
+    parse_json,
+    seal,
+)
+from .text import printable
 
-FORMAT_NAME = "parity-bundle"
-SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
+__all__ = [
+    "BundleReader", "BundleWriter", "Entry", "KINDS", "MANIFEST_NAME", "SCHEMA_VERSION", "FORMAT_NAME",
+    "DEFAULT_SHARD_BYTES", "check_target", "dtype_name", "edit_manifest", "open_bundle", "tensor_sha256",
+]
+
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
+_DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
-# What an entry holds: the subject's inputs and state (weights, buffers), a recorded module output,
-# a recorded module input (for replaying one layer), and a high-precision reference of an output.
-KINDS = ("input", "state", "output", "module_input", "reference")
-
-_DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name)
-    for name in (
-        "float64", "float32", "float16", "bfloat16",
-        "float8_e4m3fn", "float8_e5m2",
-        "int64", "int32", "int16", "int8", "uint8", "bool",
-    )
-    if hasattr(torch, name)
+# safetensors' dtype codes for the dtypes a bundle stores.
+_ST_CODES = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
+    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
 }
-_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
-
-_ENTRY_FIELDS = ("kind", "name", "dtype", "shape", "shard", "key", "sha256", "nbytes")
+_ST_NAMES = {code: name for name, code in _ST_CODES.items()}
+_MAX_HEADER_BYTES = 100 * 2**20  # safetensors' own limit
+_READ_CHUNK = 16 * 2**20
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -74,38 +105,277 @@ def tensor_sha256(tensor: torch.Tensor) -> str:
     return hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()  # hashes the buffer, no copy
 
 
-@dataclasses.dataclass(frozen=True)
-class Entry:
-    """One stored tensor, as the manifest describes it.
+def _show(path: object) -> str:
+    """A path or name from a manifest or a user, safe to put in a one-line message."""
+    return printable(str(path))
 
-    ``name`` is unique within a ``kind``. For recorded tensors (``output``, ``module_input``,
-    ``reference``), ``layer`` is the layer name (``layers.0.attn`` or ``layers.0.attn#1``),
-    ``module`` the module path, ``call_index`` which call of that module, and ``path`` the key of
-    the tensor inside the module's (flattened) output or input: ``""`` for a bare tensor, else
-    e.g. ``"0"``, ``"logits"``, ``"args/0"``; ``name == layer`` or ``f"{layer}/{path}"``.
+
+# --------------------------------------------------------------------------------------------
+# Filesystem primitives of the commit
+
+
+# Tests replace this to stop a writer between two filesystem operations (a simulated kill).
+_fs_step: Callable[..., None] | None = None
+
+
+def _step(operation: str, *paths: Path) -> None:
+    if _fs_step is not None:
+        _fs_step(operation, *paths)
+
+
+class _Unsupported(Exception):
+    """renameat2 or the flag asked for is not available here (libc, kernel or filesystem)."""
+
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+_SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276, "ppc64le": 357, "s390x": 347}
+
+
+def _load_renameat2() -> Callable[..., int] | None:
+    """libc's renameat2 (glibc >= 2.28), else the raw syscall on Linux, else None."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    function = getattr(libc, "renameat2", None)
+    if function is not None:
+        function.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        function.restype = ctypes.c_int
+        return function
+    number = _SYS_RENAMEAT2.get(_py_platform.machine())
+    syscall = getattr(libc, "syscall", None)
+    if number is None or syscall is None or not _py_platform.system() == "Linux":
+        return None
+    syscall.restype = ctypes.c_long
+
+    def call(olddirfd, old, newdirfd, new, flags):
+        return syscall(ctypes.c_long(number), ctypes.c_int(olddirfd), ctypes.c_char_p(old),
+                       ctypes.c_int(newdirfd), ctypes.c_char_p(new), ctypes.c_uint(flags))
+
+    return call
+
+
+_renameat2_function = _load_renameat2()
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> None:
+    if _renameat2_function is None:
+        raise _Unsupported("renameat2 is not available")
+    if _renameat2_function(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP) or code == errno.EXDEV and flags == _RENAME_EXCHANGE:
+        # The kernel or this filesystem lacks the flag (overlayfs answers EXDEV for a directory of
+        # a lower layer): the caller falls back to plain renames.
+        raise _Unsupported(os.strerror(code))
+    if code == errno.EEXIST:
+        raise FileExistsError(code, os.strerror(code), str(src), None, str(dst))
+    if code == errno.ENOENT:
+        raise FileNotFoundError(code, os.strerror(code), str(src), None, str(dst))
+    raise OSError(code, os.strerror(code), str(src), None, str(dst))
+
+
+def rename_noreplace(src: Path, dst: Path) -> None:
+    """Rename directory ``src`` to ``dst``; FileExistsError if ``dst`` exists, never replacing it.
+
+    renameat2(RENAME_NOREPLACE) makes the check and the rename one atomic step. Where it is
+    missing (non-Linux, NFS, old kernels) plain rename(2) is used, which is still safe for what
+    matters: renaming a directory never replaces a non-empty directory (ENOTEMPTY/EEXIST), a
+    file or a symlink (ENOTDIR), so an existing bundle is never lost; only an empty directory
+    could be replaced. A lock file or mkdir-based lock would protect only against writers that
+    honour it, and os.link does not work on directories.
     """
+    try:
+        _renameat2(src, dst, _RENAME_NOREPLACE)
+        return
+    except _Unsupported:
+        pass
+    try:
+        os.rename(src, dst)
+    except OSError as err:
+        if err.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(src), None, str(dst)) from None
+        raise
 
-    kind: str
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    shard: str
-    key: str
-    sha256: str
-    nbytes: int
-    layer: str | None = None
-    module: str | None = None
-    call_index: int | None = None
-    path: str | None = None
 
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+def rename_exchange(src: Path, dst: Path) -> None:
+    """Atomically swap ``src`` and ``dst`` (both must exist); _Unsupported where the system cannot."""
+    _renameat2(src, dst, _RENAME_EXCHANGE)
 
-    def to_json(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["shape"] = list(self.shape)
-        return data
+
+def _host() -> str:
+    return "".join(ch if ch.isalnum() else "_" for ch in os.uname().nodename) or "host"
+
+
+def _pid() -> int:
+    return os.getpid()
+
+
+def _partial_prefix(target: Path) -> str:
+    """Hidden sibling directory a bundle is written in before the rename: ``.NAME.partial-HOST-PID-*``."""
+    return f".{target.name}.partial-{_host()}-"
+
+
+def _old_prefix(target: Path) -> str:
+    """Hidden sibling an old bundle is parked in during a replacement (the journal): ``.NAME.old-HOST-PID-*``."""
+    return f".{target.name}.old-{_host()}-"
+
+
+def _sibling(target: Path, prefix: str) -> Path:
+    return target.parent / f"{prefix}{_pid()}-{secrets.token_hex(4)}"
+
+
+def _make_private_dir(target: Path) -> Path:
+    """A new partial directory for ``target``, with the umask's permissions (mkdtemp would make it 0700)."""
+    for _ in range(100):
+        path = _sibling(target, _partial_prefix(target))
+        try:
+            os.mkdir(path, 0o777)
+            return path
+        except FileExistsError:
+            continue
+    raise UsageError(f"cannot create a partial directory next to {_show(target)}")
+
+
+def _owner_gone(host: str, pid_text: str) -> bool:
+    """True when a sibling's owner (host, pid) is a process of this host that no longer runs."""
+    if host != _host() or not pid_text.isdigit() or int(pid_text) <= 0:
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except (OverflowError, OSError):
+        return False  # alive under another user (EPERM), or not a pid
+    return False
+
+
+def _stale_siblings(target: Path) -> tuple[list[Path], list[Path]]:
+    """Partial and old directories of ``target`` whose writer process is gone."""
+    partial, old = f".{target.name}.partial-", f".{target.name}.old-"
+    partials, olds = [], []
+    try:
+        names = os.listdir(target.parent)
+    except OSError:
+        return [], []
+    for name in names:
+        for prefix, found in ((partial, partials), (old, olds)):
+            if not name.startswith(prefix):
+                continue
+            parts = name[len(prefix):].split("-")
+            if len(parts) != 3 or not parts[0].replace("_", "").isalnum() or not _owner_gone(parts[0], parts[1]):
+                continue
+            path = target.parent / name
+            if _is_real_dir(path):
+                found.append(path)
+    return partials, olds
+
+
+def _is_real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _discard(path: Path) -> None:
+    """Delete a bundle or partial directory, its manifest first: a half-deleted one never looks complete."""
+    if not _is_real_dir(path):
+        return
+    try:
+        os.unlink(path / MANIFEST_NAME)
+    except OSError:
+        pass
+    _step("rmtree", path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _restore_if_missing(target: Path, olds: list[Path]) -> bool:
+    """Put the newest stale old bundle back where the target was, if the target is missing."""
+    if os.path.lexists(target):
+        return False
+    for old in sorted(olds, key=_mtime, reverse=True):
+        if not (old / MANIFEST_NAME).is_file():
+            continue  # deleted halfway: its manifest went first
+        try:
+            _step("restore", old, target)
+            rename_noreplace(old, target)
+            _fsync_dir(target.parent)
+            return True
+        except FileExistsError:
+            return False  # someone else restored or wrote it meanwhile
+        except OSError:
+            continue
+    return False
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def recover(target: str | os.PathLike) -> None:
+    """Tidy up after writers of ``target`` that were killed: restore an old bundle where the target is
+    missing, then delete their partial and old directories. Only directories whose owner process is
+    gone are touched, so a running writer is never disturbed."""
+    target = Path(target)
+    partials, olds = _stale_siblings(target)
+    _restore_if_missing(target, olds)
+    for path in partials + olds:  # a restored one is no longer there: discarding it does nothing
+        _step("discard", path)
+        _discard(path)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        _fsync(directory)
+    except OSError:  # not every filesystem lets a directory be opened for fsync
+        pass
+
+
+def _write_new_file(path: Path, chunks: Iterator[Any]) -> tuple[int, str]:
+    """Create ``path`` (never an existing one) with the umask's permissions, write, fsync; (size, sha256)."""
+    digest = hashlib.sha256()
+    size = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    with os.fdopen(fd, "wb") as out:
+        for chunk in chunks:
+            out.write(chunk)
+            digest.update(chunk)
+            size += memoryview(chunk).nbytes
+        out.flush()
+        os.fsync(out.fileno())
+    return size, digest.hexdigest()
+
+
+def _shard_chunks(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> Iterator[Any]:
+    """A safetensors file: 8-byte little-endian header length, JSON header padded with spaces
+    to a multiple of 8, then each tensor's bytes in order (the format's contiguous layout)."""
+    header: dict[str, Any] = {"__metadata__": dict(metadata)}
+    offset = 0
+    for key, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        header[key] = {"dtype": _ST_CODES[dtype_name(tensor.dtype)], "shape": list(tensor.shape),
+                       "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    yield struct.pack("<Q", len(text))
+    yield text
+    for tensor in tensors.values():
+        yield tensor.reshape(-1).view(torch.uint8).numpy()
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,43 +390,62 @@ def check_target(path: str | os.PathLike, *, force: bool) -> Path:
     that ``--force`` never deletes a directory of someone's files.
     """
     target = Path(path)
-    if not target.exists() and not target.is_symlink():
+    state = _target_state(target)
+    if state == "missing":
         if not target.parent.is_dir():
-            raise UsageError(f"cannot write bundle {target}: parent directory {target.parent} does not exist")
+            raise UsageError(f"cannot write bundle {_show(target)}: parent directory {_show(target.parent)} "
+                             "does not exist")
         return target
     if not force:
-        raise UsageError(f"output {target} already exists; pass --force to replace it")
-    if target.is_symlink() or not target.is_dir():
-        raise UsageError(f"output {target} exists and is not a directory; refusing to replace it")
-    if not (target / MANIFEST_NAME).is_file() and any(target.iterdir()):
-        raise UsageError(f"output {target} exists and is not a parity bundle; refusing to replace it")
+        raise UsageError(f"output {_show(target)} already exists; pass --force to replace it")
+    if state == "not a directory":
+        raise UsageError(f"output {_show(target)} exists and is not a directory; refusing to replace it")
+    if state == "other files":
+        raise UsageError(f"output {_show(target)} exists and is not a parity bundle; refusing to replace it")
     return target
 
 
-def _partial_prefix(target: Path) -> str:
-    """Hidden sibling directory a bundle is written in before the rename: ``.NAME.partial-HOST-PID-*``."""
-    host = "".join(ch if ch.isalnum() else "_" for ch in os.uname().nodename) or "host"
-    return f".{target.name}.partial-{host}-"
+def _target_state(path: Path) -> str:
+    """``missing``, ``bundle`` (a directory holding manifest.json), ``empty`` (directory), ``other
+    files`` or ``not a directory``, as one consistent reading.
 
-
-def _remove_stale_partials(target: Path) -> None:
-    """Delete partial directories of ``target`` left by a writer on this host that no longer runs
-    (a capture killed with SIGKILL cannot clean up). Another host's, or a live process's, stay."""
-    prefix = _partial_prefix(target)
-    try:
-        siblings = list(target.parent.glob(prefix + "*"))
-    except OSError:
-        return
-    for path in siblings:
-        pid_text = path.name[len(prefix):].split("-", 1)[0]
-        if not pid_text.isdigit() or not path.is_dir():
-            continue
+    Concurrent --force writers rename bundles in and out of the target while we look; a directory
+    renamed away between two looks would read as "not a bundle". So the look is repeated until
+    the same directory (device and inode) was at the path before and after it.
+    """
+    for _ in range(100):
         try:
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except (PermissionError, OverflowError):
-            continue  # alive under another user, or not a pid
+            before = os.lstat(path)
+        except FileNotFoundError:
+            return "missing"
+        except (OSError, ValueError) as err:
+            raise UsageError(f"cannot write bundle {_show(path)}: {getattr(err, 'strerror', None) or err}") from None
+        if not stat.S_ISDIR(before.st_mode):
+            return "not a directory"
+        try:
+            bundle = stat.S_ISREG(os.stat(path / MANIFEST_NAME).st_mode)
+        except FileNotFoundError:
+            bundle = False
+        except OSError:
+            return "other files"
+        try:
+            empty = not bundle and not any(os.scandir(path))
+            after = os.lstat(path)
+        except FileNotFoundError:
+            continue  # renamed away while we looked
+        except OSError:
+            return "other files"
+        if (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino):
+            return "bundle" if bundle else "empty" if empty else "other files"
+    return "other files"
+
+
+def _replaceable(path: Path) -> bool:
+    """A real directory that is a bundle (holds manifest.json) or is empty."""
+    try:
+        return _target_state(path) in ("bundle", "empty")
+    except UsageError:
+        return False
 
 
 class BundleWriter:
@@ -171,6 +460,9 @@ class BundleWriter:
     (an exception, KeyboardInterrupt) deletes everything written.
     """
 
+    # How often a --force commit retries when other writers keep changing the target under it.
+    MAX_ATTEMPTS = 64
+
     def __init__(
         self,
         path: str | os.PathLike,
@@ -181,6 +473,7 @@ class BundleWriter:
     ):
         if shard_bytes <= 0:
             raise UsageError(f"shard size must be positive, got {shard_bytes} bytes")
+        recover(path)  # first: a killed writer's old bundle is restored before we look at the target
         self.target = check_target(path, force=force)
         self.force = force
         self.shard_bytes = int(shard_bytes)
@@ -206,14 +499,16 @@ class BundleWriter:
 
     def open(self) -> None:
         if self._tmp is None:
-            _remove_stale_partials(self.target)
-            self._tmp = Path(tempfile.mkdtemp(prefix=_partial_prefix(self.target) + f"{os.getpid()}-",
-                                              dir=self.target.parent))
+            _step("mkdir", self.target)
+            try:
+                self._tmp = _make_private_dir(self.target)
+            except OSError as err:
+                raise UsageError(f"cannot write bundle {_show(self.target)}: {err.strerror or err}") from None
 
     def abort(self) -> None:
         """Delete everything written so far; the target is left as it was."""
         if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            _discard(self._tmp)
             self._tmp = None
         self._pending.clear()
         self._pending_meta.clear()
@@ -250,7 +545,7 @@ class BundleWriter:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"entry {name!r} is a {type(tensor).__name__}, not a tensor")
         if (kind, name) in self._names:
-            raise UsageError(f"two recorded {kind} tensors share the name {name!r}; names must be unique")
+            raise UsageError(f"two recorded {kind} tensors share the name {printable(name)!r}; names must be unique")
         self.open()
         dtype = dtype_name(tensor.dtype)
         data = tensor.detach().to("cpu", copy=copy).contiguous()
@@ -270,15 +565,12 @@ class BundleWriter:
     def _flush(self) -> None:
         if not self._pending:
             return
-        from safetensors.torch import save_file
-
         assert self._tmp is not None
         shard = f"shard-{len(self._shards):05d}.safetensors"
-        file = self._tmp / shard
-        save_file(self._pending, str(file), metadata={"format": "pt", FORMAT_NAME: str(SCHEMA_VERSION)})
-        _fsync(file)
-        size = file.stat().st_size
-        self._shards.append({"file": shard, "bytes": size, "tensors": len(self._pending)})
+        metadata = {"format": "pt", FORMAT_NAME: str(SCHEMA_VERSION)}
+        _step("write", self._tmp / shard)
+        size, digest = self._write(self._tmp / shard, _shard_chunks(self._pending, metadata))
+        self._shards.append({"file": shard, "bytes": size, "tensors": len(self._pending), "sha256": digest})
         self._entries.extend(Entry(shard=shard, **meta) for meta in self._pending_meta)
         self.bytes_written += size
         if self._progress is not None:
@@ -295,14 +587,14 @@ class BundleWriter:
         """Write the manifest (``fields`` plus what the writer owns) and move the bundle into place.
 
         ``fields`` must be JSON-safe. The writer sets ``format``, ``schema_version``,
-        ``parity_version``, ``created``, ``shards`` and ``entries``.
+        ``parity_version``, ``created``, ``shards``, ``entries`` and ``manifest_sha256``.
         """
         if self._committed:
             raise RuntimeError("bundle already committed")
         self.open()
         self._flush()
         assert self._tmp is not None
-        reserved = {"format", "schema_version", "parity_version", "created", "shards", "entries"}
+        reserved = {"format", "schema_version", "parity_version", "created", "shards", "entries", "manifest_sha256"}
         clash = reserved & set(fields)
         if clash:
             raise ValueError(f"manifest fields {sorted(clash)} are set by the writer")
@@ -316,206 +608,460 @@ class BundleWriter:
             "entries": [entry.to_json() for entry in self._entries],
         }
         try:
-            text = json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False)
+            canonical_json(manifest)  # what the digest is taken of must be plain JSON
+            text = json.dumps(seal(manifest), indent=1, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as err:
             raise UsageError(f"bundle manifest is not JSON-safe: {err}") from None
-        manifest_tmp = self._tmp / (MANIFEST_NAME + ".tmp")
-        manifest_tmp.write_text(text + "\n", encoding="utf-8")
-        _fsync(manifest_tmp)
-        os.replace(manifest_tmp, self._tmp / MANIFEST_NAME)
-        self._move_into_place()
+        _step("write", self._tmp / MANIFEST_NAME)
+        self._write(self._tmp / MANIFEST_NAME, iter([(text + "\n").encode("utf-8")]))
+        _step("fsync", self._tmp)
+        _fsync_dir(self._tmp)
+        try:
+            if self.force:
+                self._replace()
+            else:
+                self._install()
+        except OSError as err:  # a filesystem that refuses the renames: one line, and the partial is removed
+            raise UsageError(f"cannot move the bundle into place at {_show(self.target)}: "
+                             f"{err.strerror or err}") from None
         self._committed = True
         return self.target
 
-    def _move_into_place(self) -> None:
-        assert self._tmp is not None
-        # Checked again: another process may have created the target while we captured.
-        check_target(self.target, force=self.force)
-        old: Path | None = None
-        if self.target.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.old-", dir=self.target.parent))
-            os.rmdir(old)
-            os.rename(self.target, old)
+    @staticmethod
+    def _write(file: Path, chunks: Iterator[Any]) -> tuple[int, str]:
         try:
-            os.rename(self._tmp, self.target)
+            return _write_new_file(file, chunks)
+        except OSError as err:  # a full disk, a quota: one line naming the file
+            raise UsageError(f"cannot write {_show(file)}: {err.strerror or err}") from None
+
+    def _install(self) -> None:
+        """Without force: rename into place, never replacing what another process put there."""
+        assert self._tmp is not None
+        _step("rename_noreplace", self._tmp, self.target)
+        try:
+            rename_noreplace(self._tmp, self.target)
+        except FileExistsError:
+            kept = self._keep_beside()
+            raise UsageError(
+                f"output {_show(self.target)} was created by another process while this bundle was written; "
+                f"it was not replaced (pass --force to replace it); this bundle was kept as {_show(kept)}"
+            ) from None
+        self._tmp = None
+        _step("fsync", self.target.parent)
+        _fsync_dir(self.target.parent)
+
+    def _keep_beside(self) -> Path:
+        """A complete bundle that lost a race without force is not thrown away: it becomes
+        ``NAME.conflict-HOST-PID-*`` next to the target, for the user to look at."""
+        assert self._tmp is not None
+        kept = _sibling(self.target, f"{self.target.name}.conflict-{_host()}-")
+        _step("rename_noreplace", self._tmp, kept)
+        rename_noreplace(self._tmp, kept)
+        self._tmp = None
+        return kept
+
+    def _replace(self) -> None:
+        """With force: exchange the new bundle with whatever bundle is at the target, then delete the old.
+
+        Other writers may change the target between our check and our rename; each attempt
+        re-checks and retries, so concurrent --force writers end with one complete bundle (the
+        last to commit) and nothing left over.
+        """
+        assert self._tmp is not None
+        for _ in range(self.MAX_ATTEMPTS):
+            check_target(self.target, force=True)
+            if not os.path.lexists(self.target):
+                if self._try_install():
+                    return
+                continue
+            try:
+                _step("rename_exchange", self._tmp, self.target)
+                rename_exchange(self._tmp, self.target)
+            except FileNotFoundError:
+                continue  # the target vanished under us: install on the next attempt
+            except _Unsupported:
+                if self._replace_by_journal():
+                    return
+                continue
+            self._dispose_of_swapped_out()
+            return
+        raise UsageError(f"output {_show(self.target)} kept changing while this bundle was moved into place; "
+                         f"gave up after {self.MAX_ATTEMPTS} attempts")
+
+    def _try_install(self) -> bool:
+        assert self._tmp is not None
+        try:
+            _step("rename_noreplace", self._tmp, self.target)
+            rename_noreplace(self._tmp, self.target)
+        except FileExistsError:
+            return False
+        self._tmp = None
+        _step("fsync", self.target.parent)
+        _fsync_dir(self.target.parent)
+        return True
+
+    def _dispose_of_swapped_out(self) -> None:
+        """After the exchange our partial directory holds what was at the target: delete it if it is a
+        bundle (or empty); if another process put other files there in the meantime, swap back."""
+        assert self._tmp is not None
+        swapped = self._tmp
+        if not _replaceable(swapped):
+            _step("rename_exchange", swapped, self.target)
+            rename_exchange(swapped, self.target)
+            raise UsageError(f"output {_show(self.target)} was replaced by something that is not a parity bundle "
+                             "while this bundle was written; refusing to replace it")
+        self._tmp = None
+        _step("fsync", self.target.parent)
+        _fsync_dir(self.target.parent)
+        _step("discard", swapped)
+        _discard(swapped)
+
+    def _replace_by_journal(self) -> bool:
+        """Where directories cannot be exchanged: park the old bundle as ``.NAME.old-HOST-PID-*``,
+        rename the new one in, delete the old. A writer killed in between leaves the old one
+        parked, and the next writer or reader restores it (:func:`recover`)."""
+        assert self._tmp is not None
+        old = _sibling(self.target, _old_prefix(self.target))
+        try:
+            _step("rename", self.target, old)
+            os.rename(self.target, old)
+        except FileNotFoundError:
+            return self._try_install()
+        try:
+            _step("rename_noreplace", self._tmp, self.target)
+            rename_noreplace(self._tmp, self.target)
+        except FileExistsError:
+            # Another writer installed its bundle while the target was free; ours goes on top of
+            # it on the next attempt, and the parked one is superseded by both.
+            _step("discard", old)
+            _discard(old)
+            return False
         except BaseException:
-            if old is not None:
-                os.rename(old, self.target)
+            try:
+                rename_noreplace(old, self.target)
+            except OSError:
+                pass  # left parked: recover() restores it
             raise
         self._tmp = None
+        _step("fsync", self.target.parent)
         _fsync_dir(self.target.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync(file: Path) -> None:
-    fd = os.open(file, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        _fsync(directory)
-    except OSError:  # not every filesystem lets a directory be opened for fsync
-        pass
+        _step("discard", old)
+        _discard(old)
+        return True
 
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / 2**20:.1f} MiB"
 
 
+def edit_manifest(path: str | os.PathLike, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Apply ``edit`` to a bundle's manifest and write it back sealed (for tests and deliberate fixes:
+    an edit by hand would fail the manifest checksum). The result is checked like any manifest."""
+    bundle = Path(path)
+    file = bundle / MANIFEST_NAME
+    manifest = parse_json(file.read_bytes(), _show(file))
+    edit(manifest)
+    if isinstance(manifest, dict) and DIGEST_FIELD in manifest:  # an edit that drops the digest keeps it dropped
+        manifest = seal(manifest)
+    tmp = bundle / f".{MANIFEST_NAME}.edit-{secrets.token_hex(4)}"
+    _write_new_file(tmp, iter([json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8")]))
+    os.replace(tmp, file)
+
+
 # --------------------------------------------------------------------------------------------
 # Reader
 
 
-def _one_line(text: object) -> str:
-    return " ".join(str(text).split())
+class _ShardLayout:
+    """A shard's checked safetensors header: where each tensor's bytes are."""
+
+    def __init__(self, header_bytes: bytes, offsets: dict[str, tuple[int, int]], data_start: int):
+        self.header_bytes = header_bytes  # the first 8 + header length bytes of the file, for its sha256
+        self.offsets = offsets  # key -> (begin, end) in the file
+        self.data_start = data_start
+
+
+def _open_regular(file: Path, what: str) -> tuple[int, int]:
+    """``(fd, size)`` for reading ``file``, which must be a regular file and not a symlink
+    (O_NOFOLLOW), opened without blocking (O_NONBLOCK: a FIFO would wait for a writer forever)."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(file, flags)
+    except FileNotFoundError:
+        raise  # the caller says what is missing
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise BundleError(f"{_show(file)}: {what} is a symbolic link; a bundle holds plain files") from None
+        raise BundleError(f"{_show(file)}: cannot read {what}: {err.strerror or err}") from None
+    try:
+        info = os.fstat(fd)
+    except OSError as err:
+        os.close(fd)
+        raise BundleError(f"{_show(file)}: cannot read {what}: {err.strerror or err}") from None
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise BundleError(f"{_show(file)}: {what} is not a regular file ({_file_type(info.st_mode)})")
+    return fd, info.st_size
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a plain file"
+
+
+def _read_exact(fd: int, offset: int, buffer: memoryview, file: Path) -> None:
+    done = 0
+    while done < len(buffer):
+        try:
+            got = os.preadv(fd, [buffer[done:]], offset + done)
+        except OSError as err:
+            raise BundleError(f"{_show(file)}: cannot read shard: {err.strerror or err}") from None
+        if got == 0:
+            raise BundleError(f"{_show(file)}: shard truncated while reading (it changed after the bundle was opened)")
+        done += got
 
 
 class BundleReader:
-    """A bundle opened for reading: the manifest, and tensors loaded lazily and verified.
+    """A bundle opened for reading: the checked manifest, and tensors loaded lazily and verified.
 
-    Opening checks the manifest and that every shard exists with the size the manifest records;
-    a tensor's checksum, dtype and shape are checked when it is loaded (:meth:`load`). Use
-    :meth:`verify` to check every tensor up front.
+    Opening checks the manifest against its schema and that every shard exists as a plain file of
+    the size the manifest records; a tensor's dtype, shape and checksum are checked when it is
+    loaded (:meth:`load`), and ``verified`` records which were. :meth:`verify` checks every tensor
+    and every shard file up front.
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        if not self.path.exists():
-            raise BundleError(f"bundle {self.path} does not exist")
-        if not self.path.is_dir():
-            raise BundleError(f"bundle {self.path} is not a directory")
-        self._root = self.path.resolve()
-        self.manifest = self._read_manifest()
-        self._shard_files: dict[str, Path] = {}
-        self._check_shards()
-        self.entries: list[Entry] = self._read_entries()
+        self._check_directory()
+        self._manifest: Manifest = load_manifest(self._read_manifest_bytes(), _show(self._manifest_file))
+        self.manifest: dict[str, Any] = self._manifest.raw
+        self.entries: list[Entry] = list(self._manifest.entries)
         self._index: dict[tuple[str, str], Entry] = {(e.kind, e.name): e for e in self.entries}
-        if len(self._index) != len(self.entries):
-            raise BundleError(f"{self._manifest_file}: two entries share a kind and name")
-        self._handles: dict[str, Any] = {}
-        self._inputs_by_layer: dict[str, list[Entry]] | None = None
+        self._shards: dict[str, Shard] = {shard.file: shard for shard in self._manifest.shards}
+        self._by_shard: dict[str, dict[str, Entry]] = {name: {} for name in self._shards}
+        for entry in self.entries:
+            self._by_shard[entry.shard][entry.key] = entry
+        self._check_shard_files()
+        self._layouts: dict[str, _ShardLayout] = {}
+        self._inputs_by_layer: dict[str | None, list[Entry]] | None = None
+        self.verified: set[tuple[str, str]] = set()  # (kind, name) of every entry whose checksum was checked
 
-    # manifest -------------------------------------------------------------------------------
+    # opening -------------------------------------------------------------------------------
     @property
     def _manifest_file(self) -> Path:
         return self.path / MANIFEST_NAME
 
-    def _read_manifest(self) -> dict[str, Any]:
-        file = self._manifest_file
-        if not file.is_file():
-            raise BundleError(f"{file}: manifest missing; {self.path} is not a complete parity bundle")
+    def _check_directory(self) -> None:
         try:
-            manifest = json.loads(file.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise BundleError(f"{file}: invalid JSON: {_one_line(err)}") from None
-        if not isinstance(manifest, dict):
-            raise BundleError(f"{file}: invalid manifest: expected a JSON object")
-        if manifest.get("format") != FORMAT_NAME:
-            raise BundleError(f"{file}: not a parity bundle manifest (format is {manifest.get('format')!r})")
-        version = manifest.get("schema_version")
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise BundleError(f"{file}: invalid manifest: schema_version is {version!r}, expected an integer")
-        if version != SCHEMA_VERSION:
-            newer = " (written by a newer parity; upgrade parity)" if version > SCHEMA_VERSION else ""
-            raise BundleError(
-                f"{file}: unknown schema version {version}; this parity reads version {SCHEMA_VERSION}{newer}"
-            )
-        for field, kind in (("shards", list), ("entries", list), ("subject", dict)):
-            if not isinstance(manifest.get(field), kind):
-                raise BundleError(f"{file}: invalid manifest: {field!r} missing or not a {kind.__name__}")
-        return manifest
+            mode = os.stat(self.path).st_mode
+        except FileNotFoundError:
+            recover(self.path)  # an interrupted --force replacement may have parked it
+            if not os.path.isdir(self.path):
+                raise BundleError(f"bundle {_show(self.path)} does not exist") from None
+            mode = os.stat(self.path).st_mode
+        except (OSError, ValueError) as err:
+            raise BundleError(f"bundle {_show(self.path)}: cannot open: {getattr(err, 'strerror', None) or err}") from None
+        if not stat.S_ISDIR(mode):
+            raise BundleError(f"bundle {_show(self.path)} is not a directory")
 
-    def _inside(self, name: object, what: str) -> Path:
-        """Resolve a relative path from the manifest, refusing anything outside the bundle."""
-        if not isinstance(name, str) or not name or "\x00" in name:
-            raise BundleError(f"{self._manifest_file}: invalid manifest: {what} file name {name!r}")
-        candidate = Path(name)
-        resolved = (self._root / candidate).resolve()
-        if candidate.is_absolute() or not resolved.is_relative_to(self._root) or resolved == self._root:
-            raise BundleError(f"{self._manifest_file}: {what} file {name!r} points outside the bundle directory")
-        return resolved
+    def _read_manifest_bytes(self) -> bytes:
+        file = self._manifest_file
+        try:
+            fd, size = _open_regular(file, "manifest")
+        except FileNotFoundError:
+            raise BundleError(f"{_show(file)}: manifest missing; {_show(self.path)} is not a complete parity "
+                              "bundle") from None
+        try:
+            if size > MAX_MANIFEST_BYTES:
+                raise BundleError(f"{_show(file)}: manifest of {size} bytes is larger than the "
+                                  f"{MAX_MANIFEST_BYTES // 2**20} MiB limit")
+            chunks, total = [], 0
+            while True:
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    break
+                total += len(chunk)
+                if total > MAX_MANIFEST_BYTES:  # grew while being read
+                    raise BundleError(f"{_show(file)}: manifest larger than the {MAX_MANIFEST_BYTES // 2**20} MiB limit")
+                chunks.append(chunk)
+            return b"".join(chunks)
+        except OSError as err:
+            raise BundleError(f"{_show(file)}: cannot read manifest: {err.strerror or err}") from None
+        finally:
+            os.close(fd)
 
-    def _check_shards(self) -> None:
-        for number, shard in enumerate(self.manifest["shards"]):
-            if not isinstance(shard, dict):
-                raise BundleError(f"{self._manifest_file}: invalid manifest: shard {number} is not an object")
-            name = shard.get("file")
-            file = self._inside(name, "shard")
-            expected = shard.get("bytes")
-            if not isinstance(expected, int) or isinstance(expected, bool):
-                raise BundleError(f"{self._manifest_file}: invalid manifest: shard {name!r} has no byte size")
-            if not file.is_file():
-                raise BundleError(f"{self.path / name}: shard missing")
-            actual = file.stat().st_size
-            if actual != expected:
-                damage = "truncated" if actual < expected else "damaged"
-                raise BundleError(f"{self.path / name}: shard {damage}: {actual} bytes, manifest says {expected}")
-            self._shard_files[name] = file
+    def _check_shard_files(self) -> None:
+        for shard in self._manifest.shards:
+            file = self.path / shard.file
+            try:
+                info = os.lstat(file)
+            except FileNotFoundError:
+                raise BundleError(f"{_show(file)}: shard missing") from None
+            except OSError as err:
+                raise BundleError(f"{_show(file)}: cannot read shard: {err.strerror or err}") from None
+            if stat.S_ISLNK(info.st_mode):
+                raise BundleError(f"{_show(file)}: shard is a symbolic link; a bundle holds plain files")
+            if not stat.S_ISREG(info.st_mode):
+                raise BundleError(f"{_show(file)}: shard is not a regular file ({_file_type(info.st_mode)})")
+            if info.st_size != shard.bytes:
+                damage = "truncated" if info.st_size < shard.bytes else "damaged"
+                raise BundleError(f"{_show(file)}: shard {damage}: {info.st_size} bytes, manifest says {shard.bytes}")
 
-    def _read_entries(self) -> list[Entry]:
-        entries = []
-        where = self._manifest_file
-        for number, raw in enumerate(self.manifest["entries"]):
-            if not isinstance(raw, dict):
-                raise BundleError(f"{where}: invalid manifest: entry {number} is not an object")
-            missing = [field for field in _ENTRY_FIELDS if field not in raw]
+    # the shard's header --------------------------------------------------------------------
+    def _open_shard(self, name: str) -> tuple[int, Path]:
+        file = self.path / name
+        try:
+            fd, size = _open_regular(file, "shard")
+        except FileNotFoundError:
+            raise BundleError(f"{_show(file)}: shard missing") from None
+        if size != self._shards[name].bytes:
+            os.close(fd)
+            raise BundleError(f"{_show(file)}: shard changed size: {size} bytes, manifest says {self._shards[name].bytes}")
+        return fd, file
+
+    def _layout(self, name: str) -> _ShardLayout:
+        layout = self._layouts.get(name)
+        if layout is None:
+            fd, file = self._open_shard(name)
+            try:
+                layout = self._read_layout(fd, file, self._shards[name].bytes)
+            finally:
+                os.close(fd)
+            self._layouts[name] = layout
+        return layout
+
+    def _read_layout(self, fd: int, file: Path, size: int) -> _ShardLayout:
+        """Read and check a safetensors header before anything is allocated from it."""
+        prefix = bytearray(8)
+        _read_exact(fd, 0, memoryview(prefix), file)
+        length = struct.unpack("<Q", prefix)[0]
+        if length < 2 or length > size - 8 or length > _MAX_HEADER_BYTES:
+            raise BundleError(f"{_show(file)}: shard corrupted: header length {length} does not fit the "
+                              f"{size}-byte file")
+        header_bytes = bytearray(8 + length)
+        _read_exact(fd, 0, memoryview(header_bytes), file)
+        header = parse_json(bytes(header_bytes[8:]), _show(file), "shard corrupted: invalid header")
+        if not isinstance(header, dict):
+            raise BundleError(f"{_show(file)}: shard corrupted: the header is not a JSON object")
+        data_start = 8 + length
+        offsets = self._check_header(file, header, size - data_start)
+        return _ShardLayout(bytes(header_bytes), {key: (data_start + b, data_start + e) for key, (b, e) in offsets.items()},
+                            data_start)
+
+    def _check_header(self, file: Path, header: dict[str, Any], data_size: int) -> dict[str, tuple[int, int]]:
+        """The header must describe exactly this shard's entries, contiguously, as the manifest says."""
+        metadata = header.pop("__metadata__", {})
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise BundleError(f"{_show(file)}: shard corrupted: header metadata is not a map of strings")
+        expected = self._by_shard[file.name]
+        if set(header) != set(expected):
+            extra = sorted(set(header) - set(expected))
+            missing = sorted(set(expected) - set(header))
             if missing:
-                raise BundleError(f"{where}: invalid manifest: entry {number} lacks {', '.join(missing)}")
-            label = f"entry {number} ({raw.get('kind')} {raw.get('name')!r})"
-            if raw["kind"] not in KINDS:
-                raise BundleError(f"{where}: invalid manifest: {label} has unknown kind")
-            if raw["dtype"] not in _DTYPES:
-                raise BundleError(f"{where}: invalid manifest: {label} has unknown dtype {raw['dtype']!r}")
-            shape = raw["shape"]
-            if not isinstance(shape, list) or not all(
-                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape
-            ):
-                raise BundleError(f"{where}: invalid manifest: {label} has invalid shape {shape!r}")
-            if raw["shard"] not in self._shard_files:
-                self._inside(raw["shard"], "shard")  # an escaping path is reported as such
-                raise BundleError(f"{where}: invalid manifest: {label} is in unlisted shard {raw['shard']!r}")
-            if not isinstance(raw["name"], str) or not isinstance(raw["key"], str):
-                raise BundleError(f"{where}: invalid manifest: {label} has a non-string name or key")
-            fields = {f.name: raw.get(f.name) for f in dataclasses.fields(Entry)}
-            fields["shape"] = tuple(shape)
-            entries.append(Entry(**fields))
-        return entries
+                entry = expected[missing[0]]
+                raise BundleError(f"{_show(file)}: tensor {printable(missing[0])} ({entry.kind} "
+                                  f"'{printable(entry.name, limit=120)}') missing from the shard")
+            raise BundleError(f"{_show(file)}: shard corrupted: it holds tensor {printable(extra[0], limit=120)}, which "
+                              "the manifest does not list")
+        offsets: dict[str, tuple[int, int]] = {}
+        for key, info in header.items():
+            offsets[key] = self._check_tensor_info(file, key, info, expected[key])
+        position = 0
+        for key, (begin, end) in sorted(offsets.items(), key=lambda item: item[1]):
+            if begin != position:
+                problem = "overlaps another" if begin < position else "leaves a gap before it"
+                raise BundleError(f"{_show(file)}: shard corrupted: tensor {printable(key)} {problem}")
+            position = end
+        if position != data_size:
+            raise BundleError(f"{_show(file)}: shard corrupted: tensors cover {position} of {data_size} data bytes")
+        return offsets
+
+    def _check_tensor_info(self, file: Path, key: str, info: Any, entry: Entry) -> tuple[int, int]:
+        label = f"{entry.kind} '{printable(entry.name, limit=120)}'"
+        if not isinstance(info, dict):
+            raise BundleError(f"{_show(file)}: shard corrupted: header entry of {label} is not an object")
+        dtype, shape, span = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        shape_ok = isinstance(shape, list) and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
+        span_ok = (isinstance(span, list) and len(span) == 2
+                   and all(isinstance(n, int) and not isinstance(n, bool) for n in span) and 0 <= span[0] <= span[1])
+        if not isinstance(dtype, str) or dtype not in _ST_NAMES or not shape_ok or not span_ok:
+            raise BundleError(f"{_show(file)}: shard corrupted: header entry of {label} is malformed")
+        if _ST_NAMES[dtype] != entry.dtype or tuple(shape) != entry.shape:
+            raise BundleError(
+                f"{_show(file)}: {label} is {_ST_NAMES[dtype]}{shape} in the shard but "
+                f"{entry.dtype}{list(entry.shape)} in the manifest")
+        if span[1] - span[0] != entry.nbytes:
+            raise BundleError(f"{_show(file)}: shard corrupted: {label} spans {span[1] - span[0]} bytes, "
+                              f"its shape needs {entry.nbytes}")
+        return span[0], span[1]
 
     # convenient views of the manifest ----------------------------------------------------
     @property
+    def schema_version(self) -> int:
+        return self._manifest.version
+
+    @property
+    def sealed(self) -> bool:
+        """Whether the manifest and shard files carry their own checksums (schema 2 and later)."""
+        return self._manifest.sealed
+
+    @property
+    def shards(self) -> list[Shard]:
+        return list(self._manifest.shards)
+
+    @property
     def subject(self) -> dict[str, Any]:
         """``{"spec": ..., "name": ..., "args": {...}}``: what :func:`parity.subjects.load_subject` takes."""
-        return self.manifest["subject"]
+        return self._manifest.subject
 
     @property
     def impl(self) -> str | None:
-        return self.manifest.get("impl")
+        return self._manifest.impl
+
+    @property
+    def device(self) -> str | None:
+        return self._manifest.device
 
     @property
     def platform(self) -> dict[str, Any]:
-        return self.manifest.get("platform") or {}
+        return self._manifest.platform
 
     @property
     def kernel_configs(self) -> dict[str, Any] | None:
-        return self.manifest.get("kernel_configs")
+        return self._manifest.kernel_configs
 
     @property
     def hooks_check(self) -> dict[str, Any] | None:
-        return self.manifest.get("hooks_check")
+        return self._manifest.hooks_check
+
+    @property
+    def inputs_meta(self) -> dict[str, Any]:
+        return self._manifest.inputs_meta
+
+    @property
+    def capture_info(self) -> dict[str, Any]:
+        """The manifest's ``capture`` object (``{}`` for bundles not written by capture)."""
+        return self._manifest.capture or {}
+
+    @property
+    def capture_layers(self) -> list[str] | None:
+        """The capture's ``--layers`` globs; None when every module was recorded."""
+        return self._manifest.capture_layers
+
+    @property
+    def record_inputs(self) -> bool:
+        """Whether layer inputs were recorded (``--record-inputs``), so layers can be replayed."""
+        return self._manifest.record_inputs
 
     def subject_inputs(self):
         """The stored subject inputs as :class:`parity.subjects.Inputs` (tensors and ``inputs_meta``)."""
         from .subjects.base import Inputs
 
-        meta = self.manifest.get("inputs_meta") or {}
-        if not isinstance(meta, dict):
-            raise BundleError(f"{self._manifest_file}: invalid manifest: 'inputs_meta' is not an object")
-        return Inputs(self.tensors("input"), meta)
+        return Inputs(self.tensors("input"), self.inputs_meta)
 
     def subject_state(self) -> dict[str, torch.Tensor]:
         """The stored subject state (weights and buffers) by state_dict key."""
@@ -527,7 +1073,7 @@ class BundleReader:
             self._inputs_by_layer = {}
             for entry in self.entries_of("module_input"):
                 self._inputs_by_layer.setdefault(entry.layer, []).append(entry)
-        return {entry.path: self.load(entry, device=device) for entry in self._inputs_by_layer.get(layer, [])}
+        return {entry.path or "": self.load(entry, device=device) for entry in self._inputs_by_layer.get(layer, [])}
 
     def entries_of(self, kind: str) -> list[Entry]:
         """Entries of one kind, in the order they were produced (execution order for outputs)."""
@@ -540,53 +1086,45 @@ class BundleReader:
         try:
             return self._index[(kind, name)]
         except KeyError:
-            raise BundleError(f"{self._manifest_file}: no {kind} tensor named {name!r} in the bundle") from None
+            raise BundleError(f"{_show(self._manifest_file)}: no {kind} tensor named "
+                              f"'{printable(name, limit=120)}' in the bundle") from None
 
     def layers(self, group: str = "layers") -> list[dict[str, Any]]:
         """Recorded module calls in execution order (``group``: ``layers`` or ``reference_layers``).
 
         Each is ``{"name", "module", "call_index", "outputs": tree, "inputs": tree | None}``; a tree
-        is the structure of the output or input (see :mod:`parity.recorder`).
+        is the structure of the output or input (see :mod:`parity.recorder`). All checked on open.
         """
-        layers = self.manifest.get(group) or []
-        if not isinstance(layers, list):
-            raise BundleError(f"{self._manifest_file}: invalid manifest: {group!r} is not a list")
-        return layers
+        if group == "layers":
+            return list(self._manifest.layers)
+        if group == "reference_layers":
+            return list(self._manifest.reference_layers)
+        raise ValueError(f"unknown layer group {group!r}")
 
     # tensors --------------------------------------------------------------------------------
-    def _handle(self, shard: str):
-        handle = self._handles.get(shard)
-        if handle is None:
-            from safetensors import safe_open
-
-            file = self._shard_files[shard]
-            try:
-                handle = safe_open(str(file), framework="pt")
-            except Exception as err:  # safetensors raises its own error type for a damaged header
-                raise BundleError(f"{file}: shard corrupted: {_one_line(err)}") from None
-            self._handles[shard] = handle
-        return handle
-
     def load(self, entry: Entry | str, kind: str = "output", *, device: torch.device | str | None = None) -> torch.Tensor:
         """Load one tensor, verifying dtype, shape and checksum against the manifest."""
         if isinstance(entry, str):
             entry = self.entry(entry, kind)
-        file = self._shard_files[entry.shard]
-        handle = self._handle(entry.shard)
-        if entry.key not in handle.keys():
-            raise BundleError(f"{file}: tensor {entry.key} ({entry.kind} {entry.name!r}) missing from the shard")
+        layout = self._layout(entry.shard)
+        begin, end = layout.offsets[entry.key]
+        data = torch.empty(end - begin, dtype=torch.uint8)
+        fd, file = self._open_shard(entry.shard)
         try:
-            tensor = handle.get_tensor(entry.key)
-        except Exception as err:
-            raise BundleError(f"{file}: shard corrupted reading {entry.kind} {entry.name!r}: {_one_line(err)}") from None
-        if tensor.dtype != entry.torch_dtype or tuple(tensor.shape) != entry.shape:
-            raise BundleError(
-                f"{file}: {entry.kind} {entry.name!r} is {dtype_name(tensor.dtype)}{list(tensor.shape)} in the "
-                f"shard but {entry.dtype}{list(entry.shape)} in the manifest"
-            )
-        if tensor_sha256(tensor) != entry.sha256:
-            raise BundleError(f"{file}: checksum mismatch for {entry.kind} {entry.name!r}: the shard is corrupted")
+            view = memoryview(data.numpy())
+            _read_exact(fd, begin, view, file)
+        finally:
+            os.close(fd)
+        if hashlib.sha256(view).hexdigest() != entry.sha256:
+            raise self._checksum_error(file, entry)
+        self.verified.add((entry.kind, entry.name))
+        tensor = data.view(entry.torch_dtype).reshape(entry.shape)
         return tensor if device is None else tensor.to(device)
+
+    @staticmethod
+    def _checksum_error(file: Path, entry: Entry) -> BundleError:
+        return BundleError(f"{_show(file)}: checksum mismatch for {entry.kind} '{printable(entry.name, limit=120)}': "
+                           "the shard is corrupted")
 
     def iter_tensors(self, kind: str = "output", *, device=None) -> Iterator[tuple[Entry, torch.Tensor]]:
         """Stream ``(entry, tensor)`` for one kind in the order recorded; one tensor in memory at a time."""
@@ -598,13 +1136,50 @@ class BundleReader:
         return {entry.name: tensor for entry, tensor in self.iter_tensors(kind, device=device)}
 
     def verify(self) -> int:
-        """Load and check every tensor; return how many were checked."""
-        for entry in self.entries:
-            self.load(entry)
+        """Check every shard (header, layout, whole-file sha256 where recorded) and every tensor's
+        checksum, reading each file once; return how many tensors were checked."""
+        for shard in self._manifest.shards:
+            self._verify_shard(shard)
+        self._check_no_stray_files()
         return len(self.entries)
 
+    def _check_no_stray_files(self) -> None:
+        """A bundle directory holds its manifest and listed shards only: anything else was added later."""
+        expected = {MANIFEST_NAME, *self._shards}
+        try:
+            names = sorted(os.listdir(self.path))
+        except OSError as err:
+            raise BundleError(f"bundle {_show(self.path)}: cannot list: {err.strerror or err}") from None
+        for name in names:
+            if name not in expected:
+                raise BundleError(f"{_show(self.path / name)}: the bundle holds a file its manifest does not list")
+
+    def _verify_shard(self, shard: Shard) -> None:
+        layout = self._layout(shard.file)
+        by_key = self._by_shard[shard.file]
+        whole = hashlib.sha256(layout.header_bytes)
+        buffer = memoryview(bytearray(_READ_CHUNK))
+        fd, file = self._open_shard(shard.file)
+        try:
+            for key, (begin, end) in sorted(layout.offsets.items(), key=lambda item: item[1]):
+                digest = hashlib.sha256()
+                for start in range(begin, end, _READ_CHUNK):
+                    part = buffer[: min(_READ_CHUNK, end - start)]
+                    _read_exact(fd, start, part, file)
+                    digest.update(part)
+                    whole.update(part)
+                entry = by_key[key]
+                if digest.hexdigest() != entry.sha256:
+                    raise self._checksum_error(file, entry)
+                self.verified.add((entry.kind, entry.name))
+        finally:
+            os.close(fd)
+        if shard.sha256 is not None and whole.hexdigest() != shard.sha256:
+            raise BundleError(f"{_show(file)}: shard checksum mismatch: the file changed after it was written "
+                              "(outside the tensors' data)")
+
     def close(self) -> None:
-        self._handles.clear()
+        self._layouts.clear()
 
     def __enter__(self) -> "BundleReader":
         return self
@@ -616,4 +1191,3 @@ class BundleReader:
 def open_bundle(path: str | os.PathLike) -> BundleReader:
     """Open a bundle for reading (raises BundleError if it is missing or damaged)."""
     return BundleReader(path)
-

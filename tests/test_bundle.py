@@ -13,6 +13,7 @@ from parity.bundle import (
     SCHEMA_VERSION,
     BundleReader,
     BundleWriter,
+    edit_manifest,
     open_bundle,
 )
 from parity.errors import BundleError, UsageError
@@ -246,10 +247,8 @@ def bundle_path(tmp_path):
 
 
 def _edit_manifest(path, edit):
-    file = path / MANIFEST_NAME
-    manifest = json.loads(file.read_text())
-    edit(manifest)
-    file.write_text(json.dumps(manifest))
+    """A deliberate, resealed edit: what the schema check (not the manifest checksum) must catch."""
+    edit_manifest(path, edit)
 
 
 def _damage(path, how):
@@ -303,14 +302,14 @@ DAMAGE = {
     "deleted shard": r"shard-00000\.safetensors: shard missing",
     "bad json": r"manifest\.json: invalid JSON",
     "deleted manifest": r"manifest\.json: manifest missing",
-    "unknown schema": r"manifest\.json: unknown schema version 42; .* newer parity",
+    "unknown schema": r"manifest\.json: unknown schema version 43; .* newer parity",
     "escaping shard name": r"manifest\.json: shard file '\.\./\.\./outside\.safetensors' points outside the bundle",
     "absolute shard name": r"manifest\.json: shard file '/etc/passwd' points outside the bundle",
     "tensor missing": r"shard-00000\.safetensors: tensor t9999999 \(output 'a'\) missing from the shard",
     "shape disagrees": r"shard-00000\.safetensors: output 'a' is float32\[64\] in the shard but float32\[8, 8\]",
     "dtype disagrees": r"shard-00000\.safetensors: output 'a' is float32\[64\] in the shard but int32\[64\]",
     "checksum disagrees": r"checksum mismatch for output 'a'",
-    "entry lacks field": r"manifest\.json: invalid manifest: entry 0 lacks sha256",
+    "entry lacks field": r"manifest\.json: invalid manifest: entries\[0\]: lacks sha256",
 }
 
 
@@ -360,3 +359,260 @@ def test_header_size_lie_is_caught(bundle_path):
     shard.write_bytes(bytes(data))
     with pytest.raises(BundleError, match=r"shard-00001\.safetensors: shard corrupted"):
         BundleReader(bundle_path).load("c")
+
+
+# ---- reading is hardened: the manifest and shards are data from elsewhere ---------------------
+
+
+def test_written_shards_are_standard_safetensors(tmp_path):
+    tensors = _all_dtype_tensors()
+    bundle = open_bundle(_write(tmp_path / "b", tensors, shard_bytes=256))
+    assert len(bundle.shards) >= 3
+    for entry in bundle.entries:
+        with safe_open(str(tmp_path / "b" / entry.shard), framework="pt") as handle:
+            assert _same_bits(handle.get_tensor(entry.key), bundle.load(entry)), entry.name
+
+
+def test_new_bundles_are_sealed_and_the_goldens_still_read():
+    from pathlib import Path
+
+    golden = Path(__file__).resolve().parent.parent / "golden"
+    for name in ("h200-attention", "h200-decoder"):
+        bundle = open_bundle(golden / name)
+        assert bundle.schema_version == 1 and not bundle.sealed
+        assert bundle.verify() == len(bundle.entries) and len(bundle.verified) == len(bundle.entries)
+
+
+def test_manifest_checksum_catches_hand_edits_and_a_resealed_edit_passes(bundle_path):
+    manifest = json.loads((bundle_path / MANIFEST_NAME).read_text())
+    assert manifest["schema_version"] == SCHEMA_VERSION == 2 and len(manifest["manifest_sha256"]) == 64
+    assert all(len(shard["sha256"]) == 64 for shard in manifest["shards"])
+    manifest["platform"] = {"vendor": "nvidia"}
+    (bundle_path / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match=r"manifest\.json: manifest checksum mismatch: the manifest was changed"):
+        open_bundle(bundle_path)
+    edit_manifest(bundle_path, lambda m: None)  # reseals
+    assert open_bundle(bundle_path).platform == {"vendor": "nvidia"}
+    edit_manifest(bundle_path, lambda m: m.update(schema_version=1))  # a downgrade keeps the digest: checked
+    assert open_bundle(bundle_path).schema_version == 1
+    (bundle_path / MANIFEST_NAME).write_text((bundle_path / MANIFEST_NAME).read_text().replace('"schema_version": 1',
+                                                                                               '"schema_version": 2'))
+    with pytest.raises(BundleError, match="manifest checksum mismatch"):
+        open_bundle(bundle_path)
+    edit_manifest(bundle_path, lambda m: m.pop("manifest_sha256"))
+    with pytest.raises(BundleError, match=r"manifest_sha256: missing \(version 2 manifests are sealed\)"):
+        open_bundle(bundle_path)
+
+
+def test_shard_checksum_catches_damage_outside_the_tensors(bundle_path):
+    shard = bundle_path / "shard-00000.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data.replace(b'"format":"pt"', b'"formaT":"pt"'))  # header metadata: no tensor reads it
+    bundle = open_bundle(bundle_path)
+    assert bundle.load("a").shape == (64,)
+    with pytest.raises(BundleError, match=r"shard-00000\.safetensors: shard checksum mismatch"):
+        bundle.verify()
+
+
+def test_manifest_must_be_a_regular_file(bundle_path, tmp_path):
+    manifest = bundle_path / MANIFEST_NAME
+    copy = tmp_path / "elsewhere.json"
+    copy.write_bytes(manifest.read_bytes())
+    manifest.unlink()
+    manifest.symlink_to(copy)  # an intact manifest, but not inside the bundle
+    with pytest.raises(BundleError, match=r"manifest\.json: manifest is a symbolic link"):
+        open_bundle(bundle_path)
+    manifest.unlink()
+    os.mkfifo(manifest)  # opening a FIFO for reading would wait for a writer forever
+    with pytest.raises(BundleError, match=r"manifest\.json: manifest is not a regular file \(a FIFO\)"):
+        open_bundle(bundle_path)
+    manifest.unlink()
+    manifest.mkdir()
+    with pytest.raises(BundleError, match=r"manifest is not a regular file \(a directory\)"):
+        open_bundle(bundle_path)
+
+
+def test_manifest_size_and_depth_are_bounded(bundle_path):
+    manifest = bundle_path / MANIFEST_NAME
+    with open(manifest, "r+b") as handle:
+        handle.truncate(257 * 2**20)  # sparse: costs no disk, and is never read
+    with pytest.raises(BundleError, match=r"manifest of 269484032 bytes is larger than the 256 MiB limit"):
+        open_bundle(bundle_path)
+    manifest.write_text("[" * 10000 + "]" * 10000)
+    with pytest.raises(BundleError, match=r"manifest\.json: invalid JSON: nested too deeply"):
+        open_bundle(bundle_path)
+    for text, message in (('{"a": NaN}', "NaN is not valid JSON"), ('{"a": 1e999}', "out of range"),
+                          ('{"a": 1, "a": 2}', "duplicate key 'a'"), ('{"a": ' + "9" * 5000 + "}", "digits")):
+        manifest.write_text(text)
+        with pytest.raises(BundleError, match=r"manifest\.json: invalid JSON: .*" + message):
+            open_bundle(bundle_path)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_manifest_is_one_line(bundle_path):
+    (bundle_path / MANIFEST_NAME).chmod(0)
+    with pytest.raises(BundleError, match=r"manifest\.json: cannot read manifest: Permission denied"):
+        open_bundle(bundle_path)
+
+
+def test_unreachable_bundle_paths_are_bundle_errors(tmp_path):
+    with pytest.raises(BundleError, match=r"cannot open: File name too long"):
+        open_bundle(tmp_path / ("b" * 300))
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    with pytest.raises(BundleError, match=r"loop1: cannot open: Too many levels of symbolic links"):
+        open_bundle(tmp_path / "loop1")
+
+
+@pytest.mark.parametrize("name, message", [
+    ("../x.safetensors", "points outside the bundle directory"),
+    ("/etc/passwd", "points outside the bundle directory"),
+    ("a/b.safetensors", "points outside the bundle directory"),
+    ("..", "points outside the bundle directory"),
+    ("x" * 300, "file name of 300 characters is too long"),
+    ("manifest.json", "is not allowed"),
+    (".hidden", "is not allowed"),
+    ("shard\n.safetensors", r"'shard\\x0a\.safetensors' is not allowed"),
+    ("", "invalid manifest: shard file name ''"),
+])
+def test_shard_file_names_must_be_plain_names_inside_the_bundle(bundle_path, name, message):
+    def rename(manifest):
+        old = manifest["shards"][0]["file"]
+        manifest["shards"][0]["file"] = name
+        for entry in manifest["entries"]:
+            if entry["shard"] == old:
+                entry["shard"] = name
+
+    edit_manifest(bundle_path, rename)
+    with pytest.raises(BundleError, match=message) as info:
+        open_bundle(bundle_path)
+    assert "\n" not in str(info.value)
+
+
+def test_shards_must_be_plain_files(bundle_path, tmp_path):
+    shard = bundle_path / "shard-00001.safetensors"
+    outside = tmp_path / "copy.safetensors"
+    outside.write_bytes(shard.read_bytes())
+    shard.unlink()
+    shard.symlink_to(outside)
+    with pytest.raises(BundleError, match=r"shard-00001\.safetensors: shard is a symbolic link"):
+        open_bundle(bundle_path)
+    shard.unlink()
+    os.mkfifo(shard)
+    with pytest.raises(BundleError, match=r"shard-00001\.safetensors: shard is not a regular file \(a FIFO\)"):
+        open_bundle(bundle_path)
+
+
+@pytest.mark.parametrize("length", [2**60, 2**64 - 1, 0, 1])
+def test_impossible_header_lengths_are_refused_before_reading(bundle_path, length):
+    shard = bundle_path / "shard-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[:8] = struct.pack("<Q", length)
+    shard.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=rf"shard-00001\.safetensors: shard corrupted: header length {length} does "
+                                          rf"not fit the {len(data)}-byte file"):
+        open_bundle(bundle_path).load("c")
+
+
+def test_a_header_that_disagrees_with_the_manifest(bundle_path):
+    shard = bundle_path / "shard-00001.safetensors"
+    data = shard.read_bytes()
+    length = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + length])
+    header["extra"] = {"dtype": "F16", "shape": [0], "data_offsets": [32, 32]}
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    shard.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length:])
+    edit_manifest(bundle_path, lambda m: m["shards"][1].update(bytes=shard.stat().st_size))
+    with pytest.raises(BundleError, match=r"shard corrupted: it holds tensor extra, which the manifest does not list"):
+        open_bundle(bundle_path).load("c")
+
+
+def test_a_shard_that_shrinks_after_opening_is_a_bundle_error_not_sigbus(bundle_path):
+    bundle = open_bundle(bundle_path)
+    shard = bundle_path / "shard-00000.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:100])
+    with pytest.raises(BundleError, match=r"shard-00000\.safetensors: shard changed size: 100 bytes"):
+        bundle.load("a")
+
+
+def test_verified_records_what_was_checked(bundle_path):
+    bundle = open_bundle(bundle_path)
+    assert bundle.verified == set()
+    bundle.load("b")
+    assert bundle.verified == {("output", "b")}
+    bundle.verify()
+    assert bundle.verified == {("output", name) for name in "abc"}
+
+
+def test_verify_refuses_files_the_manifest_does_not_list(bundle_path):
+    (bundle_path / "notes.txt").write_text("x")
+    assert open_bundle(bundle_path).load("a").shape == (64,)  # reading ignores it
+    with pytest.raises(BundleError, match=r"notes\.txt: the bundle holds a file its manifest does not list"):
+        open_bundle(bundle_path).verify()
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: m["subject"].update(spec=""), r"subject\.spec: empty string"),
+    (lambda m: m["subject"].update(args=[1]), r"subject\.args: expected an object, got a list"),
+    (lambda m: m.update(impl=3), r"impl: expected a string, got an integer"),
+    (lambda m: m.update(platform={"vendor": ["nvidia"]}), r"platform\.vendor: expected str or null, got a list"),
+    (lambda m: m.update(capture={"layers": [1], "record_inputs": True}), r"capture\.layers\[0\]: expected a string"),
+    (lambda m: m.update(capture={"layers": None, "record_inputs": "yes"}), r"capture\.record_inputs: expected true"),
+    (lambda m: m["entries"][0].update(nbytes=255), r"nbytes 255 is not 64 elements x 4 bytes of float32"),
+    (lambda m: m["entries"][0].update(shape=[-1]), r"entries\[0\] \(output 'a'\)\.shape: -1 is out of range"),
+    (lambda m: m["entries"][0].update(sha256="A" * 64), r"sha256: expected 64 lowercase hex digits"),
+    (lambda m: m["entries"][1].update(name="a", layer="a"), r"two output entries share the name 'a'"),
+    (lambda m: m["entries"][1].update(key="t0000000"), r"two entries share key 't0000000' in shard"),
+    (lambda m: m["shards"][0].update(tensors=5), r"lists 5 tensors but 2 entries are in it"),
+    (lambda m: m.update(layers=[{"name": "a", "module": "a", "call_index": 0, "outputs": {"dtype": "load"}}]),
+     r"layers\[0\] \('a'\)\.outputs: unknown torch dtype 'load'"),
+    (lambda m: m.update(layers=[{"name": "a", "module": "a", "call_index": 0, "outputs": {"tensor": "x"}}]),
+     r"tensor path 'x' where the structure puts ''"),
+])
+def test_schema_errors_name_the_field(bundle_path, edit, message):
+    edit_manifest(bundle_path, edit)
+    with pytest.raises(BundleError, match=r"manifest\.json: invalid manifest: .*" + message) as info:
+        open_bundle(bundle_path)
+    assert "\n" not in str(info.value)
+
+
+# ---- python -m parity verify --------------------------------------------------------------------
+
+
+def test_verify_command_summary_and_exit_status(bundle_path, capsys):
+    from parity.cli import main
+
+    edit_manifest(bundle_path, lambda m: m["subject"].update(name="evil\x1b[31m\nPARITY HOLDS"))
+    assert main(["verify", str(bundle_path)]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert err == "" and len(lines) == 4 and lines[0] == f"parity verify: {bundle_path}: OK"
+    assert "subject evil\\x1b[31m\\x0aPARITY HOLDS" in lines[1] and "schema 2 (manifest and shard files" in lines[1]
+    assert lines[2] == "  2 shards, 0.0 MiB; 3 tensors, every checksum matches"
+    assert lines[3] == "  output 3 (0.0 MiB)"
+    _damage(bundle_path, "flipped byte")
+    assert main(["verify", str(bundle_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith(f"parity: error: {bundle_path}/shard-00000.safetensors: checksum mismatch for output 'b'")
+
+
+def test_reader_exposes_checked_manifest_fields(tmp_path):
+    from parity.capture import capture
+
+    tiny = {"layers": 1, "seq_len": 16, "batch": 1, "d_model": 32, "heads": 2, "kv_heads": 1, "head_dim": 16,
+            "ffn_dim": 32, "vocab": 32, "block": 16, "window": 16, "layer_layouts": ["causal"]}
+    capture("decoder", tmp_path / "d", subject_args=tiny, record_inputs=True, layers=["layers.*"], reference="none")
+    bundle = open_bundle(tmp_path / "d")
+    assert bundle.capture_layers == ["layers.*"] and bundle.record_inputs is True
+    assert bundle.impl == "reference" and bundle.device == "cpu" and bundle.inputs_meta == {}
+    assert bundle.subject["spec"] == "decoder" and bundle.hooks_check["bitwise_equal"] is True
+    layers = bundle.layers()
+    assert layers and all(set(layer) >= {"name", "module", "call_index", "outputs", "inputs"} for layer in layers)
+    assert all(layer["inputs"] is not None for layer in layers) and bundle.layers("reference_layers") == []
+    plugin_like = _write(tmp_path / "p", {"x": torch.ones(1)})
+    plain = open_bundle(plugin_like)
+    assert plain.capture_layers is None and plain.record_inputs is False and plain.layers() == []
+    assert plain.platform == {} and plain.kernel_configs is None and plain.capture_info == {}
