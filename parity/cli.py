@@ -1,8 +1,14 @@
 """Command line entry point: argparse subcommands, thin over the library API.
 
 Each subcommand lives in ``parity/commands/<name>.py`` and provides ``add_parser(subparsers)``
-(which sets ``func`` on its parser) and a ``run(args) -> int``. Exit status: 0 parity holds,
-1 parity fails, 2 the input was unusable (one line on stderr, no traceback).
+(which sets ``func`` on its parser and returns it) and a ``run(args) -> int``. Exit status
+(:mod:`parity.errors`): 0 parity holds, 1 parity fails, 2 the input was unusable (one line on
+stderr, no traceback), 3 internal error (one line naming the failing place; ``--debug``, before
+or after the subcommand, or ``PARITY_DEBUG=1`` prints the traceback), 130 interrupted.
+
+``python -m parity`` and the ``parity`` console script behave the same: ``__main__`` takes off
+``sys.path`` the current directory that ``python -m`` puts there, and the commands put it back
+only for a subject spec the user named (``--subject``, or the ``trust`` list of their own config).
 """
 from __future__ import annotations
 
@@ -10,44 +16,71 @@ import argparse
 import importlib
 import sys
 
-from .errors import UsageError
+from .errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    classify,
+    debug_from_environment,
+    print_traceback,
+)
 
-COMMANDS = ("capture", "compare", "inspect")
+COMMANDS = ("capture", "compare", "inspect", "verify")
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAIL = 0, 1  # re-exported for callers of the CLI; the full table is in parity.errors
+
+_DEBUG_HELP = "on an error, print the full traceback (also PARITY_DEBUG=1)"
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own usage errors: one line, exit 2
-        self.exit(EXIT_USAGE, f"parity: error: {message}\n")
+        from .text import printable
+
+        self.exit(EXIT_USAGE, f"parity: error: {printable(message, limit=500)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m parity", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMANDS:
         module = importlib.import_module(f"parity.commands.{name}")
-        module.add_parser(sub)
+        command = module.add_parser(sub)
+        if command is not None:
+            # SUPPRESS: given after the subcommand it sets args.debug; absent, it leaves the
+            # top-level parser's value alone.
+            command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
     return parser
 
 
+def report_error(err: BaseException, *, debug: bool) -> int:
+    """Print ``err`` as the CLI does (one line; the traceback too with ``debug``); its exit status."""
+    status, _, message = classify(err)
+    if debug:
+        print_traceback(err)
+    if status == EXIT_USAGE:
+        line = f"parity: error: {message}"
+    else:
+        line = f"parity: {message}" + ("" if debug else "; rerun with --debug for the traceback")
+    print(line, file=sys.stderr, flush=True)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    debug = debug_from_environment()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # argparse's usage errors (2) and --help (0), as a return value
-        return int(exc.code or 0)
-    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # argparse's usage errors (2) and --help (0), as a return value
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+        debug = debug or bool(getattr(args, "debug", False))
         return int(args.func(args))
-    except UsageError as err:
-        print(f"parity: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    except (ValueError, TypeError) as err:
-        # Raised while building or running a subject from the given arguments (a bad --arg, a
-        # manifest whose subject args do not fit, a kernel input check): unusable input, not a
-        # parity failure, so exit 2 with one line rather than a traceback and status 1.
-        print(f"parity: error: {type(err).__name__}: {err}".splitlines()[0], file=sys.stderr)
-        return EXIT_USAGE
     except KeyboardInterrupt:
         print("parity: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as err:  # noqa: BLE001 - every exception becomes exit 2 or 3 with one line
+        return report_error(err, debug=debug)
+
+
+__all__ = ["COMMANDS", "EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "build_parser", "main", "report_error"]

@@ -33,6 +33,14 @@ Each check's per-tensor results ride on the test report (``user_properties`` ent
 ``parity``, JSON), so the end-of-run summary and ``--parity-report FILE`` (JSON) also work under
 pytest-xdist, where the controller aggregates what the workers report.
 
+Errors. Unusable input (a bad name, policy or golden) and an exception raised by a subject's own
+code (make_inputs, build, forward: a :class:`parity.errors.SubjectError`) fail the test with one
+line, like the CLI's exit statuses 2 and 3; ``PARITY_DEBUG=1`` shows a subject's traceback.
+
+Trust. ``parity_check.subject(spec)`` builds the subject the test names; a golden bundle only
+confirms it (a golden recorded from another spec fails). The golden's directory is never searched
+for the subject's module, the same rule as ``compare`` (:mod:`parity.subjects.base`).
+
 torch, safetensors and Hypothesis are imported inside hooks, fixtures and helpers, never when
 pytest loads this module.
 """
@@ -165,6 +173,9 @@ def resolve_policy(policy: Any = None, *, rootdir: str | os.PathLike | None = No
     if isinstance(policy, Policy):
         return policy
     if isinstance(policy, (str, os.PathLike)):
+        from .errors import check_readable_file
+
+        check_readable_file(policy, "tolerance file")  # a FIFO would block the test run forever
         return load_policy(policy)
     if policy is not None:
         raise UsageError(f"a parity policy is a parity.policy.Policy or a TOML path, got {type(policy).__name__}")
@@ -482,7 +493,9 @@ def check_subject(
 
     path = Path(golden)
     obtained_path = path.with_name(path.name + OBTAINED_SUFFIX)
-    runner = load_subject(subject, args)
+    # The test names the subject, so the test suite vouches for it; the golden may only confirm
+    # it (the spec check below) and is never where its code is imported from.
+    runner = load_subject(subject, args, exclude_dirs=(path,))
     resolved = resolve_policy(policy, rootdir=rootdir)
     base = dict(name=path.name, golden=path, policy_source=resolved.source, test_id=test_id)
     recorder_impl = record_impl or runner.reference_impl
@@ -518,7 +531,10 @@ def check_subject(
 
     from .compare import compare_bundle
 
-    report = compare_bundle(path, impl=impl, device=device, policy=resolved)
+    # Trusted for compare_bundle because the test named it and the golden records the same spec
+    # (checked above); any other spec in a golden is refused there, before it is imported.
+    trusting = dataclasses.replace(resolved, trusted_subjects=tuple(resolved.trusted_subjects) + (runner.spec,))
+    report = compare_bundle(path, impl=impl, device=device, policy=trusting)
     results = [_tensor_result(layer.name, layer) for layer in report.layers]
     if report.passed:
         _remove_obtained(obtained_path)
@@ -625,7 +641,7 @@ class ParityChecker:
 
     def _run(self, name: str, check) -> ParityResult:
         __tracebackhide__ = True  # the failure is the message, not the plugin's frames
-        from .errors import UsageError
+        from .errors import SubjectError, UsageError, debug_from_environment
 
         if name in self._checked:
             pytest.fail(f"parity: golden {name!r} checked twice in one test; give each check its own name=",
@@ -634,11 +650,17 @@ class ParityChecker:
         try:
             result = check()
         except UsageError as err:
-            problem = str(err)
+            problem = f"parity: {err}"
+        except SubjectError as err:
+            # The subject's own code raised: a failing test with the one line the CLI prints,
+            # never a pass; PARITY_DEBUG=1 keeps the traceback (the original is chained).
+            if debug_from_environment():
+                raise
+            problem = f"parity: {err}; set PARITY_DEBUG=1 for the traceback"
         else:
             problem = None
         if problem is not None:  # outside the except block: one line, no chained traceback
-            pytest.fail(f"parity: {problem}", pytrace=False)
+            pytest.fail(problem, pytrace=False)
         for row in result.records():
             self._request.node.user_properties.append((PROPERTY, json.dumps(row, allow_nan=False)))
         if not result.passed:

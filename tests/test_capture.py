@@ -322,7 +322,8 @@ def test_cli_decoder_and_attention_options(tmp_path, cli):
     (["--subject", EXAMPLE, "--reference", "fp16"], r"unknown --reference 'fp16'"),
     (["--subject", "decoder", "--cases", "default"], r"subject 'decoder' does not accept arguments \['cases'\]"),
     (["--subject", EXAMPLE, "--arg", "novalue"], r"--arg 'novalue' must look like KEY=VALUE"),
-    (["--subject", EXAMPLE, "--shard-mib", "0"], r"--shard-mib must be positive"),
+    (["--subject", EXAMPLE, "--shard-mib", "0"], r"--shard-mib must be a positive finite number, got 0.0"),
+    (["--subject", EXAMPLE, "--shard-mib", "inf"], r"--shard-mib must be a positive finite number, got inf"),
 ])
 def test_cli_user_errors_are_one_line_and_exit_2(tmp_path, cli, args, message):
     code, stdout, stderr = cli([*args, "--out", str(tmp_path / "b")])
@@ -350,7 +351,11 @@ def test_subject_arguments_that_do_not_fit_are_exit_2_not_a_traceback(tmp_path, 
                          ("layers=-1", "decoder layers must be a positive integer, got -1"),
                          ("sink_blocks=-2", "decoder sink_blocks must be a non-negative integer, got -2"),
                          ("head_dim=12", "decoder head_dim must be one the kernel supports"),
-                         ("rope_base=\"x\"", "TypeError: '>' not supported")):
+                         ("rope_base=\"x\"", "decoder rope_base must be a positive finite number, got 'x'"),
+                         ("layer_layouts=5", "decoder layer_layouts must be a non-empty list"),
+                         ("dtype=[1]", "decoder dtype must be fp16, bf16 or fp32, got [1]"),
+                         ("seq_len=10**5", "decoder seq_len must be a positive integer, got '10**5'"),
+                         ("block=48", "decoder block must be a power of two >= 16, got 48")):
         assert main(["capture", "--subject", "decoder", "--out", str(tmp_path / "d"), "--arg", arg,
                      "--quiet"]) == 2, arg
         err = capsys.readouterr().err

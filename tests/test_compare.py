@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import parity.cli
-from parity.bundle import open_bundle
+from parity.bundle import edit_manifest, open_bundle
 from parity.capture import capture
 from parity.compare import (
     DEFAULT_BUDGET_K,
@@ -27,11 +27,18 @@ from parity.compare import (
 )
 from parity.errors import UsageError
 from parity.policy import LayerOverride, Policy
-from parity.subjects import Inputs, Subject
+from parity.subjects import Inputs, Subject, trusting
 from parity.subjects.attention import CASE_SETS
 
 EXAMPLE = "user_subject_example:make_subject"
 SMALL_DECODER = {"layers": 2, "seq_len": 64, "batch": 1}
+
+
+@pytest.fixture(autouse=True)
+def _trust_test_subjects():
+    """This module's bundles name its own subjects; compare builds only trusted ones."""
+    with trusting(STACK, EXAMPLE):
+        yield
 
 
 # ---- a user subject whose compare-side impls perturb one layer or change what is recorded ----
@@ -258,12 +265,16 @@ def test_budget_mode_follows_the_policy_unless_told(bundles, tmp_path):
     assert _by_name(by_policy)["layers.1"].tolerance.budget_k == 3.0
     off = compare_bundle(bundles / "stack", impl="reference", device="cpu", policy=toml, budget=False)
     assert not off.budget_checked and all(r.budget is None for r in off.layers)
+    assert set(off.rules) == {"thresholds"}
+    # By default the budget (k = 2) judges every tensor the bundle holds a reference of.
     default = compare_bundle(bundles / "stack", impl="reference", device="cpu")
-    assert not default.budget_checked
-    # The policy asks for a budget but the bundle has no references: a warning, not a failure.
+    assert default.budget_checked and default.rules == {"budget": len(default.layers)}
+    assert _by_name(default)["layers.1"].tolerance.budget_k == DEFAULT_BUDGET_K
+    # A bundle without references is judged by the thresholds alone, silently by default ...
     plain = compare_bundle(bundles / "stack-plain", impl="reference", device="cpu", policy=toml)
-    assert plain.passed
-    assert any(w.startswith("error budget not checked: no high-precision reference") for w in plain.warnings)
+    assert plain.passed and plain.rules == {"thresholds": len(plain.layers)}
+    assert not any("error budget" in w for w in plain.warnings)
+    # ... and --budget insists on references.
     with pytest.raises(UsageError, match=r"--budget needs high-precision references .* --reference none"):
         compare_bundle(bundles / "stack-plain", impl="reference", device="cpu", budget=True)
 
@@ -275,7 +286,7 @@ def test_missing_extra_shape_and_dtype_mismatches_are_per_layer_failures(bundles
     report = compare_bundle(bundles / "stack", impl="mismatch", device="cpu", isolate=True)
     statuses = [(r.name, r.status) for r in report.layers]
     assert statuses[:7] == [
-        ("layers.0.linear", "pass"), ("layers.0.probe", "missing-here"), ("layers.0", "pass"),
+        ("layers.0.linear", "pass"), ("layers.0.probe", "fused-here"), ("layers.0", "pass"),
         ("layers.1.linear", "pass"), ("layers.1.probe", "pass"), ("layers.1.extra", "missing-in-golden"),
         ("layers.1", "pass")]
     by_name = _by_name(report)
@@ -286,14 +297,22 @@ def test_missing_extra_shape_and_dtype_mismatches_are_per_layer_failures(bundles
     assert dtype.status == "dtype-mismatch" and (dtype.here_dtype, dtype.dtype) == ("float64", "float32")
     assert dtype.metrics is not None and dtype.metrics.rel_l2 < 1e-6  # the values agree; the dtype does not
     assert dtype.verdict.reasons[0] == "dtype mismatch: float64 here, float32 in the golden"
-    assert report.first_failing_layer == "layers.0.probe"
-    assert len(report.failing) == 4 and by_name["layers.4"].passed
+    assert report.first_failing_layer == "layers.1.extra"
+    assert len(report.failing) == 3 and by_name["layers.4"].passed
     # The probe that did not run here still replays on its golden inputs (the module exists).
     assert by_name["layers.0.probe"].isolated.status == "pass"
     assert by_name["layers.1.extra"].isolated is None
     assert report.to_dict()["summary"]["statuses"] == {
-        "pass": len(report.layers) - 4, "missing-here": 1, "missing-in-golden": 1, "shape-mismatch": 1,
+        "pass": len(report.layers) - 4, "fused-here": 1, "missing-in-golden": 1, "shape-mismatch": 1,
         "dtype-mismatch": 1}
+    # layers.0.probe never ran here, but layers.0, which encloses it, was compared: fused here,
+    # not a failure; with strict structure it is missing-here again.
+    assert by_name["layers.0.probe"].passed and by_name["layers.0.probe"].attribution == "none"
+    assert "layers.0" in by_name["layers.0.probe"].note
+    assert any("fused here" in w and "layers.0.probe" in w for w in report.warnings)
+    strict = compare_bundle(bundles / "stack", impl="mismatch", device="cpu", policy=Policy(strict_structure=True))
+    assert _by_name(strict)["layers.0.probe"].status == "missing-here"
+    assert strict.first_failing_layer == "layers.0.probe" and len(strict.failing) == 4
     json.dumps(report.to_dict(), allow_nan=False)
 
 
@@ -310,10 +329,9 @@ def test_the_example_subjects_ported_activation_is_the_first_failing_layer(bundl
 def test_numerics_fingerprint_difference_is_a_warning_not_a_failure(bundles, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(bundles / "stack", copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["platform"].update({"tf32_matmul": True, "vendor": "nvidia", "arch": "sm_90",
-                                 "device_name": "NVIDIA H200", "triton_default_fp_fusion": "1"})
-    (copy / "manifest.json").write_text(json.dumps(manifest))
+    edit_manifest(copy, lambda manifest: manifest["platform"].update({
+        "tf32_matmul": True, "vendor": "nvidia", "arch": "sm_90", "device_name": "NVIDIA H200",
+        "triton_default_fp_fusion": "1"}))
     report = compare_bundle(copy, impl="reference", device="cpu")
     assert report.passed
     assert [(d.key, d.golden, d.here) for d in report.fingerprint_differences] == [
@@ -341,8 +359,13 @@ def test_compare_tensors_single():
     cast = compare_tensors("t", golden.float(), golden)
     assert cast.status == "dtype-mismatch" and cast.metrics.max_abs == 0
     reference = golden.double() + 1e-3
+    # With a reference the budget judges by default (k = 2), with the thresholds as backstop.
     with_ref = compare_tensors("t", golden.clone(), golden, reference=reference)
-    assert with_ref.budget.k is None and with_ref.budget.host_rel_l2 == with_ref.budget.capture_rel_l2
+    assert with_ref.budget.k == DEFAULT_BUDGET_K and with_ref.rule == "budget" and with_ref.passed
+    assert with_ref.budget.host_rel_l2 == with_ref.budget.capture_rel_l2
+    assert same.rule == "thresholds" and same.budget is None  # no reference: thresholds alone
+    off = compare_tensors("t", golden.clone(), golden, reference=reference, budget=False)
+    assert off.rule == "thresholds" and off.budget.k is None and off.budget.host_rel_l2 is not None
     assert compare_tensors("t", golden.clone(), golden, reference=reference, budget=True).passed
     ints = compare_tensors("ids", torch.arange(5), torch.arange(5), budget=True)
     assert ints.passed and ints.tolerance.budget_k is None and ints.budget is None

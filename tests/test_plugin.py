@@ -92,7 +92,7 @@ def test_failure_message_and_the_obtained_bundle(suite, monkeypatch):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         f"*parity: 1 of 2 tensors differ from golden {golden} (policy: built-in defaults)",
-        "*pair/out: FAIL nan/inf,mismatch,cosine,rel_l2  float32 [[]10, 100[]]",
+        "*pair/out: FAIL nan/inf,mismatch,outliers,cosine,rel_l2  float32 [[]10, 100[]]",
         "*mismatched: 1 of 999 finite elements (0.1%) outside atol 1.0e-5 + atol_rms 8.0e-5 x golden rms * "
         "+ rtol 1.3e-6 x |golden|",
         "*worst element at [[]3, 7[]]: obtained 0.1146146*, golden -0.3853853* (|diff| 5.0e-1)",
@@ -103,7 +103,7 @@ def test_failure_message_and_the_obtained_bundle(suite, monkeypatch):
         "*pair/lse: pass  float32 [[]10[]]  cosine 1*",
         f"*obtained tensors saved beside the golden: {golden}.obtained*",
         "*| test_suite.py::test_dict*| pair/out*| fp32*| 1-3.8e-4*| 5.0e-1*| 2.7e-2*"
-        "| FAIL nan/inf,mismatch,cosine,rel_l2*|",
+        "| FAIL nan/inf,mismatch,outliers,cosine,rel_l2*|",
         "parity: 2 tensors checked: 1 pass, 1 not",
     ])
     with open_bundle(f"{golden}.obtained") as bundle:
@@ -148,7 +148,7 @@ def test_regen_rewrites_only_failing_goldens_and_fails_saying_so(suite, monkeypa
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines([
         f"*--parity-regen: golden {golden} has been rewritten from this run*",
-        "*| pair/out*| FAIL mismatch,cosine,rel_l2 (regenerated)*|",
+        "*| pair/out*| FAIL mismatch,outliers,cosine,rel_l2 (regenerated)*|",
     ])
     assert not (golden.parent / "pair.obtained").exists()
     # The passing golden was not rewritten (no churn); the failing one now holds this run.
@@ -188,8 +188,10 @@ def test_structure(parity_check):
 def test_policies_from_marker_option_and_pyproject(suite, monkeypatch):
     _golden(suite)
     loose = suite.path / "loose.toml"
+    # The broken element is far beyond its bound: a looser mismatch fraction alone no longer
+    # forgives it (bounded outliers), the policy must also say how far an element may be off.
     loose.write_text('[[layers]]\nmatch = "pair/*"\nmax_mismatch_fraction = 0.01\nmax_rel_l2 = 0.05\n'
-                     'min_cosine = 0.999\nreason = "test"\n')
+                     'min_cosine = 0.999\noutlier_factor = 1e4\nreason = "test"\n')
     monkeypatch.setenv("BREAK", "1")
     suite.runpytest("-k", "test_dict", "-p", "no:cacheprovider").assert_outcomes(failed=1)
     result = suite.runpytest("-k", "test_dict", "--parity-tolerances", str(loose), "-p", "no:cacheprovider")
@@ -272,7 +274,7 @@ def test_assert_parity_raises_an_assertion_error_with_the_message(tmp_path):
     with pytest.raises(ParityFailure, match=r"re-recorded \(--parity-record\)"):
         assert_parity("x", x, golden_dir=tmp_path, record=True)
     assert assert_parity("x", x.clone(), golden_dir=tmp_path).passed
-    with pytest.raises(AssertionError, match=r"x: FAIL mismatch,rel_l2 ") as info:
+    with pytest.raises(AssertionError, match=r"x: FAIL mismatch,outliers,rel_l2 ") as info:
         assert_parity("x", x * 1.01, golden_dir=tmp_path)
     result = info.value.result
     assert result.status == "fail" and result.obtained == tmp_path / "x.obtained"
@@ -299,3 +301,97 @@ def test_subject_checks_record_compare_and_detect_stale_goldens(tmp_path):
                                                  "B1-Hq2-Hkv1-Sq33-Sk33-D16-causal-bm16bn16-fp16-s0/lse"]
     stale = check_subject("attention", {"cases": [dict(case, seed=1)]}, golden=golden, device="cpu")
     assert stale.status == "fail" and "rerun with --parity-regen to re-capture it" in stale.message
+
+
+# ---- broken subjects and unusable input: failures with one line, never passes ---------------------
+
+BROKEN_SUBJECT = '''
+import os
+
+import torch
+from torch import nn
+
+from parity.errors import UsageError
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if os.environ.get("PARITY_TEST_BOOM"):
+            raise ValueError("boom")  # BOOM-LINE
+        return self.lin(x)
+
+
+class Broken:
+    name = "broken"
+
+    def __init__(self, size=4):
+        if size != 4:
+            raise UsageError(f"broken subject: size must be 4, got {size}")
+        self.args = {"size": size}
+
+    def make_inputs(self):
+        return {"x": torch.randn(2, 4, generator=torch.Generator().manual_seed(0))}
+
+    def make_state(self):
+        gen = torch.Generator().manual_seed(1)
+        return {"lin.weight": torch.randn(4, 4, generator=gen), "lin.bias": torch.randn(4, generator=gen)}
+
+    def build(self, impl):
+        return Net()
+
+
+def make(**args):
+    return Broken(**args)
+'''
+
+
+def test_a_broken_subject_is_a_one_line_failure_never_a_pass(pytester, monkeypatch):
+    pytester.makepyfile(broken_subject=BROKEN_SUBJECT)
+    pytester.makepyfile(test_broken='''
+def test_subject(parity_check):
+    parity_check.subject("broken_subject:make", name="broken")
+
+
+def test_bad_args(parity_check):
+    parity_check.subject("broken_subject:make", {"size": 5}, name="bad-args")
+''')
+    written = (pytester.path / "broken_subject.py").read_text().splitlines()
+    line = next(number for number, text in enumerate(written, 1) if "BOOM-LINE" in text)
+    options = ("-p", "no:cacheprovider", "--parity-impl", "reference", "--parity-device", "cpu")
+    monkeypatch.delenv("PARITY_DEBUG", raising=False)
+    first = pytester.runpytest(*options)
+    first.assert_outcomes(failed=2)  # recorded (never a pass) and the bad arguments
+    first.stdout.fnmatch_lines_random(["*golden * was missing and has been captured*",
+                                       "*parity: broken subject: size must be 4, got 5"])
+    pytester.runpytest(*options, "-k", "test_subject").assert_outcomes(passed=1, deselected=1)
+    monkeypatch.setenv("PARITY_TEST_BOOM", "1")
+    broken = pytester.runpytest(*options, "-k", "test_subject")
+    broken.assert_outcomes(failed=1, deselected=1)
+    broken.stdout.fnmatch_lines([
+        f"*parity: internal error in subject broken_subject:make (forward): ValueError: boom at "
+        f"broken_subject.py:{line}; set PARITY_DEBUG=1 for the traceback"])
+    assert "raise ValueError" not in broken.stdout.str()  # one line, not the subject's traceback
+    monkeypatch.setenv("PARITY_DEBUG", "1")
+    debug = pytester.runpytest(*options, "-k", "test_subject")
+    debug.assert_outcomes(failed=1, deselected=1)
+    assert 'raise ValueError("boom")' in debug.stdout.str()
+
+
+def test_a_policy_path_that_is_a_fifo_fails_at_once(pytester, tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    pytester.makepyfile('''
+import torch
+
+def test_fifo(parity_check):
+    parity_check(torch.ones(3), name="x", policy=%r)
+''' % str(fifo))
+    result = pytester.runpytest("-p", "no:cacheprovider")  # before the check existed, this hung
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*parity: tolerance file */fifo.toml: is a FIFO, not a regular file*"])

@@ -44,7 +44,10 @@ def test_user_subject_round_trips_through_its_description():
     assert runner.name == "tiny-gated-mlp"
     assert runner.describe() == {"spec": EXAMPLE, "name": "tiny-gated-mlp",
                                  "args": {"dim": 8, "batch": 3, "seed": 0, "dtype": "fp32"}}
-    again = runner_from_manifest(runner.describe())
+    with pytest.raises(UsageError, match=r"names subject 'user_subject_example:make_subject', which this host "
+                                         r"does not trust; pass --subject user_subject_example:make_subject"):
+        runner_from_manifest(runner.describe())  # a manifest alone never chooses code to import
+    again = runner_from_manifest(runner.describe(), trusted=[EXAMPLE])
     assert again.args == runner.args
     assert _same_bits(again.make_inputs().tensors["x"], runner.make_inputs().tensors["x"])
 

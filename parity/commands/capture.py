@@ -1,15 +1,29 @@
-"""``python -m parity capture``: run a subject and write a golden bundle."""
+"""``python -m parity capture``: run a subject and write a golden bundle.
+
+Every argument is checked before anything runs (exit 2, one line): the subject's arguments by
+the subject itself (types, ranges, and whether the sizes fit this host's memory), the numbers
+here (``--shard-mib`` finite and in range, ``--fuzz`` bounded), and Triton's presence for
+``--impl triton``. A user subject (``package.module:factory``) is looked up in the current
+directory too, as under ``python -m``.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import math
 
-from ..errors import UsageError
+from ..errors import UsageError, require_dependency
+
+# Bounds of numeric options: beyond these a value is a typo, not a wish.
+MAX_SHARD_MIB = 2**20  # 1 TiB: no single safetensors shard should be larger
+MAX_FUZZ_CASES = 10_000  # the attention subject's own limit on cases
 
 EPILOG = """\
 subjects: attention (the block-sparse op; --cases smoke|default|gpu), decoder (a small
 block-sparse decoder LM), or package.module:factory for your own (see parity.subjects.base).
 --impl triton on a CPU device turns on the Triton interpreter (TRITON_INTERPRET=1) by itself.
+Exit status: 0 written, 2 unusable input (bad argument, subject arguments that do not validate
+or do not fit this host's memory, missing Triton), 3 internal error (the subject's code raised).
 """
 
 
@@ -37,8 +51,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="attention: record N cases drawn by parity.fuzz.draw_cases, a pure function of "
                              "N, --fuzz-seed and --fuzz-bounds (the bundle stores the cases; compare replays them)")
     parser.add_argument("--fuzz-seed", type=int, default=0, metavar="S", help="seed of the --fuzz draw (default: 0)")
-    parser.add_argument("--fuzz-bounds", default="cpu", choices=("cpu", "gpu"),
-                        help="size bounds of --fuzz cases: cpu (small enough for the Triton interpreter) or gpu")
+    parser.add_argument("--fuzz-bounds", default="cpu", choices=("cpu", "gpu", "corpus"),
+                        help="size bounds of --fuzz cases: cpu (small enough for the Triton interpreter), gpu, "
+                             "or corpus (cpu cases small enough that 150 of them make a bundle of < 20 MB)")
     parser.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
                         help="subject argument (VALUE parsed as JSON, else taken as a string); repeatable")
     parser.add_argument("--shard-mib", type=float, default=256.0, help="shard size limit in MiB (default: 256)")
@@ -56,7 +71,7 @@ def _subject_args(args: argparse.Namespace) -> dict:
             raise UsageError(f"--arg {item!r} must look like KEY=VALUE")
         try:
             subject_args[key] = json.loads(value)
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON (or an integer too long for Python to parse): a string
             subject_args[key] = value
     if args.dtype is not None:
         if args.dtype not in ("bf16", "fp16", "fp32"):
@@ -69,26 +84,39 @@ def _subject_args(args: argparse.Namespace) -> dict:
             raise UsageError("--fuzz draws attention cases; it needs --subject attention")
         if "cases" in subject_args:
             raise UsageError("--fuzz draws the cases; do not combine it with --cases or --arg cases=...")
-        if args.fuzz < 1:
-            raise UsageError(f"--fuzz must be a positive number of cases, got {args.fuzz}")
+        if not 1 <= args.fuzz <= MAX_FUZZ_CASES:
+            raise UsageError(f"--fuzz must be a number of cases from 1 to {MAX_FUZZ_CASES}, got {args.fuzz}")
         from ..fuzz import draw_cases
 
         subject_args["cases"] = draw_cases(args.fuzz, seed=args.fuzz_seed, bounds=args.fuzz_bounds)
     return subject_args
 
 
+def check_shard_mib(value: float) -> int:
+    """``--shard-mib`` in bytes; a UsageError for nan, inf, zero, negative or absurdly large."""
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"--shard-mib must be a positive finite number, got {value}")
+    if value > MAX_SHARD_MIB:
+        raise UsageError(f"--shard-mib must be at most {MAX_SHARD_MIB} (1 TiB), got {value:g}")
+    return max(1, int(value * 2**20))
+
+
 def run(args: argparse.Namespace) -> int:
     from ..capture import REFERENCE_CHOICES, capture, stderr_progress
     from ..compare import enable_triton_interpreter
+    from ..subjects.base import add_cwd_to_sys_path
 
+    if args.impl == "triton":
+        require_dependency("triton", "--impl triton")
     # Same rule as compare: triton on a CPU device runs through the interpreter, switched on
     # here while Triton is not imported yet.
     if args.impl == "triton" and (args.device or "cpu").partition(":")[0] == "cpu":
         enable_triton_interpreter(args.impl, "cpu")
     if args.reference not in REFERENCE_CHOICES:
         raise UsageError(f"unknown --reference {args.reference!r}; choose from {', '.join(REFERENCE_CHOICES)}")
-    if not args.shard_mib > 0:
-        raise UsageError(f"--shard-mib must be positive, got {args.shard_mib}")
+    shard_bytes = check_shard_mib(args.shard_mib)
+    if ":" in args.subject:
+        add_cwd_to_sys_path()  # the user named this module: find it where `python -m` would
     result = capture(
         args.subject,
         args.out,
@@ -99,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         record_inputs=args.record_inputs,
         reference=args.reference,
         force=args.force,
-        shard_bytes=max(1, int(args.shard_mib * 2**20)),
+        shard_bytes=shard_bytes,
         progress=None if args.quiet else stderr_progress,
     )
     print(f"wrote {result.path}: {result.layers} layers, {result.tensors} tensors, "

@@ -1,24 +1,45 @@
-"""``python -m parity compare``: run a golden bundle's subject here and report per-layer parity."""
+"""``python -m parity compare``: run a golden bundle's subject here and report per-layer parity.
+
+A bundle is data. Its manifest names the subject to re-create, and this host builds it only if it
+trusts that spec (:func:`parity.subjects.check_trusted`): a built-in, the spec given here with
+``--subject`` (which must equal the bundle's), or one in the ``trust`` list of the user's
+tolerance file or ``[tool.parity]``. The check runs before anything from the bundle is imported;
+the bundle's directory is taken off ``sys.path``, and a tolerance file inside it is refused (a
+bundle may not set its own tolerances or trust).
+
+Exit status: 0 holds, 1 fails, 2 unusable input, 3 internal error. With 2 or 3, ``--json`` and
+``--junit-xml`` still get a report recording the error (:mod:`parity.error_report`).
+"""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
+from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import UsageError, check_readable_file, require_dependency
 from ..options import add_cli_options
+from ..text import printable
 
 EPILOG = """\
 Runs the bundle's subject on this host with --impl, on the bundle's stored inputs and weights,
 and compares every recorded tensor with its golden as it is produced. Prints a table (Markdown-
 pasteable), how the error grows with depth, each failing tensor with the smallest tolerance
 that would have passed it, and a verdict line. Exit status: 0 parity holds, 1 it fails,
-2 unusable input (bad bundle, tolerance file or argument).
+2 unusable input (bad or untrusted bundle, tolerance file or argument), 3 internal error.
+
+--subject   the subject spec this host should build (must equal the bundle's). Built-ins need
+            no trust; a package.module:factory spec needs --subject or trust = ["spec"] in the
+            tolerance file / [tool.parity]: a bundle is data and never chooses the code to run.
 
 --isolate   replay each layer on its golden inputs (bundle captured with --record-inputs):
             error a layer introduces vs error it inherits from upstream.
---budget    also check the error budget on every layer: this host's error against the bundle's
-            high-precision reference at most k (the policy's budget_k, else 2) times the capture
-            host's own. Without --budget it is checked where the tolerance policy sets budget_k.
+Rules. Where the bundle holds a high-precision reference of a tensor (capture's default), the
+            error budget judges it: this host's error against the reference at most k (2) times
+            the capture host's own plus a rounding floor, with the fixed per-dtype thresholds as a
+            backstop. Elsewhere the thresholds alone judge. The report says which rule judged each
+            tensor. --budget requires references; --no-budget uses the thresholds alone.
 --impl triton on a CPU device turns on the Triton interpreter (TRITON_INTERPRET=1) by itself.
 Tolerances: --tolerances FILE, else [tool.parity] of ./pyproject.toml, else built-in defaults.
 """
@@ -35,13 +56,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--isolate", action="store_true",
                         help="also replay each layer on its golden inputs (needs a bundle captured with "
                              "--record-inputs)")
-    parser.add_argument("--budget", action="store_true", default=None,
-                        help="check the error budget against the bundle's high-precision reference on every "
-                             "layer (default: where the policy sets budget_k)")
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--budget", action="store_true", default=None,
+                        help="require the error budget: the bundle must hold high-precision references, and a "
+                             "tensor without one is reported as not checked (default: the budget judges every "
+                             "tensor the bundle has a reference of, the fixed thresholds the others)")
+    budget.add_argument("--no-budget", dest="budget", action="store_false",
+                        help="judge by the fixed per-dtype thresholds alone, even where the bundle has references")
+    parser.add_argument("--strict-structure", action="store_true",
+                        help="a recorded module that this host never ran is a failure (missing-here), even "
+                             "inside a compared enclosing module (default: fused-here, not a failure)")
     parser.add_argument("--max-rows", type=int, default=None, metavar="N",
                         help="collapse runs of passing rows when the table has more than N rows "
                              "(default: show every row)")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--subject", default=None, metavar="SPEC",
+                        help="trust and build this subject (must equal the bundle's; package.module:factory "
+                             "or a built-in)")
     parser.set_defaults(func=run)
     return parser
 
@@ -51,20 +82,81 @@ def stderr_progress(message: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except Exception as err:
+        # CI reads the report files: a refused or crashed run must leave one saying so, not
+        # none (or a stale passing one from an earlier run).
+        if args.json is not None or args.junit_xml is not None:
+            from ..error_report import write_error_reports
+
+            write_error_reports(err, json_path=args.json, junit_path=args.junit_xml, golden=args.golden)
+        raise
+
+
+def _policy_file(tolerances: str | None) -> Path | None:
+    """The file the policy will be read from: ``--tolerances``, else ``./pyproject.toml`` if any."""
+    if tolerances is not None:
+        return Path(tolerances)
+    pyproject = Path(os.getcwd()) / "pyproject.toml"
+    return pyproject if pyproject.is_file() else None
+
+
+def _trusted_subjects(args: argparse.Namespace, bundle, policy) -> tuple[str, ...]:
+    """The specs this run trusts: the policy's ``trust`` list plus ``--subject``, which must name
+    the bundle's own subject. Refuses (UsageError) an untrusted bundle before any import."""
+    from ..subjects.base import check_trusted
+
+    spec = bundle.subject.get("spec")
+    trusted = tuple(policy.trusted_subjects)
+    if args.subject is not None:
+        if args.subject != spec:
+            raise UsageError(f"--subject {printable(args.subject)!r} does not match bundle "
+                             f"{printable(str(bundle.path))}, which was captured from subject {printable(str(spec))!r}")
+        trusted += (args.subject,)
+    check_trusted(spec, trusted, bundle=bundle.path)
+    return trusted
+
+
+def _run(args: argparse.Namespace) -> int:
     from .. import platform
+    from ..bundle import open_bundle
     from ..capture import check_device
     from ..compare import compare_bundle, enable_triton_interpreter, policy_for_cli
     from ..report import check_report_paths, format_text, write_json, write_junit_xml
+    from ..subjects.base import add_cwd_to_sys_path, is_builtin, remove_from_sys_path
 
     if args.max_rows is not None and args.max_rows < 1:
         raise UsageError(f"--max-rows must be at least 1, got {args.max_rows}")
+    if args.tolerances is not None:
+        check_readable_file(args.tolerances, "--tolerances")  # before open(): a FIFO would block forever
+    if args.impl == "triton":
+        require_dependency("triton", "--impl triton")
     device = check_device(args.device) if args.device is not None else platform.default_device()
     # Before anything imports Triton: the interpreter must be chosen before kernels are defined.
     enable_triton_interpreter(args.impl, device)
-    policy = policy_for_cli(args.tolerances)
     check_report_paths(args.json, args.junit_xml)
+
+    bundle = open_bundle(args.golden)  # reads JSON and file sizes; imports and runs nothing
+    root = bundle.path.resolve()
+    remove_from_sys_path(root)  # a bundle directory is never where Python finds modules
+    policy_file = _policy_file(args.tolerances)
+    if policy_file is not None and (policy_file.resolve() == root or root in policy_file.resolve().parents):
+        raise UsageError(f"tolerance file {printable(str(policy_file))} is inside the bundle directory "
+                         f"{printable(str(bundle.path))}; a bundle cannot set its own tolerances or trust "
+                         "(keep tolerance files outside bundles; run from another directory)")
+    policy = policy_for_cli(args.tolerances)
+    trusted = _trusted_subjects(args, bundle, policy)
+    if not is_builtin(bundle.subject.get("spec")):
+        # The user vouched for this module (--subject or their own config): find it in the
+        # current directory as `python -m` would, but never inside the bundle.
+        add_cwd_to_sys_path()
+        remove_from_sys_path(root)
+    policy = dataclasses.replace(policy, trusted_subjects=trusted)
+    if args.strict_structure:
+        policy = dataclasses.replace(policy, strict_structure=True)
     report = compare_bundle(
-        args.golden, impl=args.impl, device=device, policy=policy, isolate=args.isolate,
+        bundle, impl=args.impl, device=device, policy=policy, isolate=args.isolate,
         budget=args.budget, progress=None if args.quiet else stderr_progress,
     )
     print(format_text(report, max_rows=args.max_rows))

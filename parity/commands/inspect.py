@@ -6,7 +6,10 @@ import argparse
 import json
 import sys
 
-from ..errors import UsageError
+from ..errors import UsageError, require_dependency
+
+# Largest value --set accepts: config fields are tile sizes, warp and stage counts, AMD knobs.
+MAX_OVERRIDE = 2**16
 
 EPILOG = """\
 Every number comes from ahead-of-time compilation (triton.compile for the target, no GPU):
@@ -15,7 +18,7 @@ measurements. Each config is the one the launcher would use on that target (kern
 specialized for a representative problem (B=4, H=16, S=4096, causal 128x128 layout, with LSE).
 Verdict: no spills, LDS/shared within the target's limit, matrix instructions present (fp32 on
 NVIDIA has none by design: IEEE fp32 has no tensor-core instruction). Exit 0 when every config
-passes, 1 when any fails, 2 for a bad argument.
+passes, 1 when any fails, 2 for a bad argument or missing Triton, 3 internal error.
 Try a proposed config change with --set, e.g. --set num_warps=8 --set block_n=32.
 """
 
@@ -58,6 +61,8 @@ def _overrides(items: list[str]) -> dict[str, int]:
             sep = ""
         if not sep or not key.strip():
             raise UsageError(f"--set {item!r} must look like KEY=INTEGER")
+        if not 0 <= out[key.strip()] <= MAX_OVERRIDE:
+            raise UsageError(f"--set {item!r}: the value must be an integer from 0 to {MAX_OVERRIDE}")
     return out
 
 
@@ -138,6 +143,7 @@ def header_line(problem) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    require_dependency("triton", "inspect")  # compiling is all it does
     from parity import platform
     from parity.kernels import aot
 

@@ -17,10 +17,12 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from .base import DTYPES, Inputs, Subject, check_ints
+from .base import DTYPES, Inputs, Subject, shown, check_inputs_tensor, check_ints, check_memory
 from .ops import SparseAttention
 
 LAYOUT_KINDS = ("causal", "window", "sink", "random", "dense", "emptyrow")
+# More cases than any set or fuzz run uses; a manifest listing millions would only waste time.
+MAX_CASES = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,18 +52,28 @@ class AttentionCase:
     block_n: int = 64
 
     def __post_init__(self):
+        # Cases also come from a bundle's manifest: every field is checked for type and range
+        # here, so nothing malformed reaches the kernels as a TypeError or a KeyError.
         sizes = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "block_m", "block_n")
         check_ints("attention case", {name: getattr(self, name) for name in sizes}, 1)
         counts = ("window", "sink_blocks", "empty_block", "seed")
         check_ints("attention case", {name: getattr(self, name) for name in counts}, 0)
         if self.heads_q % self.heads_kv:
             raise UsageError(f"attention case heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
-        if not isinstance(self.density, (int, float)) or not 0.0 <= self.density <= 1.0:
-            raise UsageError(f"attention case density must be in [0, 1], got {self.density!r}")
-        if self.layout not in LAYOUT_KINDS:
-            raise UsageError(f"unknown attention layout {self.layout!r}; choose from {', '.join(LAYOUT_KINDS)}")
-        if self.dtype not in ("fp16", "bf16", "fp32"):
-            raise UsageError(f"attention case dtype must be fp16, bf16 or fp32, got {self.dtype!r}")
+        density = self.density
+        if isinstance(density, bool) or not isinstance(density, (int, float)) or not 0.0 <= density <= 1.0:
+            raise UsageError(f"attention case density must be in [0, 1], got {shown(density)}")
+        if not isinstance(self.layout, str) or self.layout not in LAYOUT_KINDS:
+            raise UsageError(f"unknown attention layout {shown(self.layout)}; choose from {', '.join(LAYOUT_KINDS)}")
+        if not isinstance(self.dtype, str) or self.dtype not in ("fp16", "bf16", "fp32"):
+            raise UsageError(f"attention case dtype must be fp16, bf16 or fp32, got {shown(self.dtype)}")
+        for name in ("block_m", "block_n"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise UsageError(f"attention case {name} must be a power of two >= 16, got {value}")
+        if self.layout == "emptyrow" and self.empty_block >= -(-self.seq_q // self.block_m):
+            raise UsageError(f"attention case empty_block ({self.empty_block}) must name one of the "
+                             f"{-(-self.seq_q // self.block_m)} query blocks")
         if self.layout in ("window", "sink") and self.window < 1:
             raise UsageError(f"a {self.layout} case needs window >= 1")
 
@@ -93,10 +105,33 @@ class AttentionCase:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "AttentionCase":
+        if not isinstance(data, dict):
+            raise UsageError(f"bad attention case {shown(data)}: expected an object of case fields")
         try:
             return cls(**data)
         except TypeError as err:
-            raise UsageError(f"bad attention case {data!r}: {err}") from None
+            raise UsageError(f"bad attention case {shown(data)}: {err}") from None
+
+    def memory(self) -> tuple[int, int]:
+        """Estimated bytes (kept for the whole run, transient while this case runs).
+
+        Kept: q, k, v and the layout, their fp64 copies for the reference run, and the recorded
+        out and LSE with their fp64 references. Transient: the dense reference (``reference.py``)
+        in fp64 with k and v expanded to every query head, and per chunk of at most 1024 query
+        rows its score matrix three times over (scores, masked, probabilities) plus the mask.
+        """
+        elem = self.torch_dtype.itemsize
+        q = self.batch * self.heads_q * self.seq_q * self.head_dim
+        kv = self.batch * self.heads_kv * self.seq_k * self.head_dim
+        rows = self.batch * self.heads_q * self.seq_q
+        layout_bh = self.batch * self.heads_q if self.layout == "random" else 1
+        blocks = -(-self.seq_q // self.block_m) * -(-self.seq_k // self.block_n)
+        kept = (q + 2 * kv) * (elem + 8) + layout_bh * blocks * (2 * 4 * 2 + 1) + q * (elem + 8) + rows * (4 + 8)
+        chunk = min(self.seq_q, 1024)
+        scores = self.batch * self.heads_q * chunk * self.seq_k
+        transient = (q + 2 * self.batch * self.heads_q * self.seq_k * self.head_dim) * 8 + scores * 8 * 3 \
+            + layout_bh * chunk * self.seq_k
+        return kept, transient
 
     def make_layout(self):
         """The case's BlockLayout, on the CPU (seeded where random)."""
@@ -197,15 +232,19 @@ class AttentionSubject(Subject):
                  case_set: str | None = None):
         if isinstance(cases, str):
             if cases not in CASE_SETS:
-                raise UsageError(f"unknown attention case set {cases!r}; choose from {', '.join(CASE_SETS)}")
+                raise UsageError(f"unknown attention case set {shown(cases)}; choose from {', '.join(CASE_SETS)}")
             case_set, chosen = cases, list(CASE_SETS[cases])
         elif isinstance(cases, list):
+            if len(cases) > MAX_CASES:
+                raise UsageError(f"attention subject: {len(cases)} cases, at most {MAX_CASES} are supported")
             chosen = [case if isinstance(case, AttentionCase) else AttentionCase.from_json(case) for case in cases]
         else:
             raise UsageError(f"attention cases must be a set name or a list of cases, got {type(cases).__name__}")
+        if case_set is not None and not isinstance(case_set, str):
+            raise UsageError(f"attention case_set must be a set name or null, got {shown(case_set)}")
         if dtype is not None:
-            if dtype not in ("fp16", "bf16", "fp32"):
-                raise UsageError(f"attention dtype must be fp16, bf16 or fp32, got {dtype!r}")
+            if not isinstance(dtype, str) or dtype not in ("fp16", "bf16", "fp32"):
+                raise UsageError(f"attention dtype must be fp16, bf16 or fp32, got {shown(dtype)}")
             chosen = [dataclasses.replace(case, dtype=dtype) for case in chosen]
         ids = [case.id for case in chosen]
         if len(set(ids)) != len(ids):
@@ -213,7 +252,53 @@ class AttentionSubject(Subject):
         if not chosen:
             raise UsageError("attention subject needs at least one case")
         self.cases: tuple[AttentionCase, ...] = tuple(chosen)
+        # Refuse sizes this host cannot hold before a single tensor is allocated (a case with
+        # seq_q=10**6 would otherwise run out of memory, or swap, minutes later).
+        check_memory(self.name, self.memory_needs(), named=self.sizes_text)
         super().__init__(cases=[case.to_json() for case in chosen], dtype=None, case_set=case_set)
+
+    def memory_needs(self) -> list[tuple[str, int]]:
+        """Estimated bytes: every case's tensors (kept), plus the largest case's reference run."""
+        per_case = [case.memory() for case in self.cases]
+        return [("inputs and recorded outputs", sum(kept for kept, _ in per_case)),
+                ("attention scores", max(transient for _, transient in per_case))]
+
+    @property
+    def sizes_text(self) -> str:
+        biggest = max(self.cases, key=lambda case: sum(case.memory()))
+        return f"case {biggest.id}" + (f" (and {len(self.cases) - 1} more)" if len(self.cases) > 1 else "")
+
+    def check_inputs(self, inputs: Inputs) -> None:
+        """Every case's q, k, v and layout, as a bundle stores them, before anything runs: missing
+        or malformed ones are a UsageError naming the case, never a KeyError mid-run."""
+        layouts = inputs.meta.get("layouts") if isinstance(inputs.meta, dict) else None
+        if not isinstance(layouts, dict):
+            raise UsageError("subject attention: the inputs' metadata has no 'layouts' object "
+                             "(manifest inputs_meta.layouts)")
+        from parity.kernels import BlockLayout
+        from parity.kernels.layout import LayoutError
+
+        for case in self.cases:
+            where = f"subject attention, case {case.id}"
+            q_shape = (case.batch, case.heads_q, case.seq_q, case.head_dim)
+            kv_shape = (case.batch, case.heads_kv, case.seq_k, case.head_dim)
+            for name, shape in (("q", q_shape), ("k", kv_shape), ("v", kv_shape)):
+                check_inputs_tensor(inputs, f"{case.id}/{name}", where, shape=shape, floating=True)
+            prefix = f"{case.id}/layout/"
+            tensors = {key[len(prefix):]: t for key, t in inputs.tensors.items() if key.startswith(prefix)}
+            meta = layouts.get(case.id)
+            if not isinstance(meta, dict):
+                raise UsageError(f"{where}: no layout metadata (manifest inputs_meta.layouts[{case.id!r}])")
+            expected = {"seq_q": case.seq_q, "seq_k": case.seq_k, "block_m": case.block_m, "block_n": case.block_n}
+            for key, value in expected.items():
+                if meta.get(key) != value or isinstance(meta.get(key), bool):
+                    raise UsageError(f"{where}: layout metadata {key} is {shown(meta.get(key))}, the case has {value}")
+            if not isinstance(meta.get("mask", {}), dict):
+                raise UsageError(f"{where}: layout metadata mask must be an object, got {shown(meta.get('mask'))}")
+            try:
+                BlockLayout.from_tensors(tensors, meta)
+            except (LayoutError, TypeError, ValueError) as err:
+                raise UsageError(f"{where}: stored layout is unusable: {' '.join(str(err).split())[:300]}") from None
 
     def make_inputs(self) -> Inputs:
         tensors: dict[str, torch.Tensor] = {}

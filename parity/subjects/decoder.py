@@ -11,6 +11,7 @@ the bundle; the compare host loads them from there. The input is token ids ``tok
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from ..errors import UsageError
-from .base import DTYPES, Inputs, Subject, check_ints
+from .base import DTYPES, Inputs, Subject, shown, check_inputs_tensor, check_ints, check_memory, describe_sizes
 from .ops import SparseAttention
 
 LAYER_LAYOUTS = ("causal", "window", "sink")
@@ -139,6 +140,8 @@ class DecoderSubject(Subject):
                  dtype: str = "bf16", seed: int = 0):
         from ..kernels.attention import SUPPORTED_HEAD_DIMS
 
+        # The arguments also come from a bundle's manifest: types first, so that a wrong one is a
+        # UsageError naming it rather than a TypeError from a comparison further down.
         check_ints("decoder", dict(vocab=vocab, d_model=d_model, layers=layers, heads=heads, kv_heads=kv_heads,
                                    head_dim=head_dim, ffn_dim=ffn_dim, seq_len=seq_len, batch=batch,
                                    block=block, window=window), 1)
@@ -146,19 +149,79 @@ class DecoderSubject(Subject):
         if head_dim not in SUPPORTED_HEAD_DIMS:
             raise UsageError(f"decoder head_dim must be one the kernel supports "
                              f"({', '.join(map(str, SUPPORTED_HEAD_DIMS))}), got {head_dim}")
-        if not rope_base > 0:
-            raise UsageError(f"decoder rope_base must be positive, got {rope_base!r}")
-        if dtype not in DTYPES or dtype == "fp64":
-            raise UsageError(f"decoder dtype must be fp16, bf16 or fp32, got {dtype!r}")
+        if block < 16 or block & (block - 1):
+            raise UsageError(f"decoder block must be a power of two >= 16, got {block}")
+        if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or not 0 < rope_base < math.inf:
+            raise UsageError(f"decoder rope_base must be a positive finite number, got {shown(rope_base)}")
+        if not isinstance(dtype, str) or dtype not in DTYPES or dtype == "fp64":
+            raise UsageError(f"decoder dtype must be fp16, bf16 or fp32, got {shown(dtype)}")
         if heads % kv_heads:
             raise UsageError(f"decoder heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
-        unknown = [kind for kind in layer_layouts if kind not in LAYER_LAYOUTS]
-        if unknown or not layer_layouts:
-            raise UsageError(f"decoder layer_layouts must be drawn from {', '.join(LAYER_LAYOUTS)}, got {layer_layouts}")
+        if not isinstance(layer_layouts, (list, tuple)) or not layer_layouts or not all(
+                isinstance(kind, str) and kind in LAYER_LAYOUTS for kind in layer_layouts):
+            raise UsageError(f"decoder layer_layouts must be a non-empty list drawn from {', '.join(LAYER_LAYOUTS)}, "
+                             f"got {shown(layer_layouts)}")
         super().__init__(vocab=vocab, d_model=d_model, layers=layers, heads=heads, kv_heads=kv_heads,
                          head_dim=head_dim, ffn_dim=ffn_dim, seq_len=seq_len, batch=batch,
                          layer_layouts=list(layer_layouts), window=window, sink_blocks=sink_blocks, block=block,
                          rope_base=rope_base, dtype=dtype, seed=seed)
+        # Before anything is allocated: seq_len=10**5 or heads=10**6 would otherwise exhaust
+        # memory (or swap for an hour) instead of saying so.
+        check_memory(self.name, self.memory_needs(), named=self.sizes_text)
+
+    @property
+    def sizes_text(self) -> str:
+        sizes = ("vocab", "d_model", "layers", "heads", "kv_heads", "head_dim", "ffn_dim", "seq_len", "batch", "block")
+        defaults = {name: p.default for name, p in inspect.signature(DecoderSubject.__init__).parameters.items()}
+        return describe_sizes({name: self.args[name] for name in sizes}, defaults)
+
+    def memory_needs(self) -> list[tuple[str, int]]:
+        """Estimated bytes of a capture (the largest user of memory; compare needs less).
+
+        Weights: drawn in fp32, stored in the model dtype, plus the fp64 reference model. Recorded
+        activations: every module's output for each layer, and the logits, each with its fp64
+        reference. Attention scores: the reference attention's chunks of at most 1024 query rows,
+        in fp64, three score-sized temporaries. Layouts: two index lists per layer.
+        """
+        a = self.args
+        elem = DTYPES[a["dtype"]].itemsize
+        d, hq, hkv, hd, ffn = a["d_model"], a["heads"], a["kv_heads"], a["head_dim"], a["ffn_dim"]
+        tokens = a["batch"] * a["seq_len"]
+        params = 2 * a["vocab"] * d + a["layers"] * (2 * d * hd * (hq + hkv) + 3 * d * ffn + 2 * d) + d
+        per_layer = tokens * (6 * d + 2 * hd * (hq + hkv) + 3 * ffn)
+        activations = (a["layers"] * per_layer + 2 * tokens * a["vocab"]) * (elem + 8)
+        chunk = min(a["seq_len"], 1024)
+        scores = a["batch"] * hq * chunk * a["seq_len"] * 8 * 3
+        blocks = -(-a["seq_len"] // a["block"])
+        layouts = a["layers"] * blocks * blocks * (2 * 4 * 2 + 1)
+        return [("weights", params * (4 + elem + 8)), ("recorded activations", activations),
+                ("attention scores", scores), ("layouts", layouts)]
+
+    def check_inputs(self, inputs: Inputs) -> None:
+        """``tokens`` must be integer ids of shape [batch, seq_len] within the vocabulary."""
+        a = self.args
+        tokens = check_inputs_tensor(inputs, "tokens", "subject decoder", shape=(a["batch"], a["seq_len"]),
+                                     floating=False)
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= a["vocab"]):
+            raise UsageError(f"subject decoder: input 'tokens' holds ids in [{int(tokens.min())}, {int(tokens.max())}], "
+                             f"outside the vocabulary [0, {a['vocab']})")
+
+    def check_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Each layer's stored layout must be a valid layout for this decoder's sequence length
+        (its indices drive the kernel's memory accesses)."""
+        from parity.kernels import BlockLayout
+        from parity.kernels.layout import LayoutError
+
+        for index, layout in enumerate(self._layouts()):
+            prefix = f"layers.{index}.attn.layout_"
+            tensors = {name: state[prefix + name] for name in _LAYOUT_BUFFERS if prefix + name in state}
+            if len(tensors) != len(_LAYOUT_BUFFERS):
+                continue  # missing keys: loading the state names them
+            try:
+                BlockLayout.from_tensors(tensors, layout.meta)
+            except (LayoutError, TypeError, ValueError) as err:
+                raise UsageError(f"subject decoder: stored layout of layers.{index}.attn is unusable: "
+                                 f"{' '.join(str(err).split())[:300]}") from None
 
     def _layouts(self) -> list:
         from parity import kernels

@@ -1,0 +1,90 @@
+"""Machine-readable reports of a compare that ended without a verdict (exit status 2 or 3).
+
+CI reads ``--json`` and ``--junit-xml`` files; a run that crashed or was refused must not leave
+them missing (or, worse, stale from a previous run and passing). So when compare ends with 2 or
+3, these files are still written, recording the error instead of layer results:
+
+- JSON: ``{"format": "parity-compare-report", "version": ..., "passed": false,
+  "error": {"status": 2|3, "kind": "usage"|"internal", "message": "..."}}``
+- JUnit XML: one test suite ``parity compare`` with one errored test case ``compare``.
+
+Writing is best effort: a report that cannot be written (the path was the problem) is skipped,
+since the one-line error on stderr already says what went wrong.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+from .errors import classify
+
+REPORT_FORMAT = "parity-compare-report"
+
+# XML 1.0 forbids most control characters; an error message may hold anything.
+_XML_INVALID = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _report_version() -> int:
+    try:
+        from .compare import REPORT_VERSION
+    except Exception:  # compare itself may be what failed to import
+        return 1
+    return int(REPORT_VERSION)
+
+
+def error_document(status: int, kind: str, message: str, *, golden: str | None = None) -> dict:
+    """The JSON report of a compare that ended with ``status`` 2 or 3."""
+    document = {
+        "format": REPORT_FORMAT,
+        "version": _report_version(),
+        "passed": False,
+        "error": {"status": status, "kind": kind, "message": message},
+    }
+    if golden is not None:
+        document["golden"] = golden
+    return document
+
+
+def error_junit_xml(status: int, kind: str, message: str) -> str:
+    """A JUnit file with one errored test case (``errors="1"``), which CI shows as broken, not failed."""
+    text = _XML_INVALID.sub("\ufffd", message)
+    suites = ET.Element("testsuites", name="parity", tests="1", failures="0", errors="1")
+    suite = ET.SubElement(suites, "testsuite", name="parity compare", tests="1", failures="0", errors="1",
+                          skipped="0")
+    case = ET.SubElement(suite, "testcase", classname="parity.compare", name="compare")
+    error = ET.SubElement(case, "error", type=kind, message=text[:1000])
+    error.text = f"exit status {status}: {text}"
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _write_atomically(path: str | os.PathLike, text: str) -> bool:
+    target = Path(path)
+    try:
+        if target.is_dir():
+            return False
+        handle, temporary = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as file:
+                file.write(text)
+            os.replace(temporary, target)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError:
+        return False
+    return True
+
+
+def write_error_reports(err: BaseException, *, json_path: str | os.PathLike | None,
+                        junit_path: str | os.PathLike | None, golden: str | None = None) -> None:
+    """Write the requested reports for ``err`` (classified as the CLI does), best effort."""
+    status, kind, message = classify(err)
+    if json_path is not None:
+        document = error_document(status, kind, message, golden=golden)
+        _write_atomically(json_path, json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+    if junit_path is not None:
+        _write_atomically(junit_path, error_junit_xml(status, kind, message))
