@@ -279,12 +279,6 @@ def test_missing_triton_is_exit_2_with_the_install_hint(tmp_path, capsys, monkey
     assert not (tmp_path / "b").exists()
 
 
-def test_a_missing_command_module_does_not_break_the_cli(monkeypatch, capsys):
-    monkeypatch.setattr(parity.cli, "COMMANDS", parity.cli.COMMANDS + ("not_there_yet",))
-    code, out, _ = cli(capsys, "--help")
-    assert code == 0 and "capture" in out and "not_there_yet" not in out
-
-
 # ---- bad arguments: exit 2, one line, no traceback, no hang ---------------------------------------------
 
 LONG_NUMBER = "1" * 5000  # more digits than Python will parse as an int by default
