@@ -11,15 +11,23 @@ from .layout import (
     LayoutError,
     MaskSpec,
     causal_layout,
+    document_layout,
     layout_from_block_mask,
+    layout_from_dense_mask,
+    layout_from_mask_mod,
+    padding_layout,
+    prefix_lm_layout,
     random_layout,
     sink_layout,
     sliding_window_layout,
+    varlen_layout,
 )
 from .reference import reference_attention
 
 __all__ = [
     "BlockLayout", "LayoutError", "MaskSpec", "LaunchConfig",
     "causal_layout", "sliding_window_layout", "sink_layout", "random_layout", "layout_from_block_mask",
+    "layout_from_dense_mask", "layout_from_mask_mod", "document_layout", "varlen_layout", "padding_layout",
+    "prefix_lm_layout",
     "block_sparse_attention", "reference_attention", "check_inputs", "launch_config", "config_for",
 ]

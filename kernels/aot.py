@@ -200,7 +200,7 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
     import torch
     import triton
 
-    from .attention import _broadcast
+    from .attention import _broadcast, element_mask_arguments
     from .layout import causal_layout, sliding_window_layout
     from .triton_attention import LOG2E
 
@@ -233,6 +233,7 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
         *full_counts.stride(), *full_indices.stride()[:3],
         p.heads_q, p.heads_q // p.heads_kv, p.seq_q, p.seq_k,
         mask.offset, mask.window, mask.sink_tokens,
+        *element_mask_arguments(layout, p.batch, p.heads_q),
     ]
     constexprs = {
         "HEAD_DIM": head_dim,
@@ -243,6 +244,9 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
         "SPARSE_BLOCK_N": layout.block_n,
         "IS_CAUSAL": mask.causal,
         "HAS_WINDOW": mask.window > 0,
+        "HAS_DOC": layout.has_doc,
+        "HAS_PAD": layout.has_padding,
+        "HAS_BITS": layout.has_bits,
         "RETURN_LSE": p.return_lse,
         "EMULATE_BF16": False,
         "DOT_PRECISION": "ieee",

@@ -15,7 +15,7 @@ from parity import platform
 from . import configs
 from .layout import BlockLayout, LayoutError
 
-__all__ = ["block_sparse_attention", "check_inputs", "launch_config"]
+__all__ = ["block_sparse_attention", "check_inputs", "launch_config", "element_mask_arguments"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 96, 128, 256)
@@ -47,7 +47,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Bloc
         raise LayoutError(
             f"layout is for seq_q={layout.seq_q}, seq_k={layout.seq_k} but q/k have {seq_q}, {k.shape[2]}"
         )
-    lb, lh = layout.batch_heads
+    # Over the block tensors and the element masks (each is 1 or one common size, layout.py).
+    lb, lh = layout.broadcast_batch_heads
     if lb not in (1, batch) or lh not in (1, heads_q):
         raise LayoutError(f"layout batch/head dims {lb}x{lh} must be 1 or match q's {batch}x{heads_q}")
 
@@ -142,6 +143,7 @@ def block_sparse_attention(
         *full_counts.stride(), *full_indices.stride()[:3],
         heads_q, heads_q // heads_kv, seq_q, seq_k,
         mask.offset, mask.window, mask.sink_tokens,
+        *element_mask_arguments(layout, batch, heads_q),
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_M=cfg.block_m,
@@ -150,6 +152,9 @@ def block_sparse_attention(
         SPARSE_BLOCK_N=layout.block_n,
         IS_CAUSAL=mask.causal,
         HAS_WINDOW=mask.window > 0,
+        HAS_DOC=layout.has_doc,
+        HAS_PAD=layout.has_padding,
+        HAS_BITS=layout.has_bits,
         RETURN_LSE=return_lse,
         EMULATE_BF16=emulate_bf16,
         USE_TMA=_tma_usable(cfg, q, k, v),
@@ -205,6 +210,32 @@ def _broadcast(counts: torch.Tensor, indices: torch.Tensor, batch: int, heads: i
         indices = indices.contiguous()
     return (counts.expand(batch, heads, counts.shape[2]),
             indices.expand(batch, heads, *indices.shape[2:]))
+
+
+def element_mask_arguments(layout: BlockLayout, batch: int, heads: int) -> tuple:
+    """The kernel's element-mask arguments, in its parameter order: (Q_DOC, K_DOC, stride_qdb,
+    stride_kdb, K_START, K_END, stride_pb, MASK_BITS, stride_mbb, stride_mbh, stride_mbm).
+
+    Absent masks are None (Triton makes a None argument a constexpr, so the kernel compiled for
+    a layout without element masks has the signature and code it had before they existed).
+    Present ones are expanded to (batch, heads) with zero strides where the layout broadcasts;
+    the kernel indexes their last dim with unit stride.
+    """
+    doc, pad, bits = (None,) * 4, (None,) * 3, (None,) * 4
+    if layout.has_doc:
+        q_doc = layout.q_doc.contiguous().expand(batch, layout.seq_q)
+        k_doc = layout.k_doc.contiguous().expand(batch, layout.seq_k)
+        doc = (q_doc, k_doc, q_doc.stride(0), k_doc.stride(0))
+    if layout.has_padding:
+        k_start, k_end = layout.k_start.expand(batch), layout.k_end.expand(batch)
+        if k_start.stride(0) != k_end.stride(0):
+            k_start, k_end = k_start.contiguous(), k_end.contiguous()
+        pad = (k_start, k_end, k_start.stride(0))
+    if layout.has_bits:
+        words = layout.mask_bits.contiguous()
+        words = words.expand(batch, heads, *words.shape[2:])
+        bits = (words, *words.stride()[:3])
+    return (*doc, *pad, *bits)
 
 
 def _resolve_config(config, q, k, v, layout, scale) -> configs.LaunchConfig:

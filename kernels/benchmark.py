@@ -2,6 +2,12 @@
 
     python -m parity.kernels.benchmark --json out.json [--sweep] [--seq 4096 16384]
         [--config block_n=128,one_loop=0 ...]
+    python -m parity.kernels.benchmark --masks document,padding --json masks.json
+
+``--masks`` runs only the element-mask cases (``MASK_CASES``): each mask built as a layout for
+the parity kernel and given to FlexAttention as the equivalent ``mask_mod`` through
+``create_block_mask``, at --seq (default 16384), bf16; times are the median of 5 do_bench
+medians with their spread ((max - min) / median).
 
 ``--config`` times a proposed variant of the pinned config (LaunchConfig fields, comma-separated)
 on every length and mask, next to the pinned config and FlexAttention; the pinned config and
@@ -25,7 +31,8 @@ from parity import platform
 
 from . import configs
 from .attention import block_sparse_attention, launch_config
-from .layout import BlockLayout, causal_layout, random_layout, sliding_window_layout
+from .layout import (BlockLayout, causal_layout, document_layout, padding_layout, random_layout,
+                     sliding_window_layout)
 from .reference import reference_attention
 from .testing import random_qkv
 
@@ -34,6 +41,74 @@ MASKS = {
     "sliding_window_1024": lambda s: sliding_window_layout(s, s, 1024, block_m=128, block_n=128),
     "random25_causal": lambda s: random_layout(s, s, 0.25, 0, causal=True, block_m=128, block_n=128),
 }
+
+
+# ---- element-mask cases: the parity layout and FlexAttention's mask_mod for the same mask ------
+# Fractions of the sequence: 8 documents of uneven lengths (odd token counts, the short ones
+# shorter than a block), and 4 right-padded key lengths (16k, 12k, 9k, 5k at 16384).
+DOCUMENT_FRACTIONS = (0.21, 0.03, 0.17, 0.09, 0.14, 0.012, 0.19)
+PADDING_FRACTIONS = (1.0, 0.75, 0.5625, 0.3125)
+
+
+def document_lengths(seq: int) -> list[int]:
+    """8 document lengths summing to ``seq`` (the last takes the rest), odd where possible."""
+    lengths = [max(1, int(seq * f)) | 1 for f in DOCUMENT_FRACTIONS]
+    lengths.append(seq - sum(lengths))
+    if lengths[-1] < 1:
+        raise ValueError(f"seq {seq} is too short for {len(lengths)} documents")
+    return lengths
+
+
+def padding_lengths(seq: int) -> list[int]:
+    """4 key lengths, the first the whole sequence."""
+    return [max(1, int(seq * f)) for f in PADDING_FRACTIONS]
+
+
+def document_mask_mod(doc_lens, device="cpu"):
+    """FlexAttention mask_mod: causal within documents laid end to end (self-attention)."""
+    doc_id = torch.repeat_interleave(torch.arange(len(doc_lens)), torch.as_tensor(doc_lens)).to(device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (doc_id[q_idx] == doc_id[kv_idx]) & (kv_idx <= q_idx)
+
+    return mask_mod
+
+
+def padding_mask_mod(lengths, device="cpu"):
+    """FlexAttention mask_mod: keys [0, lengths[b]) visible (right padding), causal (Sq = Sk)."""
+    key_len = torch.as_tensor(lengths).to(device)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx < key_len[b]) & (kv_idx <= q_idx)
+
+    return mask_mod
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskCase:
+    """One element-mask benchmark case at a sequence length: the batch it runs with, the parity
+    layout, and the equivalent FlexAttention mask_mod (``b`` None: broadcast over the batch)."""
+
+    name: str
+    batch: int
+    layout: BlockLayout
+    mask_mod: object
+    flex_batch: int | None
+
+
+def mask_case(name: str, seq: int, device="cpu") -> MaskCase:
+    if name == "document":
+        lens = document_lengths(seq)
+        return MaskCase(f"document{len(lens)}", 1, document_layout(lens, block_m=128, block_n=128),
+                        document_mask_mod(lens, device), None)
+    if name == "padding":
+        lens = padding_lengths(seq)
+        layout = padding_layout(seq, seq, lens, side="right", block_m=128, block_n=128)
+        return MaskCase(f"padding{len(lens)}-right", len(lens), layout, padding_mask_mod(lens, device), len(lens))
+    raise ValueError(f"unknown mask case {name!r}; choose from {', '.join(MASK_CASES)}")
+
+
+MASK_CASES = ("document", "padding")
 
 
 def flex_block_mask(layout: BlockLayout, device):
@@ -73,6 +148,59 @@ def bench(fn) -> float:
     from triton.testing import do_bench
 
     return float(do_bench(fn, warmup=50, rep=200, return_mode="median"))
+
+
+def bench_repeated(fn, repeats: int = 5) -> tuple[float, float]:
+    """(median of ``repeats`` do_bench medians in ms, their spread (max - min) / median)."""
+    times = sorted(bench(fn) for _ in range(repeats))
+    median = times[len(times) // 2]
+    return median, (times[-1] - times[0]) / median
+
+
+def run_masks(names, seqs, heads, head_dim, check: bool):
+    """The element-mask cases: parity kernel vs FlexAttention (create_block_mask from the
+    equivalent mask_mod, BLOCK_SIZE 128), bf16. Before timing, both outputs are compared with
+    the fp32 reference on the parity layout (exact for these masks: tests/test_masks.py checks
+    layout == mask_mod element by element) and with each other."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    device = torch.device("cuda")
+    flex = torch.compile(flex_attention, dynamic=False)
+    rows = []
+    for seq in seqs:
+        for name in names:
+            case = mask_case(name, seq, device)
+            batch = case.batch
+            layout = case.layout.to(device)
+            q, k, v = random_qkv(batch, heads, heads, seq, seq, head_dim, torch.bfloat16, seed=seq, device=device)
+            block_mask = create_block_mask(case.mask_mod, case.flex_batch, None, seq, seq, device=device,
+                                           BLOCK_SIZE=128)
+            impls = {
+                "parity triton": lambda: block_sparse_attention(q, k, v, layout),
+                "FlexAttention": lambda: flex(q, k, v, block_mask=block_mask),
+            }
+            computed = layout.computed_elements() * (batch * heads) // (layout.batch_heads[0] * layout.batch_heads[1])
+            density = computed / (batch * heads * seq * seq)
+            errors = {}
+            if check:
+                ref = reference_attention(q, k, v, layout, precision="fp32", chunk_rows=256)
+                outs = {impl: fn() for impl, fn in impls.items()}
+                errors = {impl: rel_l2(out, ref) for impl, out in outs.items()}
+                errors["parity vs Flex"] = rel_l2(outs["parity triton"], outs["FlexAttention"])
+                del ref, outs
+            for impl, fn in impls.items():
+                ms, spread = bench_repeated(fn)
+                rows.append({
+                    "seq": seq, "impl": impl, "mask": case.name, "batch": batch, "density": round(density, 4),
+                    "ms": round(ms, 4), "spread": round(spread, 4),
+                    "eff_tflops": round(4 * head_dim * computed / ms / 1e9, 1),
+                    "rel_l2_vs_fp32_ref": errors.get(impl),
+                })
+                if impl == "parity triton":
+                    rows[-1]["rel_l2_parity_vs_flex"] = errors.get("parity vs Flex")
+                    rows[-1]["config"] = _label(launch_config(device, head_dim, q.dtype))
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 def parse_variant(spec: str, base: configs.LaunchConfig) -> configs.LaunchConfig:
@@ -180,9 +308,42 @@ def run(seqs, batch, heads, head_dim, sweep: bool, check: bool, variants=()):
     return rows, sweep_rows
 
 
+def mask_markdown(mask_rows: list[dict]) -> str:
+    """The element-mask table: parity kernel vs FlexAttention per length and mask."""
+    lines = ["| S | mask | B | density | parity ms (spread) | parity eff TFLOP/s | Flex ms (spread) | "
+             "Flex eff TFLOP/s | parity / Flex | rel L2 vs fp32 ref: parity / Flex | parity vs Flex |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def err(value):
+        return f"{value:.2e}" if value is not None else "-"
+
+    for seq, mask in dict.fromkeys((r["seq"], r["mask"]) for r in mask_rows):
+        ours = next((r for r in mask_rows if (r["seq"], r["mask"], r["impl"]) == (seq, mask, "parity triton")), None)
+        flex = next((r for r in mask_rows if (r["seq"], r["mask"], r["impl"]) == (seq, mask, "FlexAttention")), None)
+        if not ours or not flex:
+            continue
+        lines.append(
+            f"| {seq} | {mask} | {ours['batch']} | {ours['density']:.3f} | "
+            f"{ours['ms']} ({100 * ours['spread']:.1f}%) | "
+            f"{ours['eff_tflops']:.0f} | {flex['ms']} ({100 * flex['spread']:.1f}%) | {flex['eff_tflops']:.0f} | "
+            f"{flex['ms'] / ours['ms']:.2f} | {err(ours.get('rel_l2_vs_fp32_ref'))} / "
+            f"{err(flex.get('rel_l2_vs_fp32_ref'))} | {err(ours.get('rel_l2_parity_vs_flex'))} |")
+    return "\n".join(lines)
+
+
 def markdown(result: dict) -> str:
     """The benchmark document's tables from a ``--json`` result: the summary (pinned config vs
-    FlexAttention and SDPA) and, when variants were timed, every variant's TFLOP/s per length and mask."""
+    FlexAttention and SDPA), when variants were timed every variant's TFLOP/s per length and mask,
+    and the element-mask table when ``--masks`` ran."""
+    if not result.get("rows"):
+        return mask_markdown(result.get("mask_rows", []))
+    text = _suite_markdown(result)
+    if result.get("mask_rows"):
+        text += "\n\n" + mask_markdown(result["mask_rows"])
+    return text
+
+
+def _suite_markdown(result: dict) -> str:
     rows = [r for r in result["rows"] if "ms" in r]
     lines = ["| S | mask | density | parity ms | parity eff TFLOP/s | Flex ms | Flex eff TFLOP/s | "
              "parity / Flex | SDPA causal ms (eff TFLOP/s) | rel L2 vs fp32 ref: parity / Flex |",
@@ -222,7 +383,8 @@ def markdown(result: dict) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seq", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--seq", type=int, nargs="+", default=None,
+                        help="sequence lengths (default 4096 16384; with --masks 16384)")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--head-dim", type=int, default=128)
@@ -232,6 +394,9 @@ def main(argv=None) -> int:
                         help="also time this variant of the pinned config on every length and mask "
                              "(fields block_m, block_n, num_warps, num_stages, tma, one_loop); "
                              "repeatable")
+    parser.add_argument("--masks", metavar="NAME,...",
+                        help=f"run only the element-mask cases named ({', '.join(MASK_CASES)}, or all), "
+                             "parity vs FlexAttention")
     parser.add_argument("--json", help="write rows and environment here")
     parser.add_argument("--markdown", metavar="RESULT.json",
                         help="print the benchmark document's tables from an earlier --json result (no GPU)")
@@ -244,6 +409,11 @@ def main(argv=None) -> int:
             print(f"benchmark: cannot read {args.markdown}: {err}", file=sys.stderr)
             return 2
         return 0
+    try:
+        masks = parse_masks(args.masks)
+    except ValueError as err:
+        print(f"benchmark: {err}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("benchmark: needs a GPU", file=sys.stderr)
         return 2
@@ -253,22 +423,40 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"benchmark: {err}", file=sys.stderr)
         return 2
-    rows, sweep_rows = run(args.seq, args.batch, args.heads, args.head_dim, args.sweep, not args.no_check,
-                           variants)
+    rows, sweep_rows, mask_rows = [], [], []
+    if masks:
+        mask_rows = run_masks(masks, args.seq or [16384], args.heads, args.head_dim, not args.no_check)
+    else:
+        rows, sweep_rows = run(args.seq or [4096, 16384], args.batch, args.heads, args.head_dim, args.sweep,
+                               not args.no_check, variants)
     result = {
         "fingerprint": platform.fingerprint("cuda"),
         "pinned_config": dataclasses.asdict(pinned),
         "shape": {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "dtype": "bf16"},
         "rows": rows,
         "sweep": sweep_rows,
+        "mask_rows": mask_rows,
     }
     from tabulate import tabulate
 
-    print(tabulate(rows, headers="keys", tablefmt="github"))
+    print(tabulate(rows or mask_rows, headers="keys", tablefmt="github"))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)
     return 0
+
+
+def parse_masks(spec: str | None) -> list[str]:
+    """``document,padding`` (or ``all``) -> the mask case names; None -> []."""
+    if spec is None:
+        return []
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if names == ["all"]:
+        return list(MASK_CASES)
+    unknown = [name for name in names if name not in MASK_CASES]
+    if unknown or not names:
+        raise ValueError(f"bad --masks {spec!r}: choose from {', '.join(MASK_CASES)} or all")
+    return names
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@
 #   6. `parity inspect --target sm_90` with this host's Triton (compile report of the pinned configs).
 # Each step has a time limit and its own log; a failing step does not stop the later ones, and
 # the step's exit status is recorded in status.txt. EXTRA_BENCH (benchmark arguments) adds a
-# second benchmark run, e.g. another head dim; PROPERTY_EXAMPLES sets the property test's cases.
+# second benchmark run, e.g. another head dim; MASKS (document,padding or all) adds the
+# element-mask benchmark; PROPERTY_EXAMPLES sets the property test's cases.
 #
 #   EXTRA_BENCH="--head-dim 64 --seq 4096 --config one_loop=1" \
 #       bash kernels/h200_run.sh --config block_n=128 --config one_loop=0
@@ -41,7 +42,12 @@ if [ -n "${EXTRA_BENCH:-}" ]; then
     # shellcheck disable=SC2086  # word splitting of the argument string is intended
     step benchmark-extra 150 "$PY" -m parity.kernels.benchmark --json "$R/bench-extra.json" $EXTRA_BENCH
 fi
-step gpu-tests 120 "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$R/gpu-tests.xml" tests
+if [ -n "${MASKS:-}" ]; then
+    # The element-mask cases against FlexAttention (e.g. MASKS=document,padding or all).
+    step benchmark-masks 240 "$PY" -m parity.kernels.benchmark --masks "$MASKS" --json "$R/bench-masks.json"
+fi
+# 300 s: the element-mask GPU tests (tests/test_masks.py) compile about 30 more kernel variants.
+step gpu-tests 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider --junitxml="$R/gpu-tests.xml" tests
 step compare-attention 45 "$PY" -m parity compare --golden golden/h200-attention --impl triton \
     --device cuda --budget --quiet --json "$R/compare-attention.json"
 step compare-decoder 45 "$PY" -m parity compare --golden golden/h200-decoder --impl triton \

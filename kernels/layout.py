@@ -1,25 +1,45 @@
-"""Block layouts for block-sparse attention: which key blocks each query block visits.
+"""Block layouts for block-sparse attention: which key blocks each query block visits, and the
+element masks applied inside the partially visible ones.
 
 The layout follows FlexAttention's BlockMask: for every (batch, head, query block) a count and a
 sorted list of key/value block indices, split into *partial* blocks (the element mask is applied
 inside the block) and *full* blocks (every element is visible, the mask is skipped). Batch and
 head dimensions may be 1 and then broadcast.
 
-The element mask is a small parametric predicate (``MaskSpec``) that the kernel evaluates in
-registers; a key ``k`` is visible to a query ``q`` in a partial block when::
+The element mask of a partial block is the AND of a small parametric predicate (``MaskSpec``)
+that the kernel evaluates in registers::
 
     k < seq_k
     and (not causal or k <= q + offset)
     and (window == 0 or k > q + offset - window or k < sink_tokens)
 
-The semantics of a layout (what the kernel and the reference both compute) are: an element is
-visible iff its block is full, or its block is partial and the predicate holds.
+and of the optional element-mask tensors the layout carries, each broadcast over the batch
+(leading dim 1 or B) and consulted only in partial blocks:
+
+* document ids ``q_doc`` [Bd, Sq], ``k_doc`` [Bd, Sk] (int32 >= 0): visible only where
+  ``q_doc[b, q] == k_doc[b, k]`` (packed sequences, varlen);
+* key padding ``k_start``, ``k_end`` [Bp] (int32): visible only where
+  ``k_start[b] <= k < k_end[b]`` (left padding: start > 0; right padding: end < Sk);
+* bit-packed element mask ``mask_bits`` [Bm, Hm, Sq, ceil(Sk / 32)] (int32): bit ``k % 32`` of
+  word ``k // 32`` set = visible. It can express any mask (FlexAttention's mask_mod included)
+  and costs Sq * Sk / 8 bytes per (batch, head) entry: 32 MiB at Sq = Sk = 16384.
+
+The semantics of a layout (what the kernel and the dense reference both compute) are: an element
+is visible iff its block is full, or its block is partial and every mask present holds. The
+builders classify a block as full only where every element is visible, so full blocks never
+need a mask.
+
+Alignment of the causal diagonal when Sq != Sk: the builders default to ``align="bottom_right"``
+(FlashAttention 2 >= 2.1, SDPA with a KV cache, decode loops): ``offset = Sk - Sq``, so the last
+query sees every key and a one-token decode step (Sq = 1) sees the whole cache.
+``align="top_left"`` (``offset = 0``) is the older convention; ``offset=`` sets the diagonal
+explicitly (key ``k`` visible to query ``q`` when ``k <= q + offset``).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -27,15 +47,29 @@ __all__ = [
     "MaskSpec",
     "BlockLayout",
     "LayoutError",
+    "ALIGNMENTS",
     "causal_layout",
     "sliding_window_layout",
     "sink_layout",
     "random_layout",
     "layout_from_block_mask",
+    "layout_from_dense_mask",
+    "layout_from_mask_mod",
+    "document_layout",
+    "varlen_layout",
+    "padding_layout",
+    "prefix_lm_layout",
+    "pack_mask_bits",
+    "unpack_mask_bits",
 ]
 
 SKIP, PARTIAL, FULL = 0, 1, 2
+ALIGNMENTS = ("bottom_right", "top_left")
 _TENSOR_FIELDS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+# Optional element-mask tensors, in the order bundles list them (BlockLayout.meta).
+_ELEMENT_FIELDS = ("q_doc", "k_doc", "k_start", "k_end", "mask_bits")
+# Elements of one row chunk of a dense visibility evaluated while building a layout (bool bytes).
+_CHUNK_ELEMENTS = 1 << 25
 
 
 class LayoutError(ValueError):
@@ -44,7 +78,7 @@ class LayoutError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class MaskSpec:
-    """The element-level mask applied inside partial blocks (see the module docstring)."""
+    """The element-level predicate applied inside partial blocks (see the module docstring)."""
 
     causal: bool = False
     window: int = 0
@@ -79,15 +113,44 @@ def _is_pow2(value: int) -> bool:
     return value >= 1 and (value & (value - 1)) == 0
 
 
+# ---- bit packing -------------------------------------------------------------------------------
+def pack_mask_bits(visible: torch.Tensor) -> torch.Tensor:
+    """bool [..., Sk] -> int32 [..., ceil(Sk / 32)]: bit ``k % 32`` of word ``k // 32`` = visible."""
+    seq_k = visible.shape[-1]
+    words = math.ceil(seq_k / 32)
+    padded = torch.zeros(*visible.shape[:-1], words * 32, dtype=torch.bool, device=visible.device)
+    padded[..., :seq_k] = visible
+    # One bit position at a time: peak memory is the int64 words, not 64 bits per element.
+    packed = torch.zeros(*visible.shape[:-1], words, dtype=torch.int64, device=visible.device)
+    for bit in range(32):
+        packed |= padded[..., bit::32].to(torch.int64) << bit
+    # int32 words hold the 32 bits two's-complement: bit 31 set is a negative word.
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def unpack_mask_bits(words: torch.Tensor, seq_k: int, k_idx: torch.Tensor | None = None) -> torch.Tensor:
+    """int32 [..., ceil(Sk / 32)] -> bool [..., Sk] (or [..., len(k_idx)] for the keys ``k_idx``)."""
+    k_idx = torch.arange(seq_k, device=words.device) if k_idx is None else k_idx
+    # An arithmetic shift of a negative word still leaves bit (k % 32) in the lowest place.
+    return ((words[..., k_idx // 32].to(torch.int64) >> (k_idx % 32)) & 1).bool()
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class BlockLayout:
-    """Per (batch, head, query block) lists of key blocks.
+    """Per (batch, head, query block) lists of key blocks, plus optional element masks.
 
     kv_num_blocks:      [Bl, Hl, num_q_blocks] int32, partial blocks per query block
     kv_indices:         [Bl, Hl, num_q_blocks, max_kv_blocks] int32, sorted, first count valid
     full_kv_num_blocks: [Bl, Hl, num_q_blocks] int32, full blocks per query block
     full_kv_indices:    [Bl, Hl, num_q_blocks, max_kv_blocks] int32
     Bl is 1 or the batch size, Hl is 1 or the number of query heads.
+
+    Element masks (None when absent; consulted in partial blocks only, module docstring):
+    q_doc: [Bd, Sq] int32 >= 0 and k_doc: [Bd, Sk] int32 >= 0, document ids (both or neither);
+    k_start, k_end: [Bp] int32, 0 <= start <= end <= Sk, the visible key range (both or neither);
+    mask_bits: [Bm, Hm, Sq, ceil(Sk / 32)] int32, bit-packed visibility, Sq * Sk / 8 bytes per
+    (Bm, Hm) entry; bits past Sk are 0. Bd, Bp, Bm are 1 or the batch size and Hm 1 or the number
+    of query heads; every dim that is not 1 must agree with the other tensors'.
     """
 
     seq_q: int
@@ -100,9 +163,15 @@ class BlockLayout:
     full_kv_indices: torch.Tensor
     mask: MaskSpec = MaskSpec()
     kind: str = "custom"
+    q_doc: torch.Tensor | None = None
+    k_doc: torch.Tensor | None = None
+    k_start: torch.Tensor | None = None
+    k_end: torch.Tensor | None = None
+    mask_bits: torch.Tensor | None = None
 
     def __post_init__(self):
         self._check_structure()
+        self._check_element_structure()
 
     # ---- shape facts -------------------------------------------------------------------------
     @property
@@ -115,11 +184,46 @@ class BlockLayout:
 
     @property
     def batch_heads(self) -> tuple[int, int]:
+        """(Bl, Hl) of the block tensors."""
         return tuple(self.kv_num_blocks.shape[:2])
+
+    @property
+    def broadcast_batch_heads(self) -> tuple[int, int]:
+        """(batch, heads) over the block tensors and every element mask: each is 1 or the
+        problem's batch / query heads."""
+        batches, heads = self._leading_dims()
+        return max(batches), max(heads)
 
     @property
     def device(self) -> torch.device:
         return self.kv_num_blocks.device
+
+    @property
+    def has_doc(self) -> bool:
+        return self.q_doc is not None
+
+    @property
+    def has_padding(self) -> bool:
+        return self.k_start is not None
+
+    @property
+    def has_bits(self) -> bool:
+        return self.mask_bits is not None
+
+    @property
+    def element_masks(self) -> tuple[str, ...]:
+        """Names of the element-mask tensors present, in ``_ELEMENT_FIELDS`` order."""
+        return tuple(name for name in _ELEMENT_FIELDS if getattr(self, name) is not None)
+
+    def _leading_dims(self) -> tuple[list[int], list[int]]:
+        batches, heads = [self.kv_num_blocks.shape[0]], [self.kv_num_blocks.shape[1]]
+        for name in ("q_doc", "k_start", "mask_bits"):
+            tensor = getattr(self, name)
+            if tensor is not None:
+                batches.append(tensor.shape[0])
+        if self.mask_bits is not None:
+            heads.append(self.mask_bits.shape[1])
+        return batches, heads
 
     # ---- validation --------------------------------------------------------------------------
     def _check_structure(self) -> None:
@@ -129,7 +233,7 @@ class BlockLayout:
             value = getattr(self, name)
             if not _is_pow2(value) or value < 16:
                 raise LayoutError(f"{name} must be a power of two >= 16, got {value}")
-        counts, indices = self.kv_num_blocks, self.kv_indices
+        counts = self.kv_num_blocks
         for name in _TENSOR_FIELDS:
             tensor = getattr(self, name)
             if not isinstance(tensor, torch.Tensor):
@@ -153,10 +257,44 @@ class BlockLayout:
                 f"kv_num_blocks {list(counts.shape)} and full_kv_num_blocks "
                 f"{list(self.full_kv_num_blocks.shape)} must have the same shape"
             )
-        del indices
+
+    def _check_element_structure(self) -> None:
+        """Types, shapes and devices of the element masks (no data is read)."""
+        for name in _ELEMENT_FIELDS:
+            tensor = getattr(self, name)
+            if tensor is None:
+                continue
+            if not isinstance(tensor, torch.Tensor):
+                raise LayoutError(f"{name} must be a torch.Tensor or None, got {type(tensor).__name__}")
+            if tensor.dtype != torch.int32:
+                raise LayoutError(f"{name} must be int32, got {tensor.dtype}")
+            if tensor.device != self.device:
+                raise LayoutError(f"{name} is on {tensor.device} but kv_num_blocks is on {self.device}")
+        for first, second in (("q_doc", "k_doc"), ("k_start", "k_end")):
+            if (getattr(self, first) is None) != (getattr(self, second) is None):
+                raise LayoutError(f"{first} and {second} must be given together")
+        if self.q_doc is not None:
+            if self.q_doc.dim() != 2 or self.q_doc.shape[1] != self.seq_q:
+                raise LayoutError(f"q_doc must have shape [Bd, {self.seq_q}], got {list(self.q_doc.shape)}")
+            if self.k_doc.dim() != 2 or tuple(self.k_doc.shape) != (self.q_doc.shape[0], self.seq_k):
+                raise LayoutError(f"k_doc must have shape [{self.q_doc.shape[0]}, {self.seq_k}], "
+                                  f"got {list(self.k_doc.shape)}")
+        if self.k_start is not None:
+            if self.k_start.dim() != 1 or self.k_end.shape != self.k_start.shape:
+                raise LayoutError(f"k_start and k_end must have one shape [Bp], got {list(self.k_start.shape)} "
+                                  f"and {list(self.k_end.shape)}")
+        if self.mask_bits is not None:
+            words = math.ceil(self.seq_k / 32)
+            if self.mask_bits.dim() != 4 or tuple(self.mask_bits.shape[2:]) != (self.seq_q, words):
+                raise LayoutError(f"mask_bits must have shape [Bm, Hm, {self.seq_q}, {words}], "
+                                  f"got {list(self.mask_bits.shape)}")
+        for axis, dims in zip(("batch", "head"), self._leading_dims()):
+            if len(set(dims) - {1}) > 1 or 0 in dims:
+                raise LayoutError(f"layout {axis} dims {dims} must each be 1 or one common size")
 
     def validate(self) -> "BlockLayout":
-        """Check the contents (counts, ranges, sorting, disjointness); raises LayoutError.
+        """Check the contents (counts, ranges, sorting, disjointness, element-mask ranges);
+        raises LayoutError.
 
         Reads the index tensors (a device synchronisation on GPU), so launchers call it only
         when asked; every builder and ``from_tensors`` call it.
@@ -192,19 +330,39 @@ class BlockLayout:
             raise LayoutError(
                 f"the last key block is only partly inside seq_k={self.seq_k}; it must be partial, not full"
             )
+        self._validate_element_masks()
         return self
+
+    def _validate_element_masks(self) -> None:
+        if self.q_doc is not None:
+            for name in ("q_doc", "k_doc"):
+                ids = getattr(self, name)
+                if ids.numel() and int(ids.min()) < 0:
+                    raise LayoutError(f"{name} must hold document ids >= 0, got {int(ids.min())}")
+        if self.k_start is not None:
+            start, end = self.k_start.cpu().long(), self.k_end.cpu().long()
+            if ((start < 0) | (start > end) | (end > self.seq_k)).any():
+                raise LayoutError(f"key padding ranges must satisfy 0 <= k_start <= k_end <= {self.seq_k}, "
+                                  f"got k_start={start.tolist()}, k_end={end.tolist()}")
+        if self.mask_bits is not None and self.seq_k % 32:
+            last = self.mask_bits[..., -1].cpu().long() & 0xFFFFFFFF
+            if (last >> (self.seq_k % 32)).any():
+                raise LayoutError(f"mask_bits sets bits of keys past seq_k={self.seq_k}")
 
     # ---- conversion --------------------------------------------------------------------------
     def to(self, device: torch.device | str) -> "BlockLayout":
-        moved = {name: getattr(self, name).to(device) for name in _TENSOR_FIELDS}
+        moved = {name: getattr(self, name).to(device) for name in _TENSOR_FIELDS + self.element_masks}
         return dataclasses.replace(self, **moved)
 
     def to_tensors(self) -> dict[str, torch.Tensor]:
-        return {name: getattr(self, name).to(torch.int32).contiguous().cpu() for name in _TENSOR_FIELDS}
+        """The block tensors (int32) and the element masks present, contiguous on the CPU."""
+        tensors = {name: getattr(self, name).to(torch.int32).contiguous().cpu() for name in _TENSOR_FIELDS}
+        tensors.update({name: getattr(self, name).contiguous().cpu() for name in self.element_masks})
+        return tensors
 
     @property
     def meta(self) -> dict[str, Any]:
-        return {
+        meta = {
             "seq_q": self.seq_q,
             "seq_k": self.seq_k,
             "block_m": self.block_m,
@@ -212,6 +370,10 @@ class BlockLayout:
             "kind": self.kind,
             "mask": dataclasses.asdict(self.mask),
         }
+        # Only when present, so the meta of a layout without element masks is what it always was.
+        if self.element_masks:
+            meta["element_masks"] = list(self.element_masks)
+        return meta
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> "BlockLayout":
@@ -223,6 +385,19 @@ class BlockLayout:
         if not isinstance(mask_meta, dict) or set(mask_meta) != fields:
             raise LayoutError(f"layout metadata: mask must be an object with exactly {', '.join(sorted(fields))}, "
                               f"got {mask_meta!r}")
+        listed = meta.get("element_masks", [])
+        if (not isinstance(listed, list) or any(name not in _ELEMENT_FIELDS for name in listed)
+                or len(set(listed)) != len(listed)):
+            raise LayoutError(f"layout metadata: element_masks must be a list of distinct names from "
+                              f"{', '.join(_ELEMENT_FIELDS)}, got {listed!r}")
+        # The tensors must be exactly those the metadata lists: a dropped mask tensor would
+        # otherwise load as a silently different (less masked) layout.
+        present = [name for name in _ELEMENT_FIELDS if name in tensors]
+        if set(present) != set(listed):
+            raise LayoutError(f"layout element masks {sorted(present)} do not match the metadata's {sorted(listed)}")
+        unknown = sorted(set(tensors) - set(_TENSOR_FIELDS) - set(_ELEMENT_FIELDS))
+        if unknown:
+            raise LayoutError(f"unknown layout tensors: {', '.join(unknown)}")
         try:
             mask = MaskSpec(**mask_meta)
             layout = cls(
@@ -232,7 +407,7 @@ class BlockLayout:
                 block_n=int(meta["block_n"]),
                 mask=mask,
                 kind=str(meta.get("kind", "custom")),
-                **{name: tensors[name] for name in _TENSOR_FIELDS},
+                **{name: tensors[name] for name in _TENSOR_FIELDS + tuple(present)},
             )
         except (KeyError, TypeError) as err:
             raise LayoutError(f"layout metadata is incomplete or malformed: {err}") from None
@@ -252,15 +427,32 @@ class BlockLayout:
             classes[_selected(indices, valid, self.num_kv_blocks)] = cls
         return classes
 
+    def element_visible(self, q_start: int = 0, q_end: int | None = None) -> torch.Tensor:
+        """The AND of the predicate and every element mask for query rows [q_start, q_end), block
+        classes ignored: bool [B', H', rows, seq_k] with B', H' each 1 or the broadcast size."""
+        q_end = self.seq_q if q_end is None else q_end
+        q_idx = torch.arange(q_start, q_end, device=self.device)
+        k_idx = torch.arange(self.seq_k, device=self.device)
+        visible = self.mask.visible(q_idx[:, None], k_idx[None, :], self.seq_k)[None, None]
+        if self.q_doc is not None:
+            same_doc = self.q_doc[:, q_start:q_end, None] == self.k_doc[:, None, :]
+            visible = visible & same_doc[:, None]
+        if self.k_start is not None:
+            in_range = (k_idx >= self.k_start[:, None]) & (k_idx < self.k_end[:, None])
+            visible = visible & in_range[:, None, None, :]
+        if self.mask_bits is not None:
+            visible = visible & unpack_mask_bits(self.mask_bits[:, :, q_start:q_end], self.seq_k)
+        return visible
+
     def dense_mask(self, q_start: int = 0, q_end: int | None = None) -> torch.Tensor:
-        """Element visibility [Bl, Hl, q_end - q_start, seq_k] (bool) of query rows [q_start, q_end)."""
+        """Element visibility (bool) of query rows [q_start, q_end): [B', H', rows, seq_k], where
+        B' and H' are 1 or the broadcast batch / heads (``broadcast_batch_heads``)."""
         q_end = self.seq_q if q_end is None else q_end
         classes = self.block_classes()
         q_idx = torch.arange(q_start, q_end, device=self.device)
         k_idx = torch.arange(self.seq_k, device=self.device)
         per_elem = classes[:, :, q_idx // self.block_m][..., k_idx // self.block_n]
-        predicate = self.mask.visible(q_idx[:, None], k_idx[None, :], self.seq_k)
-        return (per_elem == FULL) | ((per_elem == PARTIAL) & predicate)
+        return (per_elem == FULL) | ((per_elem == PARTIAL) & self.element_visible(q_start, q_end))
 
     def density(self) -> float:
         """Fraction of (query block, key block) tiles that are computed (partial or full)."""
@@ -289,35 +481,78 @@ def _selected(indices: torch.Tensor, valid: torch.Tensor, num_kv_blocks: int) ->
     return sel[..., :num_kv_blocks]
 
 
-# ---- builders ----------------------------------------------------------------------------------
-def _classes_from_mask(mask: MaskSpec, seq_q: int, seq_k: int, block_m: int, block_n: int,
-                       rows_per_chunk: int = 4096) -> torch.Tensor:
-    """Classify each (query block, key block) tile by the element predicate: [nQ, nK] int8."""
+# ---- classifying tiles from an element visibility ------------------------------------------------
+@dataclasses.dataclass
+class _Classified:
+    classes: torch.Tensor  # [B', H', nQ, nK] int8
+    bits: torch.Tensor | None  # [B', H', Sq, ceil(Sk / 32)] int32, when asked for
+    # Whether some partial tile hides an element inside (seq_q, seq_k): only then does a mask
+    # given as bits need its bits.
+    bits_needed: bool
+
+
+def _classify(visible_rows: Callable[[int, int], torch.Tensor], seq_q: int, seq_k: int, block_m: int,
+              block_n: int, *, keep_bits: bool = False, rows_per_chunk: int | None = None) -> _Classified:
+    """Classify each (query block, key block) tile from a dense element visibility.
+
+    visible_rows(q_start, q_end) -> bool [B', H', q_end - q_start or 1, seq_k] (B', H' the same
+    for every chunk) is evaluated over chunks of whole query blocks, so peak memory is one chunk.
+    A tile is FULL when every element is visible, SKIP when none is, PARTIAL otherwise; keys
+    past seq_k count as hidden, which makes the tail block partial, as the kernel requires.
+    With ``keep_bits`` the visibility is also bit-packed (``mask_bits``).
+    """
     nq, nk = math.ceil(seq_q / block_m), math.ceil(seq_k / block_n)
-    classes = torch.empty(nq, nk, dtype=torch.int8)
-    # Key positions padded to whole blocks; padded keys are invisible (k >= seq_k), which makes
-    # the tail block partial, as the kernel requires.
-    k_idx = torch.arange(nk * block_n)
+    if rows_per_chunk is None:
+        rows_per_chunk = max(block_m, _CHUNK_ELEMENTS // (nk * block_n) // block_m * block_m)
     chunk_blocks = max(1, rows_per_chunk // block_m)
+    classes = bits = None
+    bits_needed = False
     for qb0 in range(0, nq, chunk_blocks):
         qb1 = min(nq, qb0 + chunk_blocks)
-        q_idx = torch.arange(qb0 * block_m, min(qb1 * block_m, seq_q))
-        vis = mask.visible(q_idx[:, None], k_idx[None, :], seq_k)
-        # pad the (possibly short) last query block with copies of its last row: rows past
-        # seq_q are never stored, so they must not make a block partial.
-        pad = (qb1 - qb0) * block_m - vis.shape[0]
-        if pad:
-            vis = torch.cat([vis, vis[-1:].expand(pad, -1)])
-        tiles = vis.view(qb1 - qb0, block_m, nk, block_n)
-        any_vis = tiles.any(dim=3).any(dim=1)
-        all_vis = tiles.all(dim=3).all(dim=1)
-        chunk = torch.where(all_vis, FULL, torch.where(any_vis, PARTIAL, SKIP)).to(torch.int8)
-        classes[qb0:qb1] = chunk
-    return classes
+        q0, q1 = qb0 * block_m, min(qb1 * block_m, seq_q)
+        vis = visible_rows(q0, q1)
+        if vis.dtype != torch.bool or vis.dim() != 4 or vis.shape[2] not in (1, q1 - q0) or vis.shape[3] != seq_k:
+            raise LayoutError(f"visibility rows {q0}:{q1} must be bool [B, H, {q1 - q0}, {seq_k}], "
+                              f"got {vis.dtype} {list(vis.shape)}")
+        vis = vis.cpu().expand(*vis.shape[:2], q1 - q0, seq_k)
+        if classes is None:
+            classes = torch.empty(*vis.shape[:2], nq, nk, dtype=torch.int8)
+            if keep_bits:
+                bits = torch.empty(*vis.shape[:2], seq_q, math.ceil(seq_k / 32), dtype=torch.int32)
+        if keep_bits:
+            bits[:, :, q0:q1] = pack_mask_bits(vis)
+        # Pad the (possibly short) last query block with copies of its last row: rows past seq_q
+        # are never stored, so they must not make a block partial. Keys past seq_k are hidden.
+        row_pad = (qb1 - qb0) * block_m - (q1 - q0)
+        if row_pad:
+            vis = torch.cat([vis, vis[:, :, -1:].expand(-1, -1, row_pad, -1)], dim=2)
+        in_range = torch.arange(nk * block_n) < seq_k
+        padded = torch.zeros(*vis.shape[:3], nk * block_n, dtype=torch.bool)
+        padded[..., :seq_k] = vis
+        tile_shape = (*vis.shape[:2], qb1 - qb0, block_m, nk, block_n)
+        # max / min over uint8 tiles: ~17x faster than bool any() / all() on the CPU.
+        tiles = padded.view(torch.uint8).view(tile_shape)
+        any_vis = tiles.amax(dim=(3, 5)).bool()
+        all_vis = tiles.amin(dim=(3, 5)).bool()
+        classes[:, :, qb0:qb1] = torch.where(all_vis, FULL, torch.where(any_vis, PARTIAL, SKIP)).to(torch.int8)
+        if keep_bits and not bits_needed:
+            # A tile that is partial only because it runs past seq_k is masked by the kernel's
+            # k < seq_k test; bits are needed only where a partial tile hides an in-range key.
+            in_range_vis = (padded | ~in_range).view(torch.uint8).view(tile_shape).amin(dim=(3, 5)).bool()
+            bits_needed = bool((any_vis & ~all_vis & ~in_range_vis).any())
+    return _Classified(classes, bits, bits_needed)
+
+
+def _classes_from_mask(mask: MaskSpec, seq_q: int, seq_k: int, block_m: int, block_n: int) -> torch.Tensor:
+    """Classify each (query block, key block) tile by the element predicate: [nQ, nK] int8."""
+    def rows(q0, q1):
+        return mask.visible(torch.arange(q0, q1)[:, None], torch.arange(seq_k)[None, :], seq_k)[None, None]
+
+    return _classify(rows, seq_q, seq_k, block_m, block_n).classes[0, 0]
 
 
 def _layout_from_classes(classes: torch.Tensor, seq_q: int, seq_k: int, block_m: int, block_n: int,
-                         mask: MaskSpec, kind: str) -> BlockLayout:
+                         mask: MaskSpec, kind: str, **element_masks) -> BlockLayout:
     """Build count/index tensors from a [Bl, Hl, nQ, nK] class tensor."""
     nk = classes.shape[-1]
     block_ids = torch.arange(nk, dtype=torch.int32).expand_as(classes)
@@ -339,7 +574,7 @@ def _layout_from_classes(classes: torch.Tensor, seq_q: int, seq_k: int, block_m:
         seq_q=seq_q, seq_k=seq_k, block_m=block_m, block_n=block_n,
         kv_num_blocks=partial_counts, kv_indices=partial_indices,
         full_kv_num_blocks=full_counts, full_kv_indices=full_indices,
-        mask=mask, kind=kind,
+        mask=mask, kind=kind, **element_masks,
     ).validate()
 
 
@@ -348,50 +583,76 @@ def _mask_layout(mask: MaskSpec, seq_q, seq_k, block_m, block_n, kind) -> BlockL
     return _layout_from_classes(classes, seq_q, seq_k, block_m, block_n, mask, kind)
 
 
+def _diagonal_offset(seq_q: int, seq_k: int, align: str, offset: int | None) -> int:
+    """The causal offset (key k visible to query q when k <= q + offset): ``offset`` when given,
+    else Sk - Sq for bottom-right alignment, 0 for top-left."""
+    if offset is not None:
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise LayoutError(f"offset must be an integer or None, got {offset!r}")
+        return offset
+    if align == "bottom_right":
+        return seq_k - seq_q
+    if align == "top_left":
+        return 0
+    raise LayoutError(f"align must be one of {', '.join(ALIGNMENTS)}, got {align!r}")
+
+
+# ---- builders: predicates ------------------------------------------------------------------------
 def causal_layout(seq_q: int, seq_k: int, *, block_m: int = 128, block_n: int = 128,
-                  offset: int = 0) -> BlockLayout:
-    """Causal mask, key k visible to query q when k <= q + offset (top-left aligned at 0)."""
-    return _mask_layout(MaskSpec(causal=True, offset=offset), seq_q, seq_k, block_m, block_n, "causal")
+                  align: str = "bottom_right", offset: int | None = None) -> BlockLayout:
+    """Causal mask: key k visible to query q when k <= q + offset.
+
+    align: "bottom_right" (default, FlashAttention 2 >= 2.1: offset = Sk - Sq, the last query sees
+    every key; a decode step Sq = 1 sees the whole cache) or "top_left" (offset = 0).
+    offset: an explicit diagonal; when given it replaces the one ``align`` implies.
+    """
+    mask = MaskSpec(causal=True, offset=_diagonal_offset(seq_q, seq_k, align, offset))
+    return _mask_layout(mask, seq_q, seq_k, block_m, block_n, "causal")
 
 
 def sliding_window_layout(seq_q: int, seq_k: int, window: int, *, block_m: int = 128,
-                          block_n: int = 128, offset: int = 0) -> BlockLayout:
-    """Causal sliding window: each query sees itself and the ``window - 1`` keys before it."""
+                          block_n: int = 128, align: str = "bottom_right", offset: int | None = None) -> BlockLayout:
+    """Causal sliding window: each query sees its diagonal key and the ``window - 1`` keys before
+    it. The diagonal is aligned as in ``causal_layout`` (bottom-right by default)."""
     if window < 1:
         raise LayoutError(f"window must be >= 1, got {window}")
-    mask = MaskSpec(causal=True, window=window, offset=offset)
+    mask = MaskSpec(causal=True, window=window, offset=_diagonal_offset(seq_q, seq_k, align, offset))
     return _mask_layout(mask, seq_q, seq_k, block_m, block_n, f"window{window}")
 
 
 def sink_layout(seq_q: int, seq_k: int, window: int, sink_blocks: int = 1, *, block_m: int = 128,
-                block_n: int = 128, offset: int = 0) -> BlockLayout:
-    """Causal sliding window plus global (sink) key blocks that every query sees (StreamingLLM)."""
+                block_n: int = 128, align: str = "bottom_right", offset: int | None = None) -> BlockLayout:
+    """Causal sliding window plus global (sink) key blocks that every query sees (StreamingLLM).
+    The diagonal is aligned as in ``causal_layout`` (bottom-right by default)."""
     if window < 1 or sink_blocks < 0:
         raise LayoutError(f"need window >= 1 and sink_blocks >= 0, got {window}, {sink_blocks}")
-    mask = MaskSpec(causal=True, window=window, sink_tokens=sink_blocks * block_n, offset=offset)
+    mask = MaskSpec(causal=True, window=window, sink_tokens=sink_blocks * block_n,
+                    offset=_diagonal_offset(seq_q, seq_k, align, offset))
     return _mask_layout(mask, seq_q, seq_k, block_m, block_n, f"window{window}-sink{sink_blocks}")
 
 
 def random_layout(seq_q: int, seq_k: int, density: float, seed: int, *, batch: int = 1, heads: int = 1,
                   causal: bool = True, keep_diagonal: bool = True, block_m: int = 128,
-                  block_n: int = 128) -> BlockLayout:
+                  block_n: int = 128, align: str = "bottom_right") -> BlockLayout:
     """Each allowed (query block, key block) tile kept with probability ``density``.
 
     Drawn with a seeded CPU generator, so the layout is the same on every host. With ``causal``
-    only tiles that hold a visible causal element are candidates, and the causal predicate is
-    applied in the diagonal tiles. ``keep_diagonal`` keeps each query block's diagonal tile so
-    no row is left empty by chance.
+    only tiles that hold a visible causal element (diagonal aligned by ``align``, as in
+    ``causal_layout``) are candidates, and the causal predicate is applied in the diagonal tiles.
+    ``keep_diagonal`` keeps the tile of each query block's first diagonal key so no row that
+    the predicate lets see a key is left empty by chance.
     """
     if not 0.0 <= density <= 1.0:
         raise LayoutError(f"density must be in [0, 1], got {density}")
-    mask = MaskSpec(causal=causal)
+    offset = _diagonal_offset(seq_q, seq_k, align, None) if causal else 0
+    mask = MaskSpec(causal=causal, offset=offset)
     base = _classes_from_mask(mask, seq_q, seq_k, block_m, block_n)
     gen = torch.Generator().manual_seed(seed)
     keep = torch.rand(batch, heads, *base.shape, generator=gen) < density
     if keep_diagonal:
         nq, nk = base.shape
         qb = torch.arange(nq)
-        diag = torch.clamp((qb * block_m) // block_n, max=nk - 1)
+        diag = torch.clamp((qb * block_m + offset) // block_n, min=0, max=nk - 1)
         keep[..., qb, diag] = True
     classes = torch.where(keep, base.expand_as(keep), torch.zeros((), dtype=torch.int8))
     return _layout_from_classes(classes, seq_q, seq_k, block_m, block_n, mask,
@@ -419,3 +680,226 @@ def layout_from_block_mask(block_mask: torch.Tensor, seq_q: int, seq_k: int, *, 
     base = _classes_from_mask(mask, seq_q, seq_k, block_m, block_n)
     classes = torch.where(block_mask.cpu(), base.expand(block_mask.shape), torch.zeros((), dtype=torch.int8))
     return _layout_from_classes(classes, seq_q, seq_k, block_m, block_n, mask, "blockmask")
+
+
+# ---- builders: element masks ---------------------------------------------------------------------
+def layout_from_dense_mask(mask: torch.Tensor, *, block_m: int = 128, block_n: int = 128) -> BlockLayout:
+    """Any element mask, exactly: mask bool [B or 1, H or 1, Sq, Sk] (or [Sq, Sk]), True = visible.
+
+    Tiles with no visible element are skipped, all-visible tiles are full, the rest partial; the
+    mask is kept as ``mask_bits`` [B or 1, H or 1, Sq, ceil(Sk / 32)] (Sq * Sk / 8 bytes per
+    (batch, head) entry) only when some partial tile hides an element (a mask that is
+    block-aligned up to the sequence end needs none). Rows with no visible key give 0 and LSE
+    -inf. Built on the CPU, in chunks of query rows.
+    """
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise LayoutError(f"mask must be a torch.bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
+    if mask.dim() == 2:
+        mask = mask[None, None]
+    if mask.dim() != 4 or mask.shape[2] < 1 or mask.shape[3] < 1:
+        raise LayoutError(f"mask must have shape [B or 1, H or 1, Sq, Sk], got {list(mask.shape)}")
+    seq_q, seq_k = mask.shape[2], mask.shape[3]
+    return _layout_from_visibility(lambda q0, q1: mask[:, :, q0:q1], seq_q, seq_k, block_m, block_n, "densemask")
+
+
+def layout_from_mask_mod(mask_mod: Callable, B: int | None, H: int | None, Sq: int, Sk: int, *,
+                         block_m: int = 128, block_n: int = 128) -> BlockLayout:
+    """A FlexAttention-style ``mask_mod(b, h, q_idx, kv_idx) -> bool tensor``, exactly.
+
+    The mask_mod is called with broadcasting index tensors b [B, 1, 1, 1], h [1, H, 1, 1],
+    q_idx [1, 1, rows, 1], kv_idx [1, 1, 1, Sk] (int64, on the CPU, rows a chunk of the queries;
+    indices stay inside [0, Sq) and [0, Sk)), as torch broadcasting evaluates it; a result that
+    does not depend on b or h keeps that dim 1 and the layout broadcasts over it. B or H None
+    means 1 (broadcast), as in ``create_block_mask``. Then as ``layout_from_dense_mask``; no
+    FlexAttention import is needed.
+    """
+    batch, heads = B or 1, H or 1
+    if min(batch, heads, Sq, Sk) < 1:
+        raise LayoutError(f"B, H, Sq, Sk must be >= 1, got {B}, {H}, {Sq}, {Sk}")
+    b = torch.arange(batch).view(batch, 1, 1, 1)
+    h = torch.arange(heads).view(1, heads, 1, 1)
+    kv_idx = torch.arange(Sk).view(1, 1, 1, Sk)
+
+    def rows(q0: int, q1: int) -> torch.Tensor:
+        out = mask_mod(b, h, torch.arange(q0, q1).view(1, 1, -1, 1), kv_idx)
+        if not isinstance(out, torch.Tensor) or out.dtype != torch.bool:
+            raise LayoutError(f"mask_mod must return a bool tensor, got {getattr(out, 'dtype', type(out).__name__)}")
+        while out.dim() < 4:
+            out = out[None]
+        try:
+            shape = torch.broadcast_shapes(out.shape, (1, 1, q1 - q0, Sk))
+        except RuntimeError:
+            shape = None
+        if shape is None or len(shape) != 4 or shape[0] not in (1, batch) or shape[1] not in (1, heads):
+            raise LayoutError(f"mask_mod returned shape {list(out.shape)}, not broadcastable to "
+                              f"[{batch}, {heads}, {q1 - q0}, {Sk}]")
+        return out.expand(shape)
+
+    return _layout_from_visibility(rows, Sq, Sk, block_m, block_n, "maskmod")
+
+
+def _layout_from_visibility(visible_rows, seq_q, seq_k, block_m, block_n, kind) -> BlockLayout:
+    """A general element mask given by rows (``_classify``): classes plus bits where needed."""
+    classified = _classify(visible_rows, seq_q, seq_k, block_m, block_n, keep_bits=True)
+    bits = classified.bits if classified.bits_needed else None
+    classes = classified.classes
+    if bits is None and bool((classes == classes[:1, :1]).all()):
+        classes = classes[:1, :1]  # the same tiles for every batch and head: broadcast them
+    return _layout_from_classes(classes, seq_q, seq_k, block_m, block_n, MaskSpec(), kind, mask_bits=bits)
+
+
+def _lengths(values, name: str, *, allow_zero: bool = True) -> torch.Tensor:
+    """A 1-D or 2-D list / tensor of non-negative ints -> int64 tensor (2-D: [batch, n])."""
+    try:
+        tensor = torch.as_tensor(values)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise LayoutError(f"{name} must be a list of integers or an integer tensor: {err}") from None
+    if tensor.dtype.is_floating_point or tensor.dtype == torch.bool or tensor.dtype.is_complex:
+        raise LayoutError(f"{name} must hold integers, got {tensor.dtype}")
+    if tensor.dim() not in (1, 2) or tensor.shape[-1] < 1:
+        raise LayoutError(f"{name} must be a non-empty 1-D or 2-D list, got shape {list(tensor.shape)}")
+    tensor = tensor.long().cpu()
+    if (tensor < (0 if allow_zero else 1)).any():
+        raise LayoutError(f"{name} must be >= {0 if allow_zero else 1}, got {tensor.tolist()}")
+    return tensor
+
+
+def document_layout(doc_lens_q, doc_lens_k=None, *, block_m: int = 128, block_n: int = 128,
+                    causal: bool = True) -> BlockLayout:
+    """Packed sequences: documents laid end to end; each query sees only its own document's keys.
+
+    doc_lens_q: document lengths along the queries, a list of ints (one packing for the whole
+    batch: element masks with Bd = 1) or a list of B lists (one packing per batch element, each
+    summing to the same Sq; Bd = B). Zero lengths are allowed (a document with no query or no key
+    in this call). doc_lens_k: the same along the keys, with as many documents (default
+    doc_lens_q: self-attention). Sq = sum(doc_lens_q), Sk = sum(doc_lens_k).
+    causal: within each document, key j visible to query i when j <= i + (Lk - Lq) in document
+    coordinates: bottom-right per document (FlashAttention 2 varlen), so the last query of a
+    document sees all its keys.
+
+    Carried as document ids q_doc [Bd, Sq], k_doc [Bd, Sk] with the causal predicate; when the
+    per-document diagonals differ (Lk - Lq not the same for every document), the global predicate
+    cannot express them and the mask is carried as ``mask_bits`` instead (Sq * Sk / 8 bytes per
+    batch entry).
+    """
+    lens_q = _lengths(doc_lens_q, "doc_lens_q")
+    lens_k = lens_q if doc_lens_k is None else _lengths(doc_lens_k, "doc_lens_k")
+    if lens_q.dim() == 1:
+        lens_q = lens_q[None]
+    if lens_k.dim() == 1:
+        lens_k = lens_k[None]
+    if lens_q.shape[1] != lens_k.shape[1]:
+        raise LayoutError(f"doc_lens_q and doc_lens_k must list as many documents, got {lens_q.shape[1]} and "
+                          f"{lens_k.shape[1]}")
+    if lens_q.shape[0] != lens_k.shape[0] and 1 not in (lens_q.shape[0], lens_k.shape[0]):
+        raise LayoutError(f"doc_lens_q and doc_lens_k batch sizes differ: {lens_q.shape[0]} and {lens_k.shape[0]}")
+    batch = max(lens_q.shape[0], lens_k.shape[0])
+    lens_q, lens_k = lens_q.expand(batch, -1), lens_k.expand(batch, -1)
+    seq_q, seq_k = _common_sum(lens_q, "doc_lens_q"), _common_sum(lens_k, "doc_lens_k")
+    docs = torch.arange(lens_q.shape[1])
+    q_doc = torch.stack([docs.repeat_interleave(row) for row in lens_q]).to(torch.int32)
+    k_doc = torch.stack([docs.repeat_interleave(row) for row in lens_k]).to(torch.int32)
+    # Document d's diagonal in global indices: k <= q + (end_k[d] - end_q[d]).
+    diagonal = lens_k.cumsum(1) - lens_q.cumsum(1)
+    seen = (lens_q > 0) & (lens_k > 0)
+    offsets = diagonal[seen].unique()
+    if not causal or offsets.numel() <= 1:
+        offset = int(offsets[0]) if offsets.numel() else 0
+        mask = MaskSpec(causal=causal, offset=offset if causal else 0)
+        return _element_layout(seq_q, seq_k, block_m, block_n, mask, "document", q_doc=q_doc, k_doc=k_doc)
+    q_diag = torch.stack([d.repeat_interleave(row) for d, row in zip(diagonal, lens_q)])
+
+    def rows(q0, q1):
+        q_idx, k_idx = torch.arange(q0, q1), torch.arange(seq_k)
+        same = q_doc[:, q0:q1, None] == k_doc[:, None, :]
+        return (same & (k_idx <= q_idx[:, None] + q_diag[:, q0:q1, None]))[:, None]
+
+    return _layout_from_visibility(rows, seq_q, seq_k, block_m, block_n, "document")
+
+
+def _common_sum(lens: torch.Tensor, name: str) -> int:
+    sums = lens.sum(1).unique()
+    if sums.numel() != 1 or int(sums[0]) < 1:
+        raise LayoutError(f"{name} must sum to one positive length in every batch row, got sums {lens.sum(1).tolist()}")
+    return int(sums[0])
+
+
+def varlen_layout(cu_seqlens_q, cu_seqlens_k=None, *, block_m: int = 128, block_n: int = 128,
+                  causal: bool = True) -> BlockLayout:
+    """Packed variable-length sequences as FlashAttention's varlen API describes them.
+
+    cu_seqlens_q: [n + 1] cumulative sequence starts (0, l0, l0 + l1, ..., Sq), non-decreasing;
+    cu_seqlens_k: the same along the keys (default cu_seqlens_q). q, k, v are then one packed row
+    [1, H, total, D]. Causal alignment is bottom-right per sequence, as in FlashAttention 2 (a
+    decode step with one query per sequence sees its whole cache). See ``document_layout``.
+    """
+    lens_q = _cu_lengths(cu_seqlens_q, "cu_seqlens_q")
+    lens_k = lens_q if cu_seqlens_k is None else _cu_lengths(cu_seqlens_k, "cu_seqlens_k")
+    layout = document_layout(lens_q, lens_k, block_m=block_m, block_n=block_n, causal=causal)
+    return dataclasses.replace(layout, kind="varlen")
+
+
+def _cu_lengths(cu_seqlens, name: str) -> torch.Tensor:
+    cu = _lengths(cu_seqlens, name)
+    if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or (cu[1:] < cu[:-1]).any():
+        raise LayoutError(f"{name} must be 1-D [n + 1], start at 0 and never decrease, got {cu.tolist()}")
+    return cu[1:] - cu[:-1]
+
+
+def padding_layout(seq_q: int, seq_k: int, lengths, *, side: str = "right", causal: bool = True,
+                   align: str = "bottom_right", block_m: int = 128, block_n: int = 128) -> BlockLayout:
+    """Key padding per batch element: only ``lengths[b]`` of the Sk keys are real.
+
+    lengths: [B] ints in [0, Sk]. side "right": keys [0, lengths[b]) are visible (padding at the
+    end); "left": keys [Sk - lengths[b], Sk) (padding at the start, as in batched generation).
+    causal: also the causal predicate on the padded Sq x Sk grid, aligned by ``align`` as in
+    ``causal_layout`` (bottom-right by default: with left padding or a decode step the last
+    query sees every real key). Query rows are not masked: a query that sees no real key gives
+    0 and LSE -inf. Carried as k_start, k_end [B] (8 bytes per batch element).
+    """
+    if side not in ("right", "left"):
+        raise LayoutError(f"side must be 'right' or 'left', got {side!r}")
+    lens = _lengths(lengths, "lengths")
+    if lens.dim() != 1 or (lens > seq_k).any():
+        raise LayoutError(f"lengths must be 1-D [B] with values in [0, {seq_k}], got {lens.tolist()}")
+    k_start = torch.zeros_like(lens) if side == "right" else seq_k - lens
+    k_end = lens if side == "right" else torch.full_like(lens, seq_k)
+    mask = MaskSpec(causal=True, offset=_diagonal_offset(seq_q, seq_k, align, None)) if causal else MaskSpec()
+    return _element_layout(seq_q, seq_k, block_m, block_n, mask, f"padding-{side}",
+                           k_start=k_start.to(torch.int32), k_end=k_end.to(torch.int32))
+
+
+def prefix_lm_layout(seq: int, prefix_len, *, block_m: int = 128, block_n: int = 128) -> BlockLayout:
+    """Prefix-LM: the first ``prefix_len`` keys are visible to every query (bidirectional
+    prefix), the rest causally (k <= q). Any prefix length in [0, seq].
+
+    prefix_len: an int, or [B] ints (one prefix per batch element). The OR of a prefix and the
+    causal predicate is not a MaskSpec, so the mask is carried as ``mask_bits``
+    [1 or B, 1, seq, ceil(seq / 32)] (seq^2 / 8 bytes per batch entry); the bits are consulted
+    only in the partial tiles (the diagonal and the prefix boundary).
+    """
+    prefix = _lengths([prefix_len] if isinstance(prefix_len, int) else prefix_len, "prefix_len")
+    if prefix.dim() != 1 or (prefix > seq).any():
+        raise LayoutError(f"prefix_len must be an int or [B] ints in [0, {seq}], got {prefix.tolist()}")
+
+    def rows(q0, q1):
+        q_idx, k_idx = torch.arange(q0, q1)[:, None], torch.arange(seq)[None, :]
+        return ((k_idx <= q_idx)[None] | (k_idx < prefix[:, None, None]))[:, None]
+
+    kind = f"prefixlm{int(prefix[0])}" if prefix.numel() == 1 else "prefixlm"
+    return _layout_from_visibility(rows, seq, seq, block_m, block_n, kind)
+
+
+def _element_layout(seq_q, seq_k, block_m, block_n, mask: MaskSpec, kind: str, **element_masks) -> BlockLayout:
+    """Classify tiles by the predicate AND the given doc / padding masks and attach them."""
+    probe = BlockLayout(  # the element masks' shape checks, on a one-block stand-in layout
+        seq_q=seq_q, seq_k=seq_k, block_m=block_m, block_n=block_n,
+        kv_num_blocks=torch.zeros(1, 1, math.ceil(seq_q / block_m), dtype=torch.int32),
+        kv_indices=torch.zeros(1, 1, math.ceil(seq_q / block_m), 1, dtype=torch.int32),
+        full_kv_num_blocks=torch.zeros(1, 1, math.ceil(seq_q / block_m), dtype=torch.int32),
+        full_kv_indices=torch.zeros(1, 1, math.ceil(seq_q / block_m), 1, dtype=torch.int32),
+        mask=mask, **element_masks,
+    )
+    classes = _classify(probe.element_visible, seq_q, seq_k, block_m, block_n).classes
+    return _layout_from_classes(classes, seq_q, seq_k, block_m, block_n, mask, kind, **element_masks)
+

@@ -1,8 +1,9 @@
 """Dense PyTorch reference of block-sparse attention: the semantics the Triton kernel must match.
 
 It computes exactly the function of (q, k, v, layout) the kernel computes: the same element
-visibility (``BlockLayout.dense_mask``), GQA head mapping, scale, and the empty-row rule (a query
-row that sees no key returns 0 and LSE -inf, never NaN). On an NVIDIA GPU it runs through
+visibility (``BlockLayout.dense_mask``: block classes, the MaskSpec predicate and the layout's
+element masks: document ids, key padding, mask bits), GQA head mapping, scale, and the empty-row
+rule (a query row that sees no key returns 0 and LSE -inf, never NaN). On an NVIDIA GPU it runs through
 PyTorch's CUDA kernels and is what a capture there records as the original implementation.
 
 Query rows are processed in chunks so that the score matrix never exceeds ``chunk_rows x Sk``
@@ -68,7 +69,7 @@ def reference_attention(
 
     for start in range(0, seq_q, chunk_rows):
         end = min(seq_q, start + chunk_rows)
-        visible = layout.dense_mask(start, end)  # [Bl, Hl, rows, Sk], broadcasts over B and H
+        visible = layout.dense_mask(start, end)  # [B' or 1, H' or 1, rows, Sk]: blocks and element masks
         scores = torch.matmul(qc[:, :, start:end], kc.transpose(-1, -2)) * scale
         scores = scores.masked_fill(~visible, float("-inf"))
         row_max = scores.amax(dim=-1, keepdim=True)

@@ -2,8 +2,11 @@
 
 One program computes BLOCK_M query rows of one (batch, query head). It visits the key blocks its
 query block lists in the layout: full blocks first (no element mask), then partial blocks (the
-MaskSpec predicate is evaluated in registers), in two loops or, with ONE_LOOP, in one. Launch it
-through ``kernels.attention``.
+MaskSpec predicate is evaluated in registers, ANDed with the layout's element masks: document
+ids, key padding range, bit-packed mask), in two loops or, with ONE_LOOP, in one. Each element
+mask is behind a constexpr flag (HAS_DOC, HAS_PAD, HAS_BITS) and its tensors are passed as None
+when absent, so a layout without them compiles to the same code as before they existed. Launch
+it through ``kernels.attention``.
 """
 import triton
 import triton.language as tl
@@ -50,15 +53,40 @@ def _load_kv_tiles(k_ptrs0, v_ptrs0, start_n, cols, offs_d, stride_kn, stride_vn
 
 
 @triton.jit
-def _apply_mask(qk, cols, offs_m, seq_k, causal_offset, window, sink_tokens,
-                IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr):
-    # The MaskSpec predicate, evaluated in registers for a partial block; hidden scores -> -inf.
+def _apply_mask(qk, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, sink_tokens,
+                q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs,
+                IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr,
+                HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr):
+    # The partial block's element mask, evaluated in registers: the MaskSpec predicate AND the
+    # layout's element masks (kernels/layout.py); hidden scores -> -inf.
     visible = cols[None, :] < seq_k
     if IS_CAUSAL:
         visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
     if HAS_WINDOW:
         in_window = cols[None, :] > offs_m[:, None] + causal_offset - window
         visible = visible & (in_window | (cols[None, :] < sink_tokens))
+    if HAS_DOC:
+        # q_doc: this program's [BLOCK_M] query document ids, loaded once; keys past seq_k are
+        # already hidden, so their id is irrelevant.
+        k_doc = tl.load(k_doc_ptr + cols, mask=cols < seq_k, other=-1)
+        visible = visible & (q_doc[:, None] == k_doc[None, :])
+    if HAS_PAD:
+        visible = visible & (cols[None, :] >= k_lo) & (cols[None, :] < k_hi)
+    if HAS_BITS:
+        # bits_ptrs: [BLOCK_M, 1] pointers to each query row's words. A tile of BLOCK_N keys
+        # covers ceil(BLOCK_N / 32) words: load each as a [BLOCK_M, 1] column and select it per
+        # key, instead of a [BLOCK_M, BLOCK_N] gather (its 64-bit pointers spilled 132
+        # registers at 128x64 on sm_90, compile-only). A word index past the row's last word is
+        # clamped to it: its keys are past seq_k and hidden above. The shift is arithmetic, but
+        # bit (k % 32) still ends lowest.
+        first_word = start_n // 32
+        last_word = (seq_k - 1) // 32
+        row_in = offs_m[:, None] < seq_q
+        word = tl.zeros(qk.shape, dtype=tl.int32)
+        for j in tl.static_range((qk.shape[1] + 31) // 32):
+            word_j = tl.load(bits_ptrs + tl.minimum(first_word + j, last_word), mask=row_in, other=0)
+            word = tl.where((cols[None, :] // 32) == first_word + j, word_j, word)
+        visible = visible & (((word >> (cols[None, :] % 32)) & 1) != 0)
     return tl.where(visible, qk, float("-inf"))
 
 
@@ -66,9 +94,10 @@ def _apply_mask(qk, cols, offs_m, seq_k, causal_offset, window, sink_tokens,
 def _attend_block(
     acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
     stride_kn, stride_vn,
-    seq_k, causal_offset, window, sink_tokens, qk_scale,
+    seq_q, seq_k, causal_offset, window, sink_tokens, q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale,
     partial, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
     RUNTIME_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
     EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # MASKED (constexpr): this block is partial. RUNTIME_MASK (constexpr): the caller's single
@@ -95,11 +124,16 @@ def _attend_block(
     # launcher, so the row max commutes with the scaling).
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
-        qk = _apply_mask(qk, cols, offs_m, seq_k, causal_offset, window, sink_tokens, IS_CAUSAL, HAS_WINDOW)
+        qk = _apply_mask(qk, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, sink_tokens,
+                         q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs,
+                         IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD,
+                         HAS_BITS=HAS_BITS)
     elif RUNTIME_MASK:
         if partial:
-            qk = _apply_mask(qk, cols, offs_m, seq_k, causal_offset, window, sink_tokens, IS_CAUSAL,
-                             HAS_WINDOW)
+            qk = _apply_mask(qk, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, sink_tokens,
+                             q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs,
+                             IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD,
+                             HAS_BITS=HAS_BITS)
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
     if MASKED or RUNTIME_MASK:
         # A row that has seen no visible key keeps m = -inf; subtract 0 instead so that
@@ -135,10 +169,14 @@ def block_sparse_attn_fwd(
     stride_fib, stride_fih, stride_fim,
     heads_q, gqa_group, seq_q, seq_k,
     causal_offset, window, sink_tokens,
+    Q_DOC, K_DOC, stride_qdb, stride_kdb,
+    K_START, K_END, stride_pb,
+    MASK_BITS, stride_mbb, stride_mbh, stride_mbm,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPARSE_BLOCK_M: tl.constexpr, SPARSE_BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
     RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):
@@ -184,6 +222,23 @@ def block_sparse_attn_fwd(
         k_desc = k_ptrs0
         v_desc = v_ptrs0
 
+    # Element masks (partial blocks only). Absent ones are None and their branches are not
+    # compiled; present ones broadcast over batch/heads through zero strides.
+    q_doc = 0
+    k_doc_ptr = K_DOC
+    k_lo = 0
+    k_hi = seq_k
+    bits_ptrs = MASK_BITS
+    if HAS_DOC:
+        q_doc = tl.load(Q_DOC + off_b * stride_qdb + offs_m, mask=offs_m < seq_q, other=-1)
+        k_doc_ptr = K_DOC + off_b * stride_kdb
+    if HAS_PAD:
+        k_lo = tl.load(K_START + off_b * stride_pb)
+        k_hi = tl.load(K_END + off_b * stride_pb)
+    if HAS_BITS:
+        bits_ptrs = (MASK_BITS + off_b.to(tl.int64) * stride_mbb + off_h.to(tl.int64) * stride_mbh
+                     + offs_m[:, None].to(tl.int64) * stride_mbm)
+
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -206,26 +261,32 @@ def block_sparse_attn_fwd(
             start_n = tl.load(idx_ptr) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
-                stride_kn, stride_vn, seq_k, causal_offset, window, sink_tokens, qk_scale, partial,
-                HEAD_DIM, BLOCK_D, False, True, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION,
-                USE_TMA,
+                stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
+                q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale, partial,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, MASKED=False, RUNTIME_MASK=True,
+                IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
+                EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
             )
     else:
         for t in range(full_count * SUB):
             start_n = tl.load(full_idx_base + t // SUB) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
-                stride_kn, stride_vn, seq_k, causal_offset, window, sink_tokens, qk_scale, False,
-                HEAD_DIM, BLOCK_D, False, False, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION,
-                USE_TMA,
+                stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
+                q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale, False,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, MASKED=False, RUNTIME_MASK=False,
+                IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
+                EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
             )
         for t in range(part_count * SUB):
             start_n = tl.load(part_idx_base + t // SUB) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
-                stride_kn, stride_vn, seq_k, causal_offset, window, sink_tokens, qk_scale, True,
-                HEAD_DIM, BLOCK_D, True, False, IS_CAUSAL, HAS_WINDOW, EMULATE_BF16, DOT_PRECISION,
-                USE_TMA,
+                stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
+                q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale, True,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, MASKED=True, RUNTIME_MASK=False,
+                IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
+                EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
             )
 
     # Rows that saw no key have l = 0 and acc = 0: output 0, LSE -inf (the project's convention).

@@ -227,6 +227,10 @@ def draw_heads(draw: Draw, bounds: CaseBounds) -> tuple[int, int]:
     return heads_kv * draw.choice(groups), heads_kv
 
 
+# Layout kinds defined for Sq = Sk only (AttentionCase checks it).
+SQUARE_LAYOUTS = ("document", "prefixlm")
+
+
 def draw_case(draw: Draw, bounds: CaseBounds = CPU_BOUNDS) -> AttentionCase:
     """One attention case inside ``bounds`` (``bounds.admits(case)`` holds).
 
@@ -269,6 +273,10 @@ def draw_case(draw: Draw, bounds: CaseBounds = CPU_BOUNDS) -> AttentionCase:
     same = draw.boolean()
     other = draw_length(draw, k_cap, block_n)
     seq_k = seq_q if same and seq_q <= k_cap else other
+    if layout in SQUARE_LAYOUTS and seq_k != seq_q:
+        # These masks are defined for self-attention. other <= k_cap < seq_q here, so an
+        # other x other case lies inside the cost bounds that seq_q x other did.
+        seq_q = seq_k = min(seq_q, other)
 
     params: dict[str, Any] = {}
     num_q_blocks = math.ceil(seq_q / block_m)
@@ -281,6 +289,10 @@ def draw_case(draw: Draw, bounds: CaseBounds = CPU_BOUNDS) -> AttentionCase:
         params["density"] = draw.integer(0, 100) / 100  # whole percents: the id shows the density exactly
     if layout == "emptyrow":
         params["empty_block"] = draw.integer(0, num_q_blocks - 1)
+    if layout == "document":
+        params["docs"] = draw.integer(1, min(4, seq_q))
+    if layout == "prefixlm":
+        params["prefix"] = draw.integer(0, seq_q)
     seed = draw.integer(0, bounds.max_seed)
     return AttentionCase(batch, heads_q, heads_kv, seq_q, seq_k, head_dim, layout=layout, dtype=dtype,
                          seed=seed, block_m=block_m, block_n=block_n, **params)

@@ -152,7 +152,8 @@ def attention_cases(bounds: CaseBounds | str = "cpu", **changes: Any) -> st.Sear
     Covers batch, GQA ratios (1, 2, 4, 8 query heads per kv head), Sq and Sk of 1, multiples of the
     block size, multiples +- 1 and anything else, every head dim, block sizes 16-128, every layout
     kind of the attention subject (causal, window, sink, random densities in whole percents,
-    dense, emptyrow: a query block with no key block), fp16/bf16/fp32 and input seeds.
+    dense, emptyrow: a query block with no key block; the element masks document, padleft,
+    padright, prefixlm), fp16/bf16/fp32 and input seeds.
     """
     return _cases(resolve_bounds(bounds, **changes))
 

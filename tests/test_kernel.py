@@ -60,8 +60,10 @@ def test_every_layout_and_dtype(kind, dtype, device):
 
 @pytest.mark.parametrize("seq_q,seq_k", [(1, 1), (1, 77), (113, 113), (1000, 1000), (64, 1000), (300, 40)])
 def test_odd_lengths(seq_q, seq_k, device):
-    # offset aligns the causal diagonal bottom-right so every query row sees a key when Sq < Sk
-    layout = causal_layout(seq_q, seq_k, block_m=64, block_n=64, offset=max(0, seq_k - seq_q))
+    # The default bottom-right diagonal: with Sq < Sk every query row sees a key; with Sq > Sk
+    # (300, 40) the first 260 rows see none (0 and LSE -inf).
+    layout = causal_layout(seq_q, seq_k, block_m=64, block_n=64)
+    assert layout.mask.offset == seq_k - seq_q
     run_and_check(1, 2, 1, seq_q, seq_k, 32, torch.float16, layout, device)
 
 

@@ -20,7 +20,8 @@ from ..errors import UsageError
 from .base import DTYPES, Inputs, Subject, shown, check_inputs_tensor, check_ints, check_memory
 from .ops import SparseAttention
 
-LAYOUT_KINDS = ("causal", "window", "sink", "random", "dense", "emptyrow")
+LAYOUT_KINDS = ("causal", "window", "sink", "random", "dense", "emptyrow", "document", "padleft", "padright",
+                "prefixlm")
 # More cases than any set or fuzz run uses; a manifest listing millions would only waste time.
 MAX_CASES = 10_000
 
@@ -33,6 +34,12 @@ class AttentionCase:
     first key blocks); random (causal, each tile kept with probability ``density``, drawn per
     batch and head from ``seed``); dense (every key visible; for decode-like Sq=1); emptyrow (a
     block-causal mask whose query block ``empty_block`` sees no key: output 0, LSE -inf).
+    Causal diagonals are bottom-right aligned when Sq != Sk (kernels/layout.py).
+
+    Element-mask kinds (masks inside partial blocks): document (``docs`` documents packed in one
+    row, lengths drawn from ``seed``, causal within each; Sq = Sk); padleft / padright (causal
+    with key padding, each batch element's key length drawn from ``seed``, the first full);
+    prefixlm (the first ``prefix`` keys visible to every query, the rest causal; Sq = Sk).
     """
 
     batch: int
@@ -50,13 +57,15 @@ class AttentionCase:
     empty_block: int = 0
     block_m: int = 64
     block_n: int = 64
+    docs: int = 0
+    prefix: int = 0
 
     def __post_init__(self):
         # Cases also come from a bundle's manifest: every field is checked for type and range
         # here, so nothing malformed reaches the kernels as a TypeError or a KeyError.
         sizes = ("batch", "heads_q", "heads_kv", "seq_q", "seq_k", "head_dim", "block_m", "block_n")
         check_ints("attention case", {name: getattr(self, name) for name in sizes}, 1)
-        counts = ("window", "sink_blocks", "empty_block", "seed")
+        counts = ("window", "sink_blocks", "empty_block", "seed", "docs", "prefix")
         check_ints("attention case", {name: getattr(self, name) for name in counts}, 0)
         if self.heads_q % self.heads_kv:
             raise UsageError(f"attention case heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
@@ -76,6 +85,12 @@ class AttentionCase:
                              f"{-(-self.seq_q // self.block_m)} query blocks")
         if self.layout in ("window", "sink") and self.window < 1:
             raise UsageError(f"a {self.layout} case needs window >= 1")
+        if self.layout in ("document", "prefixlm") and self.seq_q != self.seq_k:
+            raise UsageError(f"a {self.layout} case needs seq_q == seq_k, got {self.seq_q} and {self.seq_k}")
+        if self.layout == "document" and not 1 <= self.docs <= self.seq_q:
+            raise UsageError(f"a document case needs 1 <= docs <= seq_q ({self.seq_q}), got {self.docs}")
+        if self.layout == "prefixlm" and self.prefix > self.seq_q:
+            raise UsageError(f"a prefixlm case needs prefix <= seq_q ({self.seq_q}), got {self.prefix}")
 
     @property
     def layout_tag(self) -> str:
@@ -86,6 +101,10 @@ class AttentionCase:
             "random": f"random{int(round(self.density * 100))}",
             "dense": "dense",
             "emptyrow": f"emptyrow{self.empty_block}",
+            "document": f"docs{self.docs}",
+            "padleft": "padleft",
+            "padright": "padright",
+            "prefixlm": f"prefixlm{self.prefix}",
         }[self.layout]
         if (self.block_m, self.block_n) != (64, 64):
             tag += f"-bm{self.block_m}bn{self.block_n}"
@@ -124,9 +143,13 @@ class AttentionCase:
         q = self.batch * self.heads_q * self.seq_q * self.head_dim
         kv = self.batch * self.heads_kv * self.seq_k * self.head_dim
         rows = self.batch * self.heads_q * self.seq_q
-        layout_bh = self.batch * self.heads_q if self.layout == "random" else 1
+        layout_bh = (self.batch * self.heads_q if self.layout == "random"
+                     else self.batch if self.layout in ("padleft", "padright") else 1)
         blocks = -(-self.seq_q // self.block_m) * -(-self.seq_k // self.block_n)
         kept = (q + 2 * kv) * (elem + 8) + layout_bh * blocks * (2 * 4 * 2 + 1) + q * (elem + 8) + rows * (4 + 8)
+        # element masks: document ids, or bits (prefixlm: Sq x Sk / 8 bytes), or 8 bytes a batch
+        kept += {"document": 4 * (self.seq_q + self.seq_k), "prefixlm": self.seq_q * -(-self.seq_k // 32) * 4,
+                 "padleft": 8 * self.batch, "padright": 8 * self.batch}.get(self.layout, 0)
         chunk = min(self.seq_q, 1024)
         scores = self.batch * self.heads_q * chunk * self.seq_k
         transient = (q + 2 * self.batch * self.heads_q * self.seq_k * self.head_dim) * 8 + scores * 8 * 3 \
@@ -148,6 +171,13 @@ class AttentionCase:
         if self.layout == "random":
             return kernels.random_layout(self.seq_q, self.seq_k, density=self.density, seed=self.seed,
                                          batch=self.batch, heads=self.heads_q, causal=True, **blocks)
+        if self.layout == "document":
+            return kernels.document_layout(self._document_lengths(), **blocks)
+        if self.layout in ("padleft", "padright"):
+            return kernels.padding_layout(self.seq_q, self.seq_k, self._key_lengths(),
+                                          side="left" if self.layout == "padleft" else "right", **blocks)
+        if self.layout == "prefixlm":
+            return kernels.prefix_lm_layout(self.seq_q, self.prefix, **blocks)
         num_q = -(-self.seq_q // self.block_m)
         num_k = -(-self.seq_k // self.block_n)
         if self.layout == "dense":
@@ -158,6 +188,19 @@ class AttentionCase:
             mask = (cols <= rows + self.block_m - 1)[None, None].clone()
             mask[..., self.empty_block, :] = False
         return kernels.layout_from_block_mask(mask, self.seq_q, self.seq_k, **blocks)
+
+    def _document_lengths(self) -> list[int]:
+        """``docs`` positive lengths summing to seq_q, from the case's seed (CPU generator)."""
+        gen = torch.Generator().manual_seed(self.seed)
+        cuts = (torch.randperm(self.seq_q - 1, generator=gen)[: self.docs - 1] + 1).sort().values.tolist()
+        bounds = [0, *cuts, self.seq_q]
+        return [end - start for start, end in zip(bounds, bounds[1:])]
+
+    def _key_lengths(self) -> list[int]:
+        """Per batch element key lengths in [0, seq_k] from the case's seed; the first is seq_k."""
+        gen = torch.Generator().manual_seed(self.seed)
+        drawn = torch.randint(0, self.seq_k + 1, (self.batch,), generator=gen).tolist()
+        return [self.seq_k, *drawn[1:]]
 
     def make_qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D] in the case's dtype, a pure function of the case."""
@@ -188,6 +231,16 @@ CASE_SETS: dict[str, tuple[AttentionCase, ...]] = {
         _case(1, 4, 2, 1, 200, 64, "dense", "bf16", seed=4),
         _case(2, 2, 2, 160, 160, 64, "emptyrow", "bf16", empty_block=1, seed=5),
         _case(1, 2, 2, 100, 100, 64, "causal", "fp32", seed=6),
+    ),
+    # Element masks inside partial blocks: packed documents, key padding on either side, a decode
+    # step over a left-padded cache, prefix-LM at a prefix that is no block multiple. Small
+    # enough for the interpreter.
+    "masks": (
+        _case(1, 2, 1, 256, 256, 64, "document", "bf16", docs=3, seed=7),
+        _case(3, 2, 2, 96, 96, 32, "padleft", "fp16", seed=8, block_m=32, block_n=32),
+        _case(3, 2, 1, 96, 96, 32, "padright", "fp32", seed=9, block_m=32, block_n=32),
+        _case(2, 4, 1, 1, 300, 64, "padleft", "bf16", seed=11),
+        _case(1, 2, 2, 100, 100, 64, "prefixlm", "fp16", prefix=23, seed=10, block_m=32, block_n=32),
     ),
     "gpu": (
         _case(2, 8, 2, 1000, 1000, 64, "causal", "bf16"),

@@ -1,0 +1,512 @@
+"""The block-sparse attention kernel as a Hugging Face ``transformers`` attention implementation.
+
+One call registers two implementations that a model selects with ``attn_implementation=...``::
+
+    from parity.integrations import transformers as parity_tf
+
+    kernel, reference = parity_tf.register()          # "parity_sparse", "parity_sdpa"
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=kernel)
+    parity_tf.attach(model)                            # adds model.layers.N.self_attn.attn_core
+
+``parity_sparse`` runs the Triton kernel (``parity.kernels.block_sparse_attention``);
+``parity_sdpa`` runs PyTorch's ``scaled_dot_product_attention`` on the same mask. Both do their
+math in the same child module, :class:`ParityAttention`, attached to every attention layer as
+``attn_core``, so a golden captured with one and a comparison run with the other record the same
+module names, and ``compare --isolate`` can replay the attention call alone on its golden
+inputs and name it as the layer that introduces an error.
+
+What each implementation receives from transformers, and what the kernel is given for it:
+
+- ``attention_mask is None``: transformers found the mask purely causal. The kernel gets a
+  *bottom-right* causal layout (a query at row ``i`` of ``Sq`` sees keys up to
+  ``i + Sk - Sq``: decode with a KV cache has ``Sq < Sk``), with the model's
+  ``sliding_window`` when it passes one; for a non-causal module (``is_causal=False``), every
+  key. The mask function :func:`register` installs returns None only where top-left and
+  bottom-right alignment agree (``Sq == Sk`` or ``Sq == 1``) and never for a bidirectional
+  mask, so a None mask is never ambiguous.
+- a 4-D mask ``[B or 1, H or 1, Sq, Sk]``, boolean (True: attend) or additive float (0 or the
+  dtype's minimum): padded batches, packed batches (``position_ids`` that restart), sliding
+  windows and decode with padding. Transformers builds it with the same mask function as for
+  ``sdpa``. The kernel gets exactly that mask: as key padding (``padding_layout``) or documents
+  (``document_layout``) where the mask is exactly that, else as an element mask
+  (``layout_from_dense_mask``); see :func:`kernel_layout`. Without a registered mask function
+  transformers gives a custom implementation no mask at all, padded batches included, and
+  padding is silently ignored: :func:`register` always registers both, and the attention
+  function refuses a None mask from an implementation without one.
+- ``cu_seq_lens_q``/``cu_seq_lens_k`` (flattened batches, e.g. ``DataCollatorWithFlattening``)
+  with no mask: document masking, causal within each document. When a 4-D mask is present it
+  wins (transformers derived it from the same ``position_ids``).
+
+A query row that sees no key (a left-padding position) gives 0 in both implementations: that
+is the kernel's convention, and SDPA's output for such rows (NaN or an average, depending on
+the backend) is replaced by 0 so that parity compares like with like.
+
+GQA (fewer key/value heads than query heads) is passed to the kernel as is; the SDPA side
+repeats key/value heads. Dropout, ``softcap``, attention sinks (``s_aux``) and position biases
+are not supported and raise. Transformers itself is imported only when :func:`register` is
+called (``pip install 'parity[transformers]'``); :class:`ParityAttention` works without it.
+
+Recording. :func:`attach` must run before parity's recorder is created (a subject's
+``build``): the recorder hooks the modules that exist then. The core's output is recorded as
+``model.layers.N.self_attn.attn_core`` (``#k`` for the k-th call, e.g. decode steps); its inputs
+(query, key, value, the mask, scaling, window, cu_seq_lens) are all tensors or plain values, so
+``--isolate`` can replay it. The enclosing ``self_attn`` and decoder layers receive the KV cache
+object, which cannot be stored, so they are compared end to end but not replayed.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UsageError
+
+__all__ = ["KERNEL_NAME", "REFERENCE_NAME", "CORE_NAME", "IMPLS", "ParityAttention", "register", "attach",
+           "attention_cores", "kernel_layout"]
+
+KERNEL_NAME = "parity_sparse"
+REFERENCE_NAME = "parity_sdpa"
+CORE_NAME = "attn_core"
+IMPLS = ("kernel", "reference")
+DEFAULT_BLOCK = 64
+
+# name -> (impl, block_m, block_n) of every implementation register() installed in this process
+_REGISTERED: dict[str, tuple[str, int, int]] = {}
+# transformers' own implementations: register() refuses to replace them.
+_BUILTIN_NAMES = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3",
+                  "flash_attention_4", "paged|eager")
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as err:
+        raise UsageError("parity.integrations.transformers needs transformers: "
+                         "pip install 'parity[transformers]'") from err
+    return transformers
+
+
+# ---------------------------------------------------------------------------------------------
+# The module that does the math
+
+
+class ParityAttention(nn.Module):
+    """Attention on ``[B, H, S, D]`` tensors with a transformers-style mask, by the kernel or by SDPA.
+
+    forward(query [B, Hq, Sq, D], key [B, Hkv, Sk, D], value [B, Hkv, Sk, D], attention_mask
+    (None, or 4-D bool / additive float [B|1, H|1, Sq, Sk]), *, scaling, sliding_window,
+    is_causal, cu_seq_lens_q, cu_seq_lens_k) -> [B, Sq, Hq, D] (transformers' layout).
+
+    ``impl`` (``"kernel"`` or ``"reference"``) and the layout's block sizes are attributes, set
+    by the registered attention function before each call, never arguments: a replay of a
+    recorded call (``compare --isolate``) runs this host's implementation on the golden inputs.
+    It holds no parameters, so attaching it changes no state_dict.
+    """
+
+    def __init__(self, impl: str = "reference", *, block_m: int = DEFAULT_BLOCK, block_n: int = DEFAULT_BLOCK):
+        super().__init__()
+        self.configure(impl, block_m=block_m, block_n=block_n)
+        self.parity_launch_config: dict[str, Any] | None = None
+
+    def configure(self, impl: str, *, block_m: int = DEFAULT_BLOCK, block_n: int = DEFAULT_BLOCK) -> None:
+        if impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+        _check_block("block_m", block_m)
+        _check_block("block_n", block_n)
+        self.impl, self.block_m, self.block_n = impl, block_m, block_n
+
+    def extra_repr(self) -> str:
+        return f"impl={self.impl}, block_m={self.block_m}, block_n={self.block_n}"
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        scaling: float | None = None,
+        sliding_window: int | None = None,
+        is_causal: bool = True,
+        cu_seq_lens_q: torch.Tensor | None = None,
+        cu_seq_lens_k: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        for name, tensor in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
+                raise ValueError(f"{name} must be a 4-D tensor [batch, heads, seq, head_dim]")
+        batch, heads_q, seq_q, _ = query.shape
+        seq_k = key.shape[2]
+        window = _window(sliding_window)
+        visible = _visible(attention_mask, batch, heads_q, seq_q, seq_k)
+        documents = None
+        if visible is None and cu_seq_lens_q is not None:
+            if batch != 1:
+                raise ValueError(f"cu_seq_lens describe a flattened batch of one row, got batch={batch}")
+            documents = _cu_seq_lens(cu_seq_lens_q, cu_seq_lens_k, seq_q, seq_k)
+        if visible is None and window and not is_causal:
+            raise NotImplementedError("a bidirectional sliding window without a mask is not supported")
+        if self.impl == "kernel":
+            from parity.kernels import block_sparse_attention, launch_config
+
+            layout = kernel_layout(seq_q, seq_k, visible=visible, documents=documents, is_causal=is_causal,
+                                   window=window, block_m=self.block_m, block_n=self.block_n)
+            config = launch_config(query.device, query.shape[-1], query.dtype).clamp(layout.block_m, layout.block_n)
+            self.parity_launch_config = config.to_dict()
+            out = block_sparse_attention(query, key, value, layout, sm_scale=scaling, config=config)
+        else:
+            if documents is not None:
+                visible = _document_mask(*documents, batch, seq_q, seq_k, is_causal, window, query.device)
+            out = _sdpa(query, key, value, visible, scaling, is_causal, window)
+        return out.transpose(1, 2).contiguous()
+
+
+def _check_block(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 16 or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= 16, got {value!r}")
+
+
+def _window(sliding_window: Any) -> int:
+    """transformers passes None (or 0) for full attention, else the window in tokens."""
+    if sliding_window is None:
+        return 0
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 0:
+        raise ValueError(f"sliding_window must be a non-negative integer or None, got {sliding_window!r}")
+    return sliding_window
+
+
+def _visible(mask: Any, batch: int, heads: int, seq_q: int, seq_k: int) -> torch.Tensor | None:
+    """A transformers attention mask as boolean visibility [B|1, H|1, Sq, Sk] (True: attend)."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a tensor or None, got {type(mask).__name__} (a flex "
+                        "BlockMask? register the parity implementations with parity.integrations."
+                        "transformers.register(), which installs their mask function)")
+    if mask.dim() != 4:
+        raise ValueError(f"attention_mask must be 4-D [batch, heads, seq_q, seq_k], got shape {list(mask.shape)}")
+    mb, mh, mq, mk = mask.shape
+    if mb not in (1, batch) or mh not in (1, heads) or mq != seq_q or mk != seq_k:
+        raise ValueError(f"attention_mask of shape {list(mask.shape)} does not fit batch={batch}, heads={heads}, "
+                         f"seq_q={seq_q}, seq_k={seq_k}")
+    if mask.dtype == torch.bool:
+        return mask
+    if not mask.is_floating_point():
+        raise ValueError(f"attention_mask must be bool or an additive float mask, got {mask.dtype}")
+    # Additive masks (eager): 0 where visible, the dtype's minimum (or -inf) where not; fp16's
+    # minimum is the largest such value, also after a cast to a wider dtype. A score bias (any
+    # other value) cannot be expressed as a layout: refuse it rather than drop it.
+    blocked = mask <= torch.finfo(torch.float16).min
+    if bool(((mask != 0) & ~blocked).any()):
+        raise ValueError("attention_mask holds additive biases other than 0 and -inf; the kernel applies "
+                         "no score bias")
+    return ~blocked
+
+
+def _document_mask(cu_q: torch.Tensor, cu_k: torch.Tensor | None, batch: int, seq_q: int, seq_k: int,
+                   causal: bool, window: int, device: torch.device) -> torch.Tensor:
+    """[1, 1, Sq, Sk] visibility of a flattened batch of documents (cumulative lengths ``cu``):
+    a query sees only keys of its own document, causally (bottom-right within each document,
+    as FlashAttention's varlen API) and within ``window`` when given."""
+    if batch != 1:
+        raise ValueError(f"cu_seq_lens describe a flattened batch of one row, got batch={batch}")
+    cu_q, cu_k = _cu_seq_lens(cu_q, cu_k, seq_q, seq_k)
+    cu_q, cu_k = cu_q.to(device), cu_k.to(device)
+    q_idx = torch.arange(seq_q, device=device)
+    k_idx = torch.arange(seq_k, device=device)
+    doc_q = torch.bucketize(q_idx, cu_q[1:], right=True)
+    doc_k = torch.bucketize(k_idx, cu_k[1:], right=True)
+    visible = doc_q[:, None] == doc_k[None, :]
+    if causal:
+        # the query's position as a key index: bottom-right within its own document
+        pos_q = (q_idx + cu_k[doc_q + 1] - cu_q[doc_q + 1])[:, None]
+        visible &= k_idx[None, :] <= pos_q
+        if window:
+            visible &= k_idx[None, :] > pos_q - window
+    return visible[None, None]
+
+
+def _cu_seq_lens(cu_q: Any, cu_k: Any, seq_q: int, seq_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked cumulative lengths (int64, CPU): start at 0, never decrease, end at Sq / Sk."""
+    cu_q = torch.as_tensor(cu_q).reshape(-1).to("cpu", torch.long)
+    cu_k = cu_q if cu_k is None else torch.as_tensor(cu_k).reshape(-1).to("cpu", torch.long)
+    for name, cu, total in (("cu_seq_lens_q", cu_q, seq_q), ("cu_seq_lens_k", cu_k, seq_k)):
+        if cu.numel() < 2 or int(cu[0]) != 0 or bool((cu[1:] < cu[:-1]).any()) or int(cu[-1]) != total:
+            raise ValueError(f"{name} must start at 0, never decrease and end at {total}, got {cu.tolist()}")
+    if cu_q.numel() != cu_k.numel():
+        raise ValueError(f"cu_seq_lens_q and cu_seq_lens_k list different numbers of sequences: "
+                         f"{cu_q.numel() - 1} and {cu_k.numel() - 1}")
+    return cu_q, cu_k
+
+
+def _bottom_right_mask(seq_q: int, seq_k: int, window: int, device: torch.device) -> torch.Tensor:
+    """[Sq, Sk] bool: query i (at key position i + Sk - Sq) sees keys up to itself, and with a
+    window the ``window`` keys ending at itself (transformers' sliding-window definition)."""
+    pos_q = torch.arange(seq_q, device=device)[:, None] + (seq_k - seq_q)
+    k_idx = torch.arange(seq_k, device=device)[None, :]
+    visible = k_idx <= pos_q
+    if window:
+        visible &= k_idx > pos_q - window
+    return visible
+
+
+def _sdpa(query, key, value, visible, scaling, is_causal, window) -> torch.Tensor:
+    """The reference: PyTorch SDPA on the same visibility, [B, Hq, Sq, D], rows without keys 0."""
+    batch, heads_q, seq_q, _ = query.shape
+    heads_kv, seq_k = key.shape[1], key.shape[2]
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise ValueError(f"query heads ({heads_q}) must be a multiple of key/value heads ({heads_kv})")
+    group = heads_q // heads_kv
+    if group > 1:  # GQA: query head h reads key/value head h // group, as in the kernel
+        key = key.repeat_interleave(group, dim=1)
+        value = value.repeat_interleave(group, dim=1)
+    sdpa_causal = False
+    if visible is None and is_causal:
+        if seq_q == seq_k and not window:
+            sdpa_causal = True  # top-left == bottom-right
+        elif not (seq_q == 1 and (not window or seq_k <= window)):
+            visible = _bottom_right_mask(seq_q, seq_k, window, query.device)  # a single query sees every key
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=visible,
+                                                           is_causal=sdpa_causal, scale=scaling)
+    if visible is not None:
+        # The kernel's convention for a query that sees no key (left padding): 0. SDPA gives NaN
+        # or a uniform average there depending on the backend; parity must compare like with like.
+        out = torch.where(visible.any(dim=-1, keepdim=True), out, torch.zeros((), dtype=out.dtype, device=out.device))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Layouts for the kernel (kept here so a change of the builders' signatures is one place)
+
+
+def kernel_layout(seq_q: int, seq_k: int, *, visible: torch.Tensor | None = None,
+                  documents: tuple[torch.Tensor, torch.Tensor] | None = None, is_causal: bool = True,
+                  window: int = 0, block_m: int = DEFAULT_BLOCK, block_n: int = DEFAULT_BLOCK):
+    """The kernel's layout for one attention call.
+
+    ``visible`` (a mask from transformers, bool [B|1, H|1, Sq, Sk]): key padding under a
+    bottom-right causal mask when it is exactly that (``padding_layout``: 8 bytes per batch
+    element), causal documents when it is exactly that (``document_layout``: packed batches,
+    4 bytes per token), else the exact element mask (``layout_from_dense_mask``: Sq * Sk / 8
+    bytes per batch element). A recognised layout is used only if its own ``dense_mask()``
+    equals ``visible``. ``documents`` (cumulative lengths, no mask): ``varlen_layout``, or with
+    a window the dense document mask. Neither: bottom-right causal (``window``: sliding
+    window), or every key (``is_causal=False``).
+    """
+    from parity.kernels import layout as layouts
+
+    blocks = {"block_m": block_m, "block_n": block_n}
+    if visible is not None:
+        return (_padding_layout(visible, **blocks) or _document_layout(visible, **blocks)
+                or layouts.layout_from_dense_mask(visible, **blocks))
+    if documents is not None:
+        if window:
+            return layouts.layout_from_dense_mask(
+                _document_mask(*documents, 1, seq_q, seq_k, is_causal, window, torch.device("cpu")), **blocks)
+        return layouts.varlen_layout(*documents, causal=is_causal, **blocks)
+    if not is_causal:
+        full = torch.ones(math.ceil(seq_q / block_m), math.ceil(seq_k / block_n), dtype=torch.bool)
+        return layouts.layout_from_block_mask(full, seq_q, seq_k, **blocks)
+    if window:
+        return layouts.sliding_window_layout(seq_q, seq_k, window, align="bottom_right", **blocks)
+    return layouts.causal_layout(seq_q, seq_k, align="bottom_right", **blocks)
+
+
+def _padding_layout(visible: torch.Tensor, *, block_m: int, block_n: int):
+    """``padding_layout`` for a mask that is exactly bottom-right causal AND one contiguous key
+    range per batch row starting at 0 (right padding) or ending at Sk (left padding), the same
+    for every head; None for anything else. The candidate is checked against the whole mask."""
+    from parity.kernels import layout as layouts
+
+    if visible.shape[1] != 1:
+        return None
+    seq_q, seq_k = visible.shape[2], visible.shape[3]
+    # The last query row is not limited by the causal diagonal: it shows the key padding.
+    keys = visible[:, 0, -1].cpu()
+    lengths = keys.sum(-1)
+    k_idx = torch.arange(seq_k)
+    right = (k_idx[None, :] < lengths[:, None]) == keys
+    left = (k_idx[None, :] >= (seq_k - lengths)[:, None]) == keys
+    if bool(right.all()):
+        side = "right"
+    elif bool(left.all()):
+        side = "left"
+    else:
+        return None
+    layout = layouts.padding_layout(seq_q, seq_k, lengths, side=side, causal=True, align="bottom_right",
+                                    block_m=block_m, block_n=block_n)
+    return layout if _same_mask(layout, visible) else None
+
+
+def _document_layout(visible: torch.Tensor, *, block_m: int, block_n: int):
+    """``document_layout`` for a mask that is exactly causal within documents laid end to end
+    in each batch row (a packed batch), the same for every head; None for anything else."""
+    from parity.kernels import layout as layouts
+
+    if visible.shape[1] != 1 or visible.shape[2] != visible.shape[3] or visible.shape[2] < 2:
+        return None
+    rows = visible[:, 0].cpu()
+    idx = torch.arange(rows.shape[1])
+    if not bool(rows[:, idx, idx].all()):
+        return None
+    # A document starts at k where query k does not see key k - 1.
+    starts = torch.cat([torch.ones(rows.shape[0], 1, dtype=torch.bool), ~rows[:, idx[1:], idx[:-1]]], dim=1)
+    lengths = []
+    for row in starts:
+        bounds = torch.nonzero(row).flatten().tolist() + [rows.shape[1]]
+        lengths.append([end - start for start, end in zip(bounds[:-1], bounds[1:])])
+    width = max(len(row) for row in lengths)
+    lengths = [row + [0] * (width - len(row)) for row in lengths]  # rows with fewer documents
+    layout = layouts.document_layout(lengths, block_m=block_m, block_n=block_n, causal=True)
+    return layout if _same_mask(layout, visible) else None
+
+
+def _same_mask(layout, visible: torch.Tensor) -> bool:
+    """Whether ``layout`` shows the kernel exactly the elements ``visible`` does."""
+    expected = layout.dense_mask()
+    return torch.equal(expected.expand(visible.shape[0], 1, *visible.shape[2:]), visible.cpu())
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration with transformers
+
+
+def attention_cores(model: nn.Module) -> dict[str, ParityAttention]:
+    """The attached :class:`ParityAttention` modules of ``model``, by module path."""
+    return {name: module for name, module in model.named_modules() if isinstance(module, ParityAttention)}
+
+
+@functools.lru_cache(maxsize=None)
+def _calls_attention_interface(cls: type) -> bool:
+    """Whether a module class dispatches through transformers' attention interface (the
+    heuristic transformers itself uses to decide whether an implementation can be set)."""
+    forward = getattr(cls, "forward", None)
+    try:
+        source = inspect.getsource(forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in source
+
+
+def _core_of(module: nn.Module) -> ParityAttention:
+    core = module._modules.get(CORE_NAME)
+    if core is None:
+        core = ParityAttention()
+        module.add_module(CORE_NAME, core)
+    elif not isinstance(core, ParityAttention):
+        raise ValueError(f"{type(module).__name__}.{CORE_NAME} exists and is a {type(core).__name__}, not a "
+                         "ParityAttention")
+    return core
+
+
+def attach(model: nn.Module) -> list[str]:
+    """Give every attention layer of ``model`` that uses a parity implementation its
+    ``attn_core`` child now, configured for that implementation; return the cores' paths.
+
+    Parity records the modules that exist when its recorder is created, before the first
+    forward; a core created lazily on first use would be missed. Call it right after building
+    the model (a subject's ``build``), with the implementation chosen (``attn_implementation=``
+    one of the names :func:`register` returned). Idempotent. Raises ValueError if no attention
+    layer of ``model`` uses a registered parity implementation.
+    """
+    cores, others = [], set()
+    for name, module in list(model.named_modules()):
+        if isinstance(module, ParityAttention) or not _calls_attention_interface(type(module)):
+            continue
+        implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        if implementation not in _REGISTERED:
+            others.add(str(implementation))
+            continue
+        impl, block_m, block_n = _REGISTERED[implementation]
+        _core_of(module).configure(impl, block_m=block_m, block_n=block_n)
+        cores.append(f"{name}.{CORE_NAME}" if name else CORE_NAME)
+    if not cores:
+        found = f"its attention layers use {', '.join(sorted(others))}" if others else "it has no attention layer"
+        raise ValueError(f"nothing to attach to {type(model).__name__}: {found}; build it with "
+                         f"attn_implementation= one of {sorted(_REGISTERED) or 'the names register() returns'}")
+    return cores
+
+
+def _attention_function(impl: str, block_m: int, block_n: int):
+    def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                  sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
+                  **kwargs: Any) -> tuple[torch.Tensor, None]:
+        if dropout and module.training:
+            raise NotImplementedError("parity attention implementations have no dropout; call model.eval()")
+        if softcap is not None:
+            raise NotImplementedError("parity attention implementations do not support softcap")
+        for name in ("s_aux", "sinks", "position_bias"):
+            if kwargs.get(name) is not None:
+                raise NotImplementedError(f"parity attention implementations do not support {name}")
+        if attention_mask is None:
+            _check_mask_function(module)
+        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+        core = _core_of(module)
+        core.configure(impl, block_m=block_m, block_n=block_n)
+        out = core(query, key, value, attention_mask, scaling=scaling, sliding_window=sliding_window,
+                   is_causal=bool(causal), cu_seq_lens_q=kwargs.get("cu_seq_lens_q"),
+                   cu_seq_lens_k=kwargs.get("cu_seq_lens_k"))
+        return out, None
+
+    attention.__name__ = f"parity_{impl}_attention"
+    attention.__qualname__ = attention.__name__
+    return attention
+
+
+def _check_mask_function(module: nn.Module) -> None:
+    """A None mask means "purely causal" only if transformers built masks for this implementation;
+    without a registered mask function it passes None for padded batches too."""
+    config = getattr(module, "config", None)
+    name = getattr(config, "_attn_implementation", None)
+    if name is None:
+        return
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    if name not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        raise ValueError(f"attention implementation {name!r} has no mask function, so transformers drops "
+                         "padding masks; register it with parity.integrations.transformers.register()")
+
+
+def _mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+                   mask_function=None, attention_mask=None, allow_is_causal_skip: bool = True, **kwargs):
+    """transformers' ``sdpa_mask`` (4-D bool, or None for a purely causal mask), returning None
+    only where it cannot be misread: ``Sq == Sk`` or ``Sq == 1`` (where top-left and bottom-right
+    causal agree), and never for a bidirectional mask (None means causal to the kernel)."""
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    if isinstance(q_length, int) and q_length not in (1, kv_length):
+        allow_is_causal_skip = False
+    kwargs["allow_is_bidirectional_skip"] = False
+    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                     kv_offset=kv_offset, mask_function=mask_function or causal_mask_function,
+                     attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
+def register(name: str = KERNEL_NAME, *, reference_name: str = REFERENCE_NAME, block_m: int = DEFAULT_BLOCK,
+             block_n: int = DEFAULT_BLOCK) -> tuple[str, str]:
+    """Register the kernel as ``attn_implementation=name`` and SDPA on the same mask and module
+    as ``attn_implementation=reference_name``, each with its mask function; return both names.
+
+    ``block_m``/``block_n``: the layout's block sizes (powers of two >= 16). Idempotent; calling
+    it again with other block sizes replaces the registration. Refuses transformers' own names.
+    """
+    _transformers()
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    for label, value in (("name", name), ("reference_name", reference_name)):
+        if not isinstance(value, str) or not value or value in _BUILTIN_NAMES or "/" in value:
+            raise ValueError(f"{label} must be a new attention implementation name, got {value!r}")
+    if name == reference_name:
+        raise ValueError(f"name and reference_name must differ, got {name!r} twice")
+    _check_block("block_m", block_m)
+    _check_block("block_n", block_n)
+    for impl, key in (("kernel", name), ("reference", reference_name)):
+        AttentionInterface.register(key, _attention_function(impl, block_m, block_n))
+        AttentionMaskInterface.register(key, _mask_function)
+        _REGISTERED[key] = (impl, block_m, block_n)
+    return name, reference_name
