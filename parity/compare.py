@@ -629,18 +629,21 @@ def compare_tensors(
 
 
 def enable_triton_interpreter(impl: str, device: torch.device | str) -> bool:
-    """For the CLI: turn on ``TRITON_INTERPRET`` for ``impl="triton"`` on a CPU device, if still possible.
+    """For the CLI: turn on ``TRITON_INTERPRET`` for a run on a CPU device, if still possible.
 
     Triton decides between compiling and interpreting a kernel when the kernel is defined, so the
     variable only takes effect if Triton has not been imported yet; then it is set and True is
-    returned. If Triton is already imported without it, this raises the same UsageError as
-    :func:`parity.capture.check_triton_mode`. Anything else: nothing to do, False.
+    returned. Any impl, not only ``triton``: a user subject's kernel impl (``--impl kernel`` of a
+    transformers model) runs Triton too, and on CPU tensors Triton can only ever interpret. If
+    Triton is already imported without it, ``impl="triton"`` raises the same UsageError as
+    :func:`parity.capture.check_triton_mode`; other impls are left alone (False).
     """
     device = torch.device(device)
-    if impl != "triton" or device.type != "cpu" or platform.triton_interpreter_enabled():
+    if device.type != "cpu" or platform.triton_interpreter_enabled():
         return False
     if "triton" in sys.modules:
-        check_triton_mode(impl, device)  # raises: too late to switch
+        check_triton_mode(impl, device)  # raises for impl "triton": too late to switch
+        return False
     os.environ["TRITON_INTERPRET"] = "1"
     return True
 

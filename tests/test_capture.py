@@ -302,6 +302,17 @@ def test_cli_capture_and_force(tmp_path, cli):
     assert [e.name for e in bundle.entries_of("output")] == ["head"]
 
 
+def test_cli_creates_the_parent_directories_of_out(tmp_path, cli):
+    out = tmp_path / "bundles" / "nested" / "b"
+    code, _, stderr = cli(["--subject", EXAMPLE, "--out", str(out), "--reference", "none", "--quiet"])
+    assert code == 0, stderr
+    assert open_bundle(out).entries_of("output")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, stderr = cli(["--subject", EXAMPLE, "--out", str(blocker / "b"), "--quiet"])
+    assert code == 2 and stderr.startswith(f"parity: error: cannot create the directory {blocker} for --out")
+
+
 def test_cli_decoder_and_attention_options(tmp_path, cli):
     code, _, stderr = cli(["--subject", "attention", "--cases", "smoke", "--dtype", "fp32", "--quiet",
                             "--out", str(tmp_path / "a")])

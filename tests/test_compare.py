@@ -382,14 +382,19 @@ def test_isolate_without_recorded_inputs_is_a_usage_error(bundles):
 
 def test_triton_on_cpu_without_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    assert enable_triton_interpreter("reference", "cpu") is False
     monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton") or object())
+    # Triton already imported: a non-Triton impl is left alone, impl "triton" cannot run.
+    assert enable_triton_interpreter("reference", "cpu") is False
+    assert enable_triton_interpreter("triton", "cuda") is False
     with pytest.raises(UsageError, match=r"needs the Triton interpreter"):
         enable_triton_interpreter("triton", "cpu")  # too late: triton is imported
     monkeypatch.delitem(sys.modules, "triton")
     assert enable_triton_interpreter("triton", "cpu") is True
     assert os.environ["TRITON_INTERPRET"] == "1"
     assert enable_triton_interpreter("triton", "cpu") is False  # already on
+    # Any impl on a CPU device switches it on while it still can (a user's "kernel" impl).
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert enable_triton_interpreter("kernel", "cpu") is True and os.environ["TRITON_INTERPRET"] == "1"
 
 
 def test_policy_for_cli_reads_pyproject_tool_parity(tmp_path):

@@ -108,15 +108,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.impl == "triton":
         require_dependency("triton", "--impl triton")
-    # Same rule as compare: triton on a CPU device runs through the interpreter, switched on
-    # here while Triton is not imported yet.
-    if args.impl == "triton" and (args.device or "cpu").partition(":")[0] == "cpu":
+    # Same rule as compare: Triton on a CPU device runs through the interpreter, switched on
+    # here while Triton is not imported yet (whatever the impl is called).
+    if (args.device or "cpu").partition(":")[0] == "cpu":
         enable_triton_interpreter(args.impl, "cpu")
     if args.reference not in REFERENCE_CHOICES:
         raise UsageError(f"unknown --reference {args.reference!r}; choose from {', '.join(REFERENCE_CHOICES)}")
     shard_bytes = check_shard_mib(args.shard_mib)
     if ":" in args.subject:
         add_cwd_to_sys_path()  # the user named this module: find it where `python -m` would
+    _make_parent(args.out)
     result = capture(
         args.subject,
         args.out,
@@ -133,3 +134,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {result.path}: {result.layers} layers, {result.tensors} tensors, "
           f"{result.bytes / 2**20:.1f} MiB; hooks on/off bitwise equal")
     return 0
+
+
+def _make_parent(out: str) -> None:
+    """``--out a/b/bundle`` creates ``a/b`` as ``mkdir -p`` would (the library itself refuses a
+    missing parent, so that a typo in a script's path is an error there)."""
+    from pathlib import Path
+
+    parent = Path(out).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create the directory {parent} for --out: {err.strerror}") from None
