@@ -234,6 +234,7 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
         p.heads_q, p.heads_q // p.heads_kv, p.seq_q, p.seq_k,
         mask.offset, mask.window, mask.sink_tokens,
         *element_mask_arguments(layout, p.batch, p.heads_q),
+        None,  # Q_ORDER: causal and window layouts run their tiles last to first
     ]
     constexprs = {
         "HEAD_DIM": head_dim,
@@ -247,6 +248,7 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
         "HAS_DOC": layout.has_doc,
         "HAS_PAD": layout.has_padding,
         "HAS_BITS": layout.has_bits,
+        "HAS_ORDER": False,
         "RETURN_LSE": p.return_lse,
         "EMULATE_BF16": False,
         "DOT_PRECISION": "ieee",

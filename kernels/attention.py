@@ -133,6 +133,7 @@ def block_sparse_attention(
     if programs >= 2**31:
         raise ValueError(f"{programs} query tiles (batch x heads x ceil(seq_q / {cfg.block_m})) exceed one launch's 2**31 - 1")
     grid = (programs,)
+    tile_order = layout.tile_order(cfg.block_m) if (layout.has_doc or layout.has_bits) else None
     block_sparse_attn_fwd[grid](
         q, k, v, staging, lse,
         counts, indices, full_counts, full_indices,
@@ -144,6 +145,7 @@ def block_sparse_attention(
         heads_q, heads_q // heads_kv, seq_q, seq_k,
         mask.offset, mask.window, mask.sink_tokens,
         *element_mask_arguments(layout, batch, heads_q),
+        tile_order,
         HEAD_DIM=head_dim,
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_M=cfg.block_m,
@@ -155,6 +157,7 @@ def block_sparse_attention(
         HAS_DOC=layout.has_doc,
         HAS_PAD=layout.has_padding,
         HAS_BITS=layout.has_bits,
+        HAS_ORDER=tile_order is not None,
         RETURN_LSE=return_lse,
         EMULATE_BF16=emulate_bf16,
         USE_TMA=_tma_usable(cfg, q, k, v),

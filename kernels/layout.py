@@ -454,6 +454,28 @@ class BlockLayout:
         per_elem = classes[:, :, q_idx // self.block_m][..., k_idx // self.block_n]
         return (per_elem == FULL) | ((per_elem == PARTIAL) & self.element_visible(q_start, q_end))
 
+    def tile_order(self, block_m: int) -> torch.Tensor:
+        """The kernel's query tiles of ``block_m`` rows, heaviest first: int32 [ceil(Sq / block_m)].
+
+        Work per tile is the number of key blocks it visits, summed over the layout's batch and
+        head dims. Causal layouts run their tiles last to first without this (the kernel's
+        default order is exactly that); documents and arbitrary masks are not monotone (the
+        heaviest tile is the end of the longest document, wherever it lies), and starting the
+        longest tiles first shortens the tail of the launch. Ties keep the default order. The
+        order is computed once per layout object and tile size (one device-to-host copy).
+        """
+        cache = self.__dict__.setdefault("_tile_orders", {})
+        if block_m not in cache:
+            if self.block_m % block_m:
+                raise LayoutError(f"tile rows {block_m} must divide the layout's block_m {self.block_m}")
+            work = (self.kv_num_blocks + self.full_kv_num_blocks).sum(dim=(0, 1)).to("cpu", torch.int64)
+            work = work.repeat_interleave(self.block_m // block_m)[: math.ceil(self.seq_q / block_m)]
+            tiles = torch.arange(work.numel())
+            # heaviest first; among equals the later tile first, as the default order runs
+            order = sorted(tiles.tolist(), key=lambda t: (-int(work[t]), -t))
+            cache[block_m] = torch.tensor(order, dtype=torch.int32, device=self.device)
+        return cache[block_m]
+
     def density(self) -> float:
         """Fraction of (query block, key block) tiles that are computed (partial or full)."""
         classes = self.block_classes()

@@ -172,22 +172,28 @@ def block_sparse_attn_fwd(
     Q_DOC, K_DOC, stride_qdb, stride_kdb,
     K_START, K_END, stride_pb,
     MASK_BITS, stride_mbb, stride_mbh, stride_mbm,
+    Q_ORDER,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPARSE_BLOCK_M: tl.constexpr, SPARSE_BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
+    HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr, HAS_ORDER: tl.constexpr,
     RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr,
 ):
     # 1-D grid of B * Hq * num_m_tiles programs. The query tiles of one (batch, head) are
     # adjacent, so the programs resident at once share a few heads' K/V, which stay in L2 (on the
     # H200 this beat heads-fastest order by 5-27%, kernels/BENCHMARK.md). Within a head the
-    # tiles run last to first: the heaviest causal tiles start first (load balance).
+    # tiles run last to first: the heaviest causal tiles start first (load balance). Where work
+    # is not monotone in the tile index (documents, arbitrary masks), Q_ORDER lists the tiles
+    # heaviest first instead (kernels.layout.BlockLayout.tile_order).
     num_m_tiles = tl.cdiv(seq_q, BLOCK_M)
     pid = tl.program_id(0)
     off_bh = pid // num_m_tiles
-    start_m = num_m_tiles - 1 - pid % num_m_tiles
+    if HAS_ORDER:
+        start_m = tl.load(Q_ORDER + pid % num_m_tiles)
+    else:
+        start_m = num_m_tiles - 1 - pid % num_m_tiles
     off_b = off_bh // heads_q
     off_h = off_bh % heads_q
     off_hkv = off_h // gqa_group

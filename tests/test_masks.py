@@ -5,6 +5,7 @@ matches the fp64 reference on it in fp16, bf16 and fp32 (the flash-attention rul
 parity.kernels.testing, NaN-poisoned outputs). On CPU the kernel runs through the interpreter;
 the ``gpu`` tests repeat every mask kind at larger sizes on a GPU."""
 import dataclasses
+import math
 from typing import Callable
 
 import pytest
@@ -508,3 +509,17 @@ def test_mask_cases_capture_and_compare_through_a_bundle(tmp_path, device):
     report = compare_bundle(tmp_path / "masks", impl="triton", device=device)
     assert report.passed, [layer.name for layer in report.layers]
     assert len(report.layers) == 2 * len(CASE_SETS["masks"])  # out and LSE of every case
+
+
+def test_tile_order_runs_the_heaviest_query_tiles_first():
+    """Documents put the heaviest tile at the end of the longest document, not at the end of the
+    row: the launcher passes this order so that the longest tiles start first. A causal layout's
+    order is the kernel's default, last to first (so it never needs one)."""
+    layout = document_layout([300, 40, 150], block_m=64, block_n=64)
+    order = layout.tile_order(32).tolist()
+    assert sorted(order) == list(range(math.ceil(490 / 32)))
+    work = (layout.kv_num_blocks + layout.full_kv_num_blocks).sum(dim=(0, 1)).repeat_interleave(2)
+    assert [int(work[t]) for t in order] == sorted((int(w) for w in work[: len(order)]), reverse=True)
+    assert order[0] in (8, 9)  # the end of the 300-token document, not the last tile (15)
+    causal = causal_layout(300, 300, block_m=64, block_n=64).tile_order(64).tolist()
+    assert causal == list(range(5))[::-1]
