@@ -53,10 +53,15 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Bloc
         raise LayoutError(f"layout batch/head dims {lb}x{lh} must be 1 or match q's {batch}x{heads_q}")
 
 
-def launch_config(device: torch.device, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> configs.LaunchConfig:
-    """The pinned config the launcher uses on this device (recorded in bundles)."""
+def launch_config(device: torch.device, head_dim: int, dtype: torch.dtype = torch.bfloat16,
+                  layout: BlockLayout | None = None) -> configs.LaunchConfig:
+    """The pinned config the launcher uses on this device (recorded in bundles); with ``layout``,
+    the one for that layout (element-mask layouts have their own rows), clamped to its blocks."""
     arch = "cpu" if platform.triton_interpreter_enabled() or device.type == "cpu" else platform.arch_of(device)
-    return configs.config_for(arch, head_dim, dtype)
+    if layout is None:
+        return configs.config_for(arch, head_dim, dtype)
+    irregular = layout.has_doc or layout.has_bits
+    return configs.config_for(arch, head_dim, dtype, irregular=irregular).clamp(layout.block_m, layout.block_n)
 
 
 def block_sparse_attention(
@@ -245,7 +250,7 @@ def _resolve_config(config, q, k, v, layout, scale) -> configs.LaunchConfig:
     if isinstance(config, configs.LaunchConfig):
         return config
     if config is None:
-        return launch_config(q.device, q.shape[-1], q.dtype)
+        return launch_config(q.device, q.shape[-1], q.dtype, layout)
     if config != "autotune":
         raise ValueError(f"config must be None, a LaunchConfig or 'autotune', got {config!r}")
     key = (platform.arch_of(q.device), tuple(q.shape), tuple(k.shape), q.dtype, layout.block_m, layout.block_n)

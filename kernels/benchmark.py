@@ -99,7 +99,8 @@ class MaskCase:
 def mask_case(name: str, seq: int, device="cpu") -> MaskCase:
     if name == "document":
         lens = document_lengths(seq)
-        return MaskCase(f"document{len(lens)}", 1, document_layout(lens, block_m=128, block_n=128),
+        # 64-row blocks: the kernel's tiles for element-mask layouts (configs.IRREGULAR_CONFIGS)
+        return MaskCase(f"document{len(lens)}", 1, document_layout(lens, block_m=64, block_n=64),
                         document_mask_mod(lens, device), None)
     if name == "padding":
         lens = padding_lengths(seq)
@@ -198,7 +199,7 @@ def run_masks(names, seqs, heads, head_dim, check: bool):
                 })
                 if impl == "parity triton":
                     rows[-1]["rel_l2_parity_vs_flex"] = errors.get("parity vs Flex")
-                    rows[-1]["config"] = _label(launch_config(device, head_dim, q.dtype))
+                    rows[-1]["config"] = _label(launch_config(device, head_dim, q.dtype, layout))
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 

@@ -119,14 +119,32 @@ FP32_CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
 }
 
 
+# Layouts with per-token element masks (documents, bit masks): many query tiles visit only a
+# few key blocks (short documents, the start of each document), so per-tile pipeline prologues
+# and the tail of the launch dominate. Measured on the H200 (bf16, D=128, H=16, 8 documents in
+# 16k, causal within documents; kernels/BENCHMARK.md), ms: FlexAttention 0.592; 128x64 w8 s3
+# one loop (the pinned config) 0.698, two loops 0.659; 128x128 w8 s2 0.604; 64x64 w4 s3 0.591
+# on a 128-block layout and 0.566 on a 64-block one. 16-bit only, D<=128; other rows keep the
+# pinned config until measured.
+IRREGULAR_CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
+    "sm_90": ((128, LaunchConfig(64, 64, 4, 3)),),
+}
+
+
 def known_archs() -> tuple[str, ...]:
     return tuple(CONFIGS)
 
 
-def config_for(arch: str, head_dim: int, dtype: object = None) -> LaunchConfig:
+def config_for(arch: str, head_dim: int, dtype: object = None, *, irregular: bool = False) -> LaunchConfig:
     """The pinned config for an architecture, head dim and dtype (torch dtype or "fp32"/"bf16"/
-    "fp16"; None means a 16-bit dtype)."""
-    table = FP32_CONFIGS if str(dtype) in ("torch.float32", "fp32", "float32") else CONFIGS
+    "fp16"; None means a 16-bit dtype). ``irregular``: the layout carries per-token element
+    masks (``IRREGULAR_CONFIGS`` where a row exists, else the pinned config)."""
+    fp32 = str(dtype) in ("torch.float32", "fp32", "float32")
+    if irregular and not fp32:
+        for max_head_dim, config in IRREGULAR_CONFIGS.get(arch, ()):
+            if head_dim <= max_head_dim:
+                return config
+    table = FP32_CONFIGS if fp32 else CONFIGS
     try:
         rows = table[arch]
     except KeyError:

@@ -154,7 +154,7 @@ class ParityAttention(nn.Module):
 
             layout = kernel_layout(seq_q, seq_k, visible=visible, documents=documents, is_causal=is_causal,
                                    window=window, block_m=self.block_m, block_n=self.block_n)
-            config = launch_config(query.device, query.shape[-1], query.dtype).clamp(layout.block_m, layout.block_n)
+            config = launch_config(query.device, query.shape[-1], query.dtype, layout)
             self.parity_launch_config = config.to_dict()
             out = block_sparse_attention(query, key, value, layout, sm_scale=scaling, config=config)
         else:

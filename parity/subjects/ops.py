@@ -48,7 +48,7 @@ class SparseAttention(nn.Module):
                                            precision=precision)
             out = out.to(q.dtype)
         else:
-            config = launch_config(q.device, q.shape[-1], q.dtype).clamp(block_layout.block_m, block_layout.block_n)
+            config = launch_config(q.device, q.shape[-1], q.dtype, block_layout)
             self.parity_launch_config = config.to_dict()
             out, lse = block_sparse_attention(q, k, v, block_layout, sm_scale=self.sm_scale, return_lse=True,
                                               config=config)
