@@ -17,9 +17,9 @@ written.
 How the launcher's specialization is reproduced: the launcher's JIT specializes every non-constexpr
 argument at launch (an int equal to 1 becomes a constexpr, ints and pointers divisible by 16 get
 ``tt.divisibility``, on HIP pointers to tensors under 2 GiB get ``tt.pointer_range`` for buffer
-loads). ``launch_arguments`` builds the launcher's argument list for a representative problem
-(``Problem``: contiguous [B, H, S, D] meta tensors and a causal layout, the layout tensors broadcast
-as the launcher does) and ``_specialize`` applies Triton's own ``native_specialize_impl`` with the
+loads). ``launch_arguments`` calls the launcher's own argument builder (``kernels.launch``) for a
+representative problem (``Problem``: contiguous [B, H, S, D] meta tensors and a causal layout)
+and ``_specialize`` applies Triton's own ``native_specialize_impl`` with the
 target's backend, so the compiled code is the code the launcher would get for that problem.
 tests/test_aot.py checks this against a recorded launcher call.
 """
@@ -35,6 +35,8 @@ import sys
 import time
 from typing import Any
 
+from parity import dtypes
+
 __all__ = [
     "DTYPES", "TARGETS", "Problem", "AotResult", "inspect_configs", "inspect_cases", "launch_arguments",
     "expects_matrix_unit", "kernel_source_digest", "pinned_config", "check_request",
@@ -42,7 +44,7 @@ __all__ = [
 
 # Compile targets; each must have an ArchSpec in parity.platform and rows in kernels.configs.
 TARGETS = ("gfx942", "gfx90a", "gfx950", "sm_80", "sm_90")
-DTYPES = ("fp16", "bf16", "fp32")
+DTYPES = dtypes.KERNEL_DTYPES
 _RESULT_MARK = "PARITY-AOT-RESULT "
 # CDNA: 4 SIMDs per compute unit share its LDS; waves of a workgroup are spread over them.
 _SIMDS_PER_CU = 4
@@ -137,12 +139,6 @@ def expects_matrix_unit(target: str, dtype: str) -> bool:
 
 # ---- arguments, exactly as the launcher passes them --------------------------------------------
 
-def _torch_dtype(dtype: str):
-    import torch
-
-    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-
-
 def check_request(target: str, dtype: str, head_dim: int) -> None:
     """Raise UsageError (one line) for an unknown target, dtype or head dim."""
     from parity import platform
@@ -153,7 +149,7 @@ def check_request(target: str, dtype: str, head_dim: int) -> None:
     if target not in TARGETS:
         platform.arch_spec(target)  # raises UsageError for names platform does not know
         raise UsageError(f"target {target!r} has no ahead-of-time support; use one of {', '.join(TARGETS)}")
-    if dtype not in DTYPES:
+    if dtype not in DTYPES:  # short names only: a report's rows and JSON keys use them
         raise UsageError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise UsageError(f"head_dim {head_dim} is not supported; use one of "
@@ -162,106 +158,51 @@ def check_request(target: str, dtype: str, head_dim: int) -> None:
 
 def pinned_config(target: str, dtype: str, head_dim: int, overrides: dict[str, int] | None = None):
     """The launcher's pinned config for ``target`` (kernels.configs), with ``overrides`` applied
-    (field names of LaunchConfig or, on AMD targets, of its ``amd`` knobs), before the clamp."""
+    (``configs.OVERRIDE_KEYS``; AMD knobs on AMD targets only), before the clamp."""
     from parity.errors import UsageError
 
     from . import configs
 
-    cfg = configs.config_for(target, head_dim, _torch_dtype(dtype))
+    cfg = configs.config_for(target, head_dim, dtypes.torch_dtype(dtype))
     if not overrides:
         return cfg
-    fields = {"block_m", "block_n", "num_warps", "num_stages"}
-    flags = {"tma", "one_loop"}
-    amd = dict(cfg.amd)
-    plain = {}
-    for key, value in overrides.items():
-        if key in fields:
-            plain[key] = int(value)
-        elif key in flags:
-            plain[key] = bool(int(value))
-        elif key in amd:
-            amd[key] = int(value)
-        else:
-            known = sorted(fields | flags | set(amd))
-            raise UsageError(f"unknown config key {key!r} for {target}; use one of {', '.join(known)}")
-    return dataclasses.replace(cfg, **plain, amd=tuple(amd.items()))
+    try:
+        return configs.with_overrides(cfg, overrides, target)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = Problem(),
                      overrides: dict[str, int] | None = None):
-    """The launcher's kernel arguments for ``problem`` on ``target``.
+    """The launcher's kernel launch for ``problem`` on ``target`` (``kernels.launch.build_launch``,
+    the builder the launcher itself calls), on meta tensors: only dtype, strides, alignment and
+    size matter to the compile. ``overrides`` stand for passing ``config=LaunchConfig(...)`` to the
+    launcher. EMULATE_BF16 is interpreter-only, so off; TMA is decided as on a GPU.
 
-    Returns (args, constexprs, options, config): the non-constexpr arguments by parameter name
-    (meta tensors stand in for device tensors: only dtype, strides, alignment and size matter),
-    the constexprs, the launch options (``LaunchConfig.launch_kwargs()``) and the clamped config.
-    Mirrors kernels.attention.block_sparse_attention on a GPU (EMULATE_BF16 is interpreter-only);
-    ``overrides`` stand for passing ``config=LaunchConfig(...)`` to the launcher.
+    Returns (args, constexprs, options, config) as in ``KernelLaunch``.
     """
     import torch
-    import triton
 
-    from .attention import _broadcast, element_mask_arguments
+    from .launch import build_launch, tma_fits
     from .layout import causal_layout, sliding_window_layout
-    from .triton_attention import LOG2E
 
     check_request(target, dtype, head_dim)
     p = problem
     meta = torch.device("meta")
-    tdtype = _torch_dtype(dtype)
+    tdtype = dtypes.torch_dtype(dtype)
     q = torch.empty(p.batch, p.heads_q, p.seq_q, head_dim, dtype=tdtype, device=meta)
     k = torch.empty(p.batch, p.heads_kv, p.seq_k, head_dim, dtype=tdtype, device=meta)
     v = torch.empty_like(k)
-    out = torch.empty_like(q)
-    lse = (torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=meta) if p.return_lse
-           else torch.empty(1, 1, 1, dtype=torch.float32, device=meta))
+    lse = torch.empty(p.batch, p.heads_q, p.seq_q, dtype=torch.float32, device=meta) if p.return_lse else None
     if p.window:
         layout = sliding_window_layout(p.seq_q, p.seq_k, p.window, block_m=p.sparse_block, block_n=p.sparse_block)
     else:
         layout = causal_layout(p.seq_q, p.seq_k, block_m=p.sparse_block, block_n=p.sparse_block)
     layout = layout.to(meta)
     cfg = pinned_config(target, dtype, head_dim, overrides).clamp(layout.block_m, layout.block_n)
-    counts, indices = _broadcast(layout.kv_num_blocks, layout.kv_indices, p.batch, p.heads_q)
-    full_counts, full_indices = _broadcast(layout.full_kv_num_blocks, layout.full_kv_indices, p.batch, p.heads_q)
-    mask = layout.mask
-
-    values = [
-        q, k, v, out, lse, counts, indices, full_counts, full_indices,
-        head_dim ** -0.5 * LOG2E,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
-        lse.stride(0), lse.stride(1),
-        *counts.stride(), *indices.stride()[:3],
-        *full_counts.stride(), *full_indices.stride()[:3],
-        p.heads_q, p.heads_q // p.heads_kv, p.seq_q, p.seq_k,
-        mask.offset, mask.window, mask.sink_tokens,
-        *element_mask_arguments(layout, p.batch, p.heads_q),
-        None,  # Q_ORDER: causal and window layouts run their tiles last to first
-    ]
-    constexprs = {
-        "HEAD_DIM": head_dim,
-        "BLOCK_D": triton.next_power_of_2(head_dim),
-        "BLOCK_M": cfg.block_m,
-        "BLOCK_N": cfg.block_n,
-        "SPARSE_BLOCK_M": layout.block_m,
-        "SPARSE_BLOCK_N": layout.block_n,
-        "IS_CAUSAL": mask.causal,
-        "HAS_WINDOW": mask.window > 0,
-        "HAS_DOC": layout.has_doc,
-        "HAS_PAD": layout.has_padding,
-        "HAS_BITS": layout.has_bits,
-        "HAS_ORDER": False,
-        "RETURN_LSE": p.return_lse,
-        "EMULATE_BF16": False,
-        "DOT_PRECISION": "ieee",
-        # kernels.attention._tma_usable for the representative (contiguous, aligned) problem
-        "USE_TMA": bool(cfg.tma) and not (head_dim & (head_dim - 1)),
-        "ONE_LOOP": cfg.one_loop,
-    }
-    names = _kernel_arg_names()
-    runtime_names = [n for n in names if n not in constexprs]
-    if len(runtime_names) != len(values) or set(names) != set(runtime_names) | set(constexprs):
-        raise RuntimeError("kernels/aot.py is out of date with block_sparse_attn_fwd's signature: "
-                           f"{len(values)} runtime values for parameters {runtime_names}")
-    return dict(zip(runtime_names, values)), constexprs, cfg.launch_kwargs(), cfg
+    launch = build_launch(q, k, v, torch.empty_like(q), lse, layout, cfg, sm_scale=head_dim ** -0.5,
+                          use_tma=tma_fits(cfg, q, k, v))
+    return launch.args, launch.constexprs, launch.options, launch.config
 
 
 def kernel_source_digest() -> str:
@@ -270,15 +211,6 @@ def kernel_source_digest() -> str:
     from pathlib import Path
 
     return hashlib.sha256(Path(__file__).with_name("triton_attention.py").read_bytes()).hexdigest()[:12]
-
-
-def _kernel_arg_names() -> list[str]:
-    import inspect
-
-    from . import triton_attention
-
-    # .fn is the Python function under both JITFunction and the interpreter's wrapper.
-    return list(inspect.signature(triton_attention.block_sparse_attn_fwd.fn).parameters)
 
 
 # ---- compiling (runs in the child process) ------------------------------------------------------
@@ -333,6 +265,8 @@ def _compile_one(request: dict[str, Any]) -> dict[str, Any]:
         gpu_target = GPUTarget(spec.backend, spec.triton_arch, spec.warp_size)
         fn = triton_attention.block_sparse_attn_fwd
         signature, consts, attrs = _specialize(fn, make_backend(gpu_target), args, constexprs)
+        if signature["Q"] != dtypes.triton_pointer(dtype):  # the builder's tensors carry the dtype
+            raise RuntimeError(f"Q is specialized as {signature['Q']}, expected {dtypes.triton_pointer(dtype)}")
         start = time.perf_counter()
         with warnings.catch_warnings():
             # The FP-fusion default is recorded in the result (enable_fp_fusion) instead.

@@ -10,14 +10,15 @@ import math
 
 import torch
 
-from parity import platform
+from parity import dtypes, platform
 
 from . import configs
+from .launch import build_launch, element_mask_arguments, tma_fits
 from .layout import BlockLayout, LayoutError
 
 __all__ = ["block_sparse_attention", "check_inputs", "launch_config", "element_mask_arguments"]
 
-SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+SUPPORTED_DTYPES = tuple(dtypes.torch_dtype(name) for name in dtypes.KERNEL_DTYPES)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 96, 128, 256)
 _AUTOTUNED: dict[tuple, configs.LaunchConfig] = {}
 
@@ -88,13 +89,11 @@ def block_sparse_attention(
     Returns out [B, Hq, Sq, D] in q's dtype, and with ``return_lse`` the natural-log LSE
     [B, Hq, Sq] in fp32. A row that sees no key gives 0 and LSE -inf, never NaN.
     """
-    import triton
-
-    from .triton_attention import LOG2E, block_sparse_attn_fwd
+    from .triton_attention import block_sparse_attn_fwd
 
     check_inputs(q, k, v, layout)
     if q.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"dtype {q.dtype} is not supported; use one of fp16, bf16, fp32")
+        raise ValueError(f"dtype {q.dtype} is not supported; use one of {', '.join(dtypes.KERNEL_DTYPES)}")
     batch, heads_q, seq_q, head_dim = q.shape
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim} is not supported; use one of {SUPPORTED_HEAD_DIMS}")
@@ -114,8 +113,6 @@ def block_sparse_attention(
     if layout.device != q.device:
         layout = layout.to(q.device)
 
-    heads_kv = k.shape[1]
-    seq_k = k.shape[2]
     scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
     if not scale > 0 or math.isinf(scale):
         raise ValueError(f"sm_scale must be a positive finite number, got {sm_scale}")
@@ -129,65 +126,21 @@ def block_sparse_attention(
     staging = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device) if emulate_bf16 else result
     lse = (lse_out if lse_out is not None
            else torch.empty(batch, heads_q, seq_q, dtype=torch.float32, device=q.device) if return_lse
-           else torch.empty(1, 1, 1, dtype=torch.float32, device=q.device))
+           else None)
 
-    mask = layout.mask
-    counts, indices = _broadcast(layout.kv_num_blocks, layout.kv_indices, batch, heads_q)
-    full_counts, full_indices = _broadcast(layout.full_kv_num_blocks, layout.full_kv_indices, batch, heads_q)
-    programs = batch * heads_q * triton.cdiv(seq_q, cfg.block_m)
-    if programs >= 2**31:
-        raise ValueError(f"{programs} query tiles (batch x heads x ceil(seq_q / {cfg.block_m})) exceed one launch's 2**31 - 1")
-    grid = (programs,)
-    tile_order = layout.tile_order(cfg.block_m) if (layout.has_doc or layout.has_bits) else None
-    block_sparse_attn_fwd[grid](
-        q, k, v, staging, lse,
-        counts, indices, full_counts, full_indices,
-        scale * LOG2E,
-        *q.stride(), *k.stride(), *v.stride(), *staging.stride(),
-        lse.stride(0), lse.stride(1),
-        *counts.stride(), *indices.stride()[:3],
-        *full_counts.stride(), *full_indices.stride()[:3],
-        heads_q, heads_q // heads_kv, seq_q, seq_k,
-        mask.offset, mask.window, mask.sink_tokens,
-        *element_mask_arguments(layout, batch, heads_q),
-        tile_order,
-        HEAD_DIM=head_dim,
-        BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        SPARSE_BLOCK_M=layout.block_m,
-        SPARSE_BLOCK_N=layout.block_n,
-        IS_CAUSAL=mask.causal,
-        HAS_WINDOW=mask.window > 0,
-        HAS_DOC=layout.has_doc,
-        HAS_PAD=layout.has_padding,
-        HAS_BITS=layout.has_bits,
-        HAS_ORDER=tile_order is not None,
-        RETURN_LSE=return_lse,
-        EMULATE_BF16=emulate_bf16,
-        USE_TMA=_tma_usable(cfg, q, k, v),
-        ONE_LOOP=cfg.one_loop,
-        # fp32 parity needs IEEE products; for fp16/bf16 operands the setting has no effect.
-        DOT_PRECISION="ieee",
-        **cfg.launch_kwargs(),
-    )
+    launch = build_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
+                          use_tma=_tma_usable(cfg, q, k, v))
+    block_sparse_attn_fwd[launch.grid](**launch.args, **launch.constexprs, **launch.options)
     if emulate_bf16:
         result.copy_(staging)
     return (result, lse) if return_lse else result
 
 
 def _tma_usable(cfg: configs.LaunchConfig, q, k, v) -> bool:
-    """TMA descriptors need a GPU, a unit last stride, 16-byte aligned bases and row strides, and
-    a power-of-two head dim (no padded tile); otherwise the pointer path runs (same values)."""
-    if not cfg.tma or q.device.type != "cuda" or platform.triton_interpreter_enabled():
+    """TMA descriptors need a GPU (not the interpreter) and tensors they can describe
+    (``launch.tma_fits``); otherwise the pointer path runs (same values)."""
+    if q.device.type != "cuda" or platform.triton_interpreter_enabled() or not tma_fits(cfg, q, k, v):
         return False
-    head_dim = q.shape[-1]
-    if head_dim & (head_dim - 1):
-        return False
-    for t in (k, v):
-        elem = t.element_size()
-        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * elem) % 16 for s in t.stride()[:-1]):
-            return False
     _install_tma_allocator()
     return True
 
@@ -208,42 +161,6 @@ def _install_tma_allocator() -> None:
 
     triton.set_allocator(scratch)
     _TMA_ALLOCATOR_INSTALLED = True
-
-
-def _broadcast(counts: torch.Tensor, indices: torch.Tensor, batch: int, heads: int):
-    """Expand layout dims of size 1 to (batch, heads) with zero strides (no copy)."""
-    counts = counts.to(torch.int32)
-    indices = indices.to(torch.int32)
-    if indices.stride(-1) != 1:
-        indices = indices.contiguous()
-    return (counts.expand(batch, heads, counts.shape[2]),
-            indices.expand(batch, heads, *indices.shape[2:]))
-
-
-def element_mask_arguments(layout: BlockLayout, batch: int, heads: int) -> tuple:
-    """The kernel's element-mask arguments, in its parameter order: (Q_DOC, K_DOC, stride_qdb,
-    stride_kdb, K_START, K_END, stride_pb, MASK_BITS, stride_mbb, stride_mbh, stride_mbm).
-
-    Absent masks are None (Triton makes a None argument a constexpr, so the kernel compiled for
-    a layout without element masks has the signature and code it had before they existed).
-    Present ones are expanded to (batch, heads) with zero strides where the layout broadcasts;
-    the kernel indexes their last dim with unit stride.
-    """
-    doc, pad, bits = (None,) * 4, (None,) * 3, (None,) * 4
-    if layout.has_doc:
-        q_doc = layout.q_doc.contiguous().expand(batch, layout.seq_q)
-        k_doc = layout.k_doc.contiguous().expand(batch, layout.seq_k)
-        doc = (q_doc, k_doc, q_doc.stride(0), k_doc.stride(0))
-    if layout.has_padding:
-        k_start, k_end = layout.k_start.expand(batch), layout.k_end.expand(batch)
-        if k_start.stride(0) != k_end.stride(0):
-            k_start, k_end = k_start.contiguous(), k_end.contiguous()
-        pad = (k_start, k_end, k_start.stride(0))
-    if layout.has_bits:
-        words = layout.mask_bits.contiguous()
-        words = words.expand(batch, heads, *words.shape[2:])
-        bits = (words, *words.stride()[:3])
-    return (*doc, *pad, *bits)
 
 
 def _resolve_config(config, q, k, v, layout, scale) -> configs.LaunchConfig:

@@ -28,6 +28,8 @@ import sys
 import torch
 
 from parity import platform
+from parity.errors import UsageError
+from parity.overrides import parse_overrides
 
 from . import configs
 from .attention import block_sparse_attention, launch_config
@@ -204,22 +206,18 @@ def run_masks(names, seqs, heads, head_dim, check: bool):
     return rows
 
 
+def parse_config(spec: str) -> dict:
+    """``block_n=64,num_stages=3,one_loop=1`` -> ``{"block_n": 64, "num_stages": 3, "one_loop": True}``
+    (keys and bounds: ``configs.LAUNCH_FIELDS``); a UsageError names a bad item."""
+    items = [item for item in spec.split(",") if item.strip()]
+    if not items:
+        raise UsageError(f"--config {spec!r} names no KEY=VALUE")
+    return parse_overrides(items, flag="--config", allowed=configs.LAUNCH_FIELDS, key_name="config key")
+
+
 def parse_variant(spec: str, base: configs.LaunchConfig) -> configs.LaunchConfig:
-    """``block_n=64,num_stages=3,one_loop=1`` -> the pinned config with those fields replaced."""
-    ints = {"block_m", "block_n", "num_warps", "num_stages"}
-    flags = {"tma", "one_loop"}
-    changes = {}
-    for item in filter(None, spec.split(",")):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or key not in ints | flags:
-            raise ValueError(f"bad --config item {item!r}: use KEY=VALUE with KEY one of "
-                             f"{', '.join(sorted(ints | flags))}")
-        try:
-            changes[key] = bool(int(value)) if key in flags else int(value)
-        except ValueError:
-            raise ValueError(f"bad --config value in {item!r}: expected an integer") from None
-    return dataclasses.replace(base, **changes)
+    """``block_n=64,num_stages=3,one_loop=1`` -> ``base`` with those fields replaced."""
+    return configs.with_overrides(base, parse_config(spec))
 
 
 def _label(cfg: configs.LaunchConfig) -> str:
@@ -410,8 +408,9 @@ def main(argv=None) -> int:
             print(f"benchmark: cannot read {args.markdown}: {err}", file=sys.stderr)
             return 2
         return 0
-    try:
+    try:  # every argument is checked before the GPU is looked for
         masks = parse_masks(args.masks)
+        changes = [parse_config(spec) for spec in args.config]
     except ValueError as err:
         print(f"benchmark: {err}", file=sys.stderr)
         return 2
@@ -419,11 +418,7 @@ def main(argv=None) -> int:
         print("benchmark: needs a GPU", file=sys.stderr)
         return 2
     pinned = launch_config(torch.device("cuda"), args.head_dim, torch.bfloat16)
-    try:
-        variants = [parse_variant(spec, pinned) for spec in args.config]
-    except ValueError as err:
-        print(f"benchmark: {err}", file=sys.stderr)
-        return 2
+    variants = [configs.with_overrides(pinned, change) for change in changes]
     rows, sweep_rows, mask_rows = [], [], []
     if masks:
         mask_rows = run_masks(masks, args.seq or [16384], args.heads, args.head_dim, not args.no_check)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["LaunchConfig", "CONFIGS", "config_for", "candidates", "known_archs"]
+from parity import dtypes, overrides
+
+__all__ = ["LaunchConfig", "CONFIGS", "OVERRIDE_KEYS", "config_for", "candidates", "known_archs", "with_overrides"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +141,7 @@ def config_for(arch: str, head_dim: int, dtype: object = None, *, irregular: boo
     """The pinned config for an architecture, head dim and dtype (torch dtype or "fp32"/"bf16"/
     "fp16"; None means a 16-bit dtype). ``irregular``: the layout carries per-token element
     masks (``IRREGULAR_CONFIGS`` where a row exists, else the pinned config)."""
-    fp32 = str(dtype) in ("torch.float32", "fp32", "float32")
+    fp32 = dtype is not None and dtypes.short_name(dtype) == "fp32"
     if irregular and not fp32:
         for max_head_dim, config in IRREGULAR_CONFIGS.get(arch, ()):
             if head_dim <= max_head_dim:
@@ -153,6 +155,35 @@ def config_for(arch: str, head_dim: int, dtype: object = None, *, irregular: boo
         if head_dim <= max_head_dim:
             return config
     raise ValueError(f"head_dim {head_dim} is larger than any config for {arch} (max {rows[-1][0]})")
+
+
+# The keys a proposed config may change (``inspect --set``, the benchmark's ``--config``) and how
+# each value is read. Bounds: beyond them a value is a typo. waves_per_eu=0 and
+# matrix_instr_nonkdim=0 are the compiler's "no constraint" / "pick one", hence minimum 0.
+_SIZE = overrides.integer(1, 2**16)
+_KNOB = overrides.integer(0, 2**16)
+LAUNCH_FIELDS = {"block_m": _SIZE, "block_n": _SIZE, "num_warps": _SIZE, "num_stages": _KNOB,
+                 "tma": overrides.boolean, "one_loop": overrides.boolean}
+AMD_KNOBS = {"waves_per_eu": _KNOB, "matrix_instr_nonkdim": _KNOB, "kpack": _KNOB}
+OVERRIDE_KEYS = {**LAUNCH_FIELDS, **AMD_KNOBS}
+
+
+def with_overrides(config: LaunchConfig, changes: dict[str, Any], arch: str = "") -> LaunchConfig:
+    """``config`` with fields (``LAUNCH_FIELDS``) and AMD knobs replaced by ``changes`` (values as
+    ``parity.overrides.parse_overrides(..., allowed=OVERRIDE_KEYS)`` returns them). An AMD knob
+    for a config without AMD knobs is a ValueError naming the keys ``arch`` accepts."""
+    amd = dict(config.amd)
+    plain = {}
+    for key, value in changes.items():
+        if key in LAUNCH_FIELDS:
+            plain[key] = bool(value) if LAUNCH_FIELDS[key] is overrides.boolean else int(value)
+        elif key in amd:
+            amd[key] = int(value)
+        else:
+            known = sorted(set(LAUNCH_FIELDS) | set(amd))
+            where = f" for {arch}" if arch else ""
+            raise ValueError(f"unknown config key {key!r}{where}; use one of {', '.join(known)}")
+    return dataclasses.replace(config, **plain, amd=tuple(amd.items()))
 
 
 def candidates(arch: str, head_dim: int, dtype: object = None) -> list[LaunchConfig]:

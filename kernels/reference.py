@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from parity import dtypes
+
 from .layout import BlockLayout
 
 __all__ = ["reference_attention", "PRECISIONS"]
@@ -21,12 +23,10 @@ PRECISIONS = ("fp32", "fp64", "same")
 
 
 def _compute_dtype(precision: str, input_dtype: torch.dtype) -> torch.dtype:
-    if precision == "fp32":
-        return torch.float32
-    if precision == "fp64":
-        return torch.float64
     if precision == "same":
         return input_dtype
+    if precision in PRECISIONS:
+        return dtypes.torch_dtype(precision)
     raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
 
 
@@ -64,7 +64,7 @@ def reference_attention(
     kc = k.to(dtype).repeat_interleave(group, dim=1)
     vc = v.to(dtype).repeat_interleave(group, dim=1)
     out = torch.empty(batch, heads_q, seq_q, head_dim, dtype=dtype, device=q.device)
-    lse_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    lse_dtype = dtypes.accumulation_dtype(dtype)
     lse = torch.empty(batch, heads_q, seq_q, dtype=lse_dtype, device=q.device)
 
     for start in range(0, seq_q, chunk_rows):

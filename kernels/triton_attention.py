@@ -31,8 +31,9 @@ def _round_to_bf16(x):
 def _load_kv_tiles(k_ptrs0, v_ptrs0, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
     # The per-element pointer tensors are built once per program; a tile is a scalar offset.
-    k_ptrs = k_ptrs0 + start_n.to(tl.int64) * stride_kn
-    v_ptrs = v_ptrs0 + start_n.to(tl.int64) * stride_vn
+    # cols: [BLOCK_N] key positions; offs_d: [BLOCK_D]; k_ptrs0, v_ptrs0: [BLOCK_N, BLOCK_D].
+    k_ptrs = k_ptrs0 + start_n.to(tl.int64) * stride_kn  # [BLOCK_N, BLOCK_D]
+    v_ptrs = v_ptrs0 + start_n.to(tl.int64) * stride_vn  # [BLOCK_N, BLOCK_D]
     if MASKED:
         # Partial blocks may run past seq_k (the layout makes the tail block partial).
         if BLOCK_D == HEAD_DIM:
@@ -49,7 +50,7 @@ def _load_kv_tiles(k_ptrs0, v_ptrs0, start_n, cols, offs_d, stride_kn, stride_vn
         else:
             k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
             v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    return k, v
+    return k, v  # [BLOCK_N, BLOCK_D] each
 
 
 @triton.jit
@@ -59,7 +60,8 @@ def _apply_mask(qk, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, 
                 HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr):
     # The partial block's element mask, evaluated in registers: the MaskSpec predicate AND the
     # layout's element masks (kernels/layout.py); hidden scores -> -inf.
-    visible = cols[None, :] < seq_k
+    # qk: [BLOCK_M, BLOCK_N]; offs_m: [BLOCK_M] query rows; cols: [BLOCK_N] key positions.
+    visible = cols[None, :] < seq_k  # [1, BLOCK_N], broadcast to [BLOCK_M, BLOCK_N] below
     if IS_CAUSAL:
         visible = visible & (cols[None, :] <= offs_m[:, None] + causal_offset)
     if HAS_WINDOW:
@@ -68,7 +70,7 @@ def _apply_mask(qk, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, 
     if HAS_DOC:
         # q_doc: this program's [BLOCK_M] query document ids, loaded once; keys past seq_k are
         # already hidden, so their id is irrelevant.
-        k_doc = tl.load(k_doc_ptr + cols, mask=cols < seq_k, other=-1)
+        k_doc = tl.load(k_doc_ptr + cols, mask=cols < seq_k, other=-1)  # [BLOCK_N]
         visible = visible & (q_doc[:, None] == k_doc[None, :])
     if HAS_PAD:
         visible = visible & (cols[None, :] >= k_lo) & (cols[None, :] < k_hi)
@@ -82,12 +84,12 @@ def _apply_mask(qk, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, 
         first_word = start_n // 32
         last_word = (seq_k - 1) // 32
         row_in = offs_m[:, None] < seq_q
-        word = tl.zeros(qk.shape, dtype=tl.int32)
+        word = tl.zeros(qk.shape, dtype=tl.int32)  # [BLOCK_M, BLOCK_N]
         for j in tl.static_range((qk.shape[1] + 31) // 32):
-            word_j = tl.load(bits_ptrs + tl.minimum(first_word + j, last_word), mask=row_in, other=0)
+            word_j = tl.load(bits_ptrs + tl.minimum(first_word + j, last_word), mask=row_in, other=0)  # [BLOCK_M, 1]
             word = tl.where((cols[None, :] // 32) == first_word + j, word_j, word)
         visible = visible & (((word >> (cols[None, :] % 32)) & 1) != 0)
-    return tl.where(visible, qk, float("-inf"))
+    return tl.where(visible, qk, float("-inf"))  # [BLOCK_M, BLOCK_N]
 
 
 @triton.jit
@@ -104,12 +106,13 @@ def _attend_block(
     # loop visits full and partial blocks alike and ``partial`` (a runtime scalar) says which;
     # loads are then bounds-masked always (a no-op for full blocks) and only the element mask
     # sits behind the branch, so the loads stay where the software pipeliner can overlap them.
-    cols = start_n + offs_n
+    # acc: [BLOCK_M, BLOCK_D] fp32; l_i, m_i: [BLOCK_M] fp32; q: [BLOCK_M, BLOCK_D].
+    cols = start_n + offs_n  # [BLOCK_N]
     if USE_TMA:
         # NVIDIA Hopper: the tensor-memory accelerator copies the tile; rows past seq_k are
         # zero-filled by the descriptor's bounds, as the masked pointer loads below do.
-        k = k_desc.load([start_n, 0])
-        v = v_desc.load([start_n, 0])
+        k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_D]
+        v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_D]
     else:
         k, v = _load_kv_tiles(k_ptrs0, v_ptrs0, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
                               HEAD_DIM, BLOCK_D, MASKED or RUNTIME_MASK)
@@ -122,7 +125,7 @@ def _attend_block(
     # Raw scores; the scale is folded into the exponent's FMA below (qk * scale - m), one
     # operation per element instead of a multiply and a subtract (sm_scale > 0, checked by the
     # launcher, so the row max commutes with the scaling).
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32
     if MASKED:
         qk = _apply_mask(qk, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, sink_tokens,
                          q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs,
@@ -134,21 +137,22 @@ def _attend_block(
                              q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs,
                              IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD,
                              HAS_BITS=HAS_BITS)
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # [BLOCK_M]
     if MASKED or RUNTIME_MASK:
         # A row that has seen no visible key keeps m = -inf; subtract 0 instead so that
         # exp2(-inf - m) is 0 rather than exp2(-inf + inf) = NaN.
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
     else:
         m_sub = m_new
-    p = tl.math.exp2(qk * qk_scale - m_sub[:, None])
-    alpha = tl.math.exp2(m_i - m_sub)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
+    p = tl.math.exp2(qk * qk_scale - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
+    alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
+    l_i = l_i * alpha + tl.sum(p, 1)  # [BLOCK_M]
+    acc = acc * alpha[:, None]  # [BLOCK_M, BLOCK_D]
     if EMULATE_BF16:
         p = _round_to_bf16(p)
     else:
         p = p.to(v.dtype)
+    # acc += p @ v: [BLOCK_M, BLOCK_N] @ [BLOCK_N, BLOCK_D] -> [BLOCK_M, BLOCK_D]
     acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
 
@@ -199,18 +203,20 @@ def block_sparse_attn_fwd(
     off_hkv = off_h // gqa_group
     q_block = (start_m * BLOCK_M) // SPARSE_BLOCK_M
 
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] query rows
+    offs_n = tl.arange(0, BLOCK_N)  # [BLOCK_N] key offsets within a tile
+    offs_d = tl.arange(0, BLOCK_D)  # [BLOCK_D] head-dim lanes (BLOCK_D >= HEAD_DIM, a power of 2)
 
+    # [BLOCK_M, BLOCK_D]
     q_ptrs = (Q + off_b.to(tl.int64) * stride_qb + off_h.to(tl.int64) * stride_qh
               + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
     if BLOCK_D == HEAD_DIM:
-        q = tl.load(q_ptrs, mask=offs_m[:, None] < seq_q, other=0.0)
+        q = tl.load(q_ptrs, mask=offs_m[:, None] < seq_q, other=0.0)  # [BLOCK_M, BLOCK_D]
     else:
         q = tl.load(q_ptrs, mask=(offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     if EMULATE_BF16:
         q = q.to(tl.float32)
+    # [BLOCK_N, BLOCK_D] pointers to the first key tile's rows; each tile adds a scalar offset.
     k_ptrs0 = (K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
                + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
     v_ptrs0 = (V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
@@ -236,18 +242,20 @@ def block_sparse_attn_fwd(
     k_hi = seq_k
     bits_ptrs = MASK_BITS
     if HAS_DOC:
-        q_doc = tl.load(Q_DOC + off_b * stride_qdb + offs_m, mask=offs_m < seq_q, other=-1)
+        q_doc = tl.load(Q_DOC + off_b * stride_qdb + offs_m, mask=offs_m < seq_q, other=-1)  # [BLOCK_M]
         k_doc_ptr = K_DOC + off_b * stride_kdb
     if HAS_PAD:
         k_lo = tl.load(K_START + off_b * stride_pb)
         k_hi = tl.load(K_END + off_b * stride_pb)
     if HAS_BITS:
+        # [BLOCK_M, 1]: each query row's first mask word
         bits_ptrs = (MASK_BITS + off_b.to(tl.int64) * stride_mbb + off_h.to(tl.int64) * stride_mbh
                      + offs_m[:, None].to(tl.int64) * stride_mbm)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    # Online softmax state, in log2 units of the scaled scores.
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # [BLOCK_M] running row max
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)  # [BLOCK_M] running row sum of exp2
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)  # [BLOCK_M, BLOCK_D] unnormalized output
 
     # Layout tensors broadcast over batch/head through zero strides. Each layout block is
     # SUB = SPARSE_BLOCK_N // BLOCK_N tiles; the loops run over tiles (one flat loop per block
@@ -268,8 +276,10 @@ def block_sparse_attn_fwd(
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
                 stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
-                q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale, partial,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, MASKED=False, RUNTIME_MASK=True,
+                q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale,
+                # full and partial blocks alike; the runtime ``partial`` picks the element mask
+                partial=partial, MASKED=False, RUNTIME_MASK=True,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                 IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
                 EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
             )
@@ -279,8 +289,10 @@ def block_sparse_attn_fwd(
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
                 stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
-                q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale, False,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, MASKED=False, RUNTIME_MASK=False,
+                q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale,
+                # full blocks: no element mask, no bounds on the loads
+                partial=False, MASKED=False, RUNTIME_MASK=False,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                 IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
                 EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
             )
@@ -289,16 +301,18 @@ def block_sparse_attn_fwd(
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
                 stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
-                q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale, True,
-                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D, MASKED=True, RUNTIME_MASK=False,
+                q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale,
+                # partial blocks: element mask and bounds-checked loads, chosen at compile time
+                partial=True, MASKED=True, RUNTIME_MASK=False,
+                HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                 IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
                 EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
             )
 
     # Rows that saw no key have l = 0 and acc = 0: output 0, LSE -inf (the project's convention).
-    empty = l_i == 0.0
-    l_safe = tl.where(empty, 1.0, l_i)
-    out = acc / l_safe[:, None]
+    empty = l_i == 0.0  # [BLOCK_M]
+    l_safe = tl.where(empty, 1.0, l_i)  # [BLOCK_M]
+    out = acc / l_safe[:, None]  # [BLOCK_M, BLOCK_D]
     o_ptrs = (Out + off_b.to(tl.int64) * stride_ob + off_h.to(tl.int64) * stride_oh
               + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
     if BLOCK_D == HEAD_DIM:
@@ -307,6 +321,6 @@ def block_sparse_attn_fwd(
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(offs_m[:, None] < seq_q) & (offs_d[None, :] < HEAD_DIM))
     if RETURN_LSE:
         # m is in log2 units of the scaled scores: natural-log LSE = (m + log2 l) * ln 2.
-        lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+        lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # [BLOCK_M]
         l_ptrs = Lse + off_b.to(tl.int64) * stride_lb + off_h.to(tl.int64) * stride_lh + offs_m
         tl.store(l_ptrs, lse, mask=offs_m < seq_q)

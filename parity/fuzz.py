@@ -31,13 +31,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
-from . import platform
+from . import dtypes, platform
 from .errors import UsageError
 from .subjects.attention import LAYOUT_KINDS, AttentionCase
 
 T = TypeVar("T")
 
-DTYPE_NAMES = ("fp16", "bf16", "fp32")
+DTYPE_NAMES = dtypes.KERNEL_DTYPES
 HEAD_DIMS = (16, 32, 64, 96, 128, 256)  # every head dim the kernel supports
 BLOCK_SIZES = (16, 32, 64, 128)
 GQA_GROUPS = (1, 2, 4, 8)  # query heads per key/value head

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from parity import platform
+from parity import dtypes, platform
 from parity.cli import main
 from parity.kernels import aot
 
@@ -89,9 +89,12 @@ def test_sm90_bf16_uses_tensor_cores(compiled):
 class _RecordingKernel:
     """Stands in for block_sparse_attn_fwd and records the launcher's call instead of running."""
 
+    def __init__(self, kernel):
+        self.fn = kernel.fn  # the signature the launch builder checks its arguments against
+
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.args, self.kwargs = args, kwargs
+            self.grid, self.args, self.kwargs = grid, args, kwargs
         return launch
 
 
@@ -105,24 +108,29 @@ def test_arguments_match_a_recorded_launcher_call(monkeypatch, case):
     target, dtype, head_dim = case
     problem = aot.Problem(batch=2, heads_q=8, heads_kv=2, seq_q=1000, seq_k=1000, sparse_block=64)
     args, constexprs, options, _ = aot.launch_arguments(target, dtype, head_dim, problem)
-    recorder = _RecordingKernel()
+    recorder = _RecordingKernel(triton_attention.block_sparse_attn_fwd)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(triton_attention, "block_sparse_attn_fwd", recorder)
     # The launcher asks platform which architecture the device is: answer the target's name.
     monkeypatch.setattr(platform, "arch_of", lambda device: target)
     meta = torch.device("meta")
-    tdtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    tdtype = dtypes.torch_dtype(dtype)
     q = torch.empty(2, 8, 1000, head_dim, dtype=tdtype, device=meta)
     k = torch.empty(2, 2, 1000, head_dim, dtype=tdtype, device=meta)
     layout = layouts.causal_layout(1000, 1000, block_m=64, block_n=64)
     attention.block_sparse_attention(q, k, torch.empty_like(k), layout, return_lse=True)
 
+    # Every argument by name: runtime ones, constexprs, then compiler options.
+    assert recorder.args == ()
+    recorded_args = {name: value for name, value in recorder.kwargs.items() if name in args}
     recorded_constexprs = {name: value for name, value in recorder.kwargs.items() if name in constexprs}
-    recorded_options = {name: value for name, value in recorder.kwargs.items() if name not in constexprs}
+    recorded_options = {name: value for name, value in recorder.kwargs.items()
+                        if name not in constexprs and name not in args}
     assert recorded_constexprs == constexprs
     assert recorded_options == options
-    assert len(recorder.args) == len(args)
-    for (name, ours), theirs in zip(args.items(), recorder.args):
+    assert list(recorded_args) == list(args)
+    assert recorder.grid == (2 * 8 * -(-1000 // constexprs["BLOCK_M"]),)
+    for (name, ours), theirs in zip(args.items(), recorded_args.values()):
         if isinstance(ours, torch.Tensor):
             assert (ours.dtype, ours.shape, ours.stride()) == (theirs.dtype, theirs.shape, theirs.stride()), name
         elif isinstance(ours, float):

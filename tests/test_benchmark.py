@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from parity.errors import UsageError
 from parity.kernels import benchmark, configs
 
 
@@ -11,10 +12,28 @@ def test_variant_spec_replaces_fields_of_the_pinned_config():
     cfg = benchmark.parse_variant("block_n=128, num_stages=2,one_loop=0", base)
     assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.one_loop) == (128, 128, 8, 2, False)
     assert benchmark._label(benchmark.parse_variant("tma=1", base)) == "128x64 w8 s3 +tma +one_loop"
-    with pytest.raises(ValueError, match="bad --config item 'warps=8'"):
+    with pytest.raises(UsageError, match="--config 'warps=8': unknown config key 'warps'; use one of block_m, "):
         benchmark.parse_variant("warps=8", base)
-    with pytest.raises(ValueError, match="expected an integer"):
+    with pytest.raises(UsageError, match="--config 'block_n=big': expected an integer"):
         benchmark.parse_variant("block_n=big", base)
+    with pytest.raises(UsageError, match="'block_n' is given twice"):
+        benchmark.parse_variant("block_n=64,block_n=128", base)
+    with pytest.raises(UsageError, match="unknown config key 'waves_per_eu'"):  # an AMD knob: not here
+        benchmark.parse_variant("waves_per_eu=2", base)
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("block_n=big", "--config 'block_n=big': expected an integer from 1 to 65536"),
+    ("num_warps=inf", "--config 'num_warps=inf': expected an integer"),
+    ("block_m=1048576", "expected an integer from 1 to 65536, got 1048576"),
+    ("one_loop=2", "--config 'one_loop=2': expected 0 or 1"),
+    ("block_n", "--config 'block_n' must look like KEY=VALUE"),
+    (",", "--config ',' names no KEY=VALUE"),
+])
+def test_bad_config_is_one_line_and_exit_2_before_looking_for_a_gpu(capsys, spec, needle):
+    assert benchmark.main(["--config", spec]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("benchmark: ") and needle in err, err
 
 
 def _row(seq, impl, mask, ms, tflops, **extra):

@@ -4,7 +4,7 @@ through the Triton interpreter (conftest sets TRITON_INTERPRET=1); on a GPU for 
 import pytest
 import torch
 
-from parity import platform
+from parity import dtypes, platform
 from parity.kernels import (
     LayoutError,
     block_sparse_attention,
@@ -16,7 +16,7 @@ from parity.kernels import (
 )
 from parity.kernels.testing import check_kernel_output, random_qkv
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = {name: dtypes.torch_dtype(name) for name in dtypes.KERNEL_DTYPES}
 
 
 def _block_mask_with_empty_row(seq_q, seq_k, bm, bn):

@@ -11,7 +11,7 @@ from typing import Callable
 import pytest
 import torch
 
-from parity import platform
+from parity import dtypes, platform
 from parity.kernels import (
     BlockLayout,
     LayoutError,
@@ -31,7 +31,7 @@ from parity.kernels.layout import pack_mask_bits, unpack_mask_bits
 from parity.kernels.testing import random_qkv
 from test_kernel import _check_variants, run_and_check
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = {name: dtypes.torch_dtype(name) for name in dtypes.KERNEL_DTYPES}
 
 
 # ---- FlexAttention-style mask_mods, written independently of kernels/layout.py ------------------

@@ -6,10 +6,8 @@ import argparse
 import json
 import sys
 
+from .. import dtypes
 from ..errors import UsageError, require_dependency
-
-# Largest value --set accepts: config fields are tile sizes, warp and stage counts, AMD knobs.
-MAX_OVERRIDE = 2**16
 
 EPILOG = """\
 Every number comes from ahead-of-time compilation (triton.compile for the target, no GPU):
@@ -23,7 +21,7 @@ Try a proposed config change with --set, e.g. --set num_warps=8 --set block_n=32
 """
 
 DEFAULT_TARGETS = ("gfx942",)
-DEFAULT_DTYPES = ("fp16", "bf16", "fp32")
+DEFAULT_DTYPES = dtypes.KERNEL_DTYPES
 DEFAULT_HEAD_DIMS = (64, 128)
 
 
@@ -51,19 +49,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _overrides(items: list[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        try:
-            out[key.strip()] = int(value)
-        except ValueError:
-            sep = ""
-        if not sep or not key.strip():
-            raise UsageError(f"--set {item!r} must look like KEY=INTEGER")
-        if not 0 <= out[key.strip()] <= MAX_OVERRIDE:
-            raise UsageError(f"--set {item!r}: the value must be an integer from 0 to {MAX_OVERRIDE}")
-    return out
+def _overrides(items: list[str]) -> dict[str, int | bool]:
+    """``--set`` items -> config changes, by kernels.configs' keys and bounds (parity.overrides)."""
+    from parity.kernels import configs
+
+    from ..overrides import parse_overrides
+
+    return parse_overrides(items, flag="--set", allowed=configs.OVERRIDE_KEYS, key_name="config key")
 
 
 def _tile(r) -> str:
@@ -148,13 +140,14 @@ def run(args: argparse.Namespace) -> int:
     from parity.kernels import aot
 
     targets = tuple(args.target or DEFAULT_TARGETS)
-    dtypes = tuple(args.dtype or DEFAULT_DTYPES)
+    # Any spelling of a dtype (bfloat16, torch.bfloat16), reported by its short name.
+    dtype_names = tuple(dtypes.check_name(name, aot.DTYPES) for name in args.dtype or DEFAULT_DTYPES)
     head_dims = tuple(args.head_dim or DEFAULT_HEAD_DIMS)
     overrides = _overrides(args.overrides)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     problem = aot.Problem()
-    results = aot.inspect_configs(targets, dtypes, head_dims, problem=problem, overrides=overrides,
+    results = aot.inspect_configs(targets, dtype_names, head_dims, problem=problem, overrides=overrides,
                                   jobs=args.jobs)
     passed = all(r.passed for r in results)
     header = header_line(problem)

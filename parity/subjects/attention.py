@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import dtypes
 from ..errors import UsageError
-from .base import DTYPES, Inputs, Subject, shown, check_inputs_tensor, check_ints, check_memory
+from .base import Inputs, Subject, shown, check_inputs_tensor, check_ints, check_memory
 from .ops import SparseAttention
 
 LAYOUT_KINDS = ("causal", "window", "sink", "random", "dense", "emptyrow", "document", "padleft", "padright",
@@ -74,7 +75,7 @@ class AttentionCase:
             raise UsageError(f"attention case density must be in [0, 1], got {shown(density)}")
         if not isinstance(self.layout, str) or self.layout not in LAYOUT_KINDS:
             raise UsageError(f"unknown attention layout {shown(self.layout)}; choose from {', '.join(LAYOUT_KINDS)}")
-        if not isinstance(self.dtype, str) or self.dtype not in ("fp16", "bf16", "fp32"):
+        if not isinstance(self.dtype, str) or self.dtype not in dtypes.KERNEL_DTYPES:
             raise UsageError(f"attention case dtype must be fp16, bf16 or fp32, got {shown(self.dtype)}")
         for name in ("block_m", "block_n"):
             value = getattr(self, name)
@@ -117,7 +118,7 @@ class AttentionCase:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return dtypes.torch_dtype(self.dtype)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -296,7 +297,7 @@ class AttentionSubject(Subject):
         if case_set is not None and not isinstance(case_set, str):
             raise UsageError(f"attention case_set must be a set name or null, got {shown(case_set)}")
         if dtype is not None:
-            if not isinstance(dtype, str) or dtype not in ("fp16", "bf16", "fp32"):
+            if not isinstance(dtype, str) or dtype not in dtypes.KERNEL_DTYPES:
                 raise UsageError(f"attention dtype must be fp16, bf16 or fp32, got {shown(dtype)}")
             chosen = [dataclasses.replace(case, dtype=dtype) for case in chosen]
         ids = [case.id for case in chosen]

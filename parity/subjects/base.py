@@ -60,16 +60,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import dtypes
 from ..errors import ParityError, SubjectError, UsageError
 from ..text import printable
 
-DTYPES: dict[str, torch.dtype] = {
-    "fp64": torch.float64,
-    "fp32": torch.float32,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-}
-DTYPE_LABELS = {dtype: label for label, dtype in DTYPES.items()}
+# Short name -> torch dtype for the floating dtypes a subject may use (parity.dtypes' names).
+DTYPES: dict[str, torch.dtype] = {name: dtypes.torch_dtype(name) for name in dtypes.FLOATING}
 
 
 def check_ints(what: str, values: Mapping[str, Any], minimum: int) -> None:
@@ -109,11 +105,8 @@ def check_inputs_tensor(inputs: "Inputs", name: str, where: str, *, shape: tuple
 
 
 def parse_dtype(label: str) -> torch.dtype:
-    """``"bf16"`` -> ``torch.bfloat16``; a UsageError names the bad value."""
-    try:
-        return DTYPES[label]
-    except (KeyError, TypeError):
-        raise UsageError(f"unknown dtype {label!r}; choose from {', '.join(DTYPES)}") from None
+    """``"bf16"`` (or ``"bfloat16"``) -> ``torch.bfloat16``; a UsageError names the bad value."""
+    return dtypes.torch_dtype(label)
 
 
 @dataclasses.dataclass

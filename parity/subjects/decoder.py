@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import dtypes
 from ..errors import UsageError
-from .base import DTYPES, Inputs, Subject, shown, check_inputs_tensor, check_ints, check_memory, describe_sizes
+from .base import Inputs, Subject, shown, check_inputs_tensor, check_ints, check_memory, describe_sizes
 from .ops import SparseAttention
 
 LAYER_LAYOUTS = ("causal", "window", "sink")
@@ -28,7 +29,7 @@ _LAYOUT_BUFFERS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Norms and RoPE are computed in fp32, or in fp64 during a high-precision reference run."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    return dtypes.accumulation_dtype(dtype)
 
 
 class RMSNorm(nn.Module):
@@ -153,7 +154,7 @@ class DecoderSubject(Subject):
             raise UsageError(f"decoder block must be a power of two >= 16, got {block}")
         if isinstance(rope_base, bool) or not isinstance(rope_base, (int, float)) or not 0 < rope_base < math.inf:
             raise UsageError(f"decoder rope_base must be a positive finite number, got {shown(rope_base)}")
-        if not isinstance(dtype, str) or dtype not in DTYPES or dtype == "fp64":
+        if not isinstance(dtype, str) or dtype not in dtypes.KERNEL_DTYPES:  # the kernel's own
             raise UsageError(f"decoder dtype must be fp16, bf16 or fp32, got {shown(dtype)}")
         if heads % kv_heads:
             raise UsageError(f"decoder heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
@@ -184,7 +185,7 @@ class DecoderSubject(Subject):
         in fp64, three score-sized temporaries. Layouts: two index lists per layer.
         """
         a = self.args
-        elem = DTYPES[a["dtype"]].itemsize
+        elem = dtypes.torch_dtype(a["dtype"]).itemsize
         d, hq, hkv, hd, ffn = a["d_model"], a["heads"], a["kv_heads"], a["head_dim"], a["ffn_dim"]
         tokens = a["batch"] * a["seq_len"]
         params = 2 * a["vocab"] * d + a["layers"] * (2 * d * hd * (hq + hkv) + 3 * d * ffn + 2 * d) + d
@@ -240,7 +241,7 @@ class DecoderSubject(Subject):
         a = self.args
         return DecoderLM(vocab=a["vocab"], d_model=a["d_model"], heads=a["heads"], kv_heads=a["kv_heads"],
                          head_dim=a["head_dim"], ffn_dim=a["ffn_dim"], rope_base=a["rope_base"],
-                         layouts=self._layouts(), impl=impl, dtype=DTYPES[a["dtype"]])
+                         layouts=self._layouts(), impl=impl, dtype=dtypes.torch_dtype(a["dtype"]))
 
     def make_state(self) -> dict[str, torch.Tensor]:
         """Seeded weights: embeddings N(0, 1), projections N(0, 1/fan_in), norm gains 1 + N(0, 0.1²).

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import dtypes
+
 IMPLS = ("reference", "triton")
 
 
@@ -43,7 +45,7 @@ class SparseAttention(nn.Module):
 
         block_layout = BlockLayout.from_tensors(layout, layout_meta)
         if self.impl == "reference":
-            precision = "fp64" if q.dtype == torch.float64 else "fp32"
+            precision = dtypes.short_name(dtypes.accumulation_dtype(q.dtype))
             out, lse = reference_attention(q, k, v, block_layout, sm_scale=self.sm_scale, return_lse=True,
                                            precision=precision)
             out = out.to(q.dtype)
