@@ -106,7 +106,9 @@ def fingerprint(device: torch.device | str | None = None) -> dict[str, Any]:
 
     Everything here can change the bits a kernel produces: vendor and arch, library versions,
     TF32 and reduced-precision reduction flags, deterministic mode, Triton's FP-fusion (FMA
-    contraction) and fp32 dot precision defaults, and whether Triton runs in the interpreter.
+    contraction) and fp32 dot precision defaults, whether Triton runs in the interpreter, and
+    which GPU libraries torch uses (:func:`gpu_library_fingerprint`: BLAS, ROCm flash attention,
+    TunableOp, cuDNN/MIOpen, the numerics environment variables).
     """
     device = torch.device(device) if device is not None else default_device()
     vendor = vendor_of(device)
@@ -133,12 +135,142 @@ def fingerprint(device: torch.device | str | None = None) -> dict[str, Any]:
         "triton_default_fp_fusion": os.environ.get("TRITON_DEFAULT_FP_FUSION"),
         "triton_f32_default": os.environ.get("TRITON_F32_DEFAULT"),
     }
+    info.update(gpu_library_fingerprint(device))
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info["device_name"] = props.name
         info["multiprocessors"] = props.multi_processor_count
         info["driver"] = _driver_version()
         info["driver_api"] = _driver_api_version()
+    return info
+
+
+# Environment variables that change which library or algorithm computes a GPU op, or its
+# precision, on either vendor (logging and memory-size knobs are left out):
+# - TORCH_BLAS_PREFER_CUBLASLT / TORCH_BLAS_PREFER_HIPBLASLT: torch's initial preferred BLAS
+#   library (torch.backends.cuda.preferred_blas_library).
+# - TORCH_ROCM_FA_PREFER_CK: CK instead of AOTriton for flash attention on ROCm;
+#   TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL: AOTriton's SDPA kernels on architectures it marks
+#   experimental.
+# - HIPBLASLT_ALLOW_TF32: ROCm's TF32 (xf32) for fp32 GEMMs, which torch honours only with it set
+#   (pytorch/pytorch#143549); TORCH_ALLOW_TF32_CUBLAS_OVERRIDE and NVIDIA_TF32_OVERRIDE force TF32
+#   on or off on CUDA whatever torch.backends says.
+# - CUBLAS_WORKSPACE_CONFIG: cuBLAS's deterministic reductions; ROCBLAS_DEFAULT_ATOMICS_MODE: the
+#   same for rocBLAS; ROCBLAS_USE_HIPBLASLT: rocBLAS's GEMM backend (Tensile or hipBLASLt).
+# - MIOPEN_FIND_MODE / MIOPEN_FIND_ENFORCE: which MIOpen solver is searched for and picked.
+# - PYTORCH_TUNABLEOP_*: TunableOp, which picks a GEMM kernel per shape by timing it (a different
+#   reduction order per machine) or replays a results file.
+NUMERICS_ENV_NAMES = (
+    "TORCH_BLAS_PREFER_CUBLASLT",
+    "TORCH_BLAS_PREFER_HIPBLASLT",
+    "TORCH_ROCM_FA_PREFER_CK",
+    "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL",
+    "HIPBLASLT_ALLOW_TF32",
+    "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+    "NVIDIA_TF32_OVERRIDE",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "ROCBLAS_DEFAULT_ATOMICS_MODE",
+    "ROCBLAS_USE_HIPBLASLT",
+    "MIOPEN_FIND_MODE",
+    "MIOPEN_FIND_ENFORCE",
+)
+NUMERICS_ENV_PREFIXES = ("PYTORCH_TUNABLEOP_",)
+_NOT_NUMERICS_ENV = ("PYTORCH_TUNABLEOP_VERBOSE", "PYTORCH_TUNABLEOP_VERBOSE_FILENAME")
+
+
+def numerics_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The numerics-relevant environment variables that are set (``NUMERICS_ENV_NAMES`` and the
+    ``PYTORCH_TUNABLEOP_`` family), sorted by name."""
+    environ = os.environ if environ is None else environ
+    return {name: environ[name] for name in sorted(environ)
+            if (name in NUMERICS_ENV_NAMES or name.startswith(NUMERICS_ENV_PREFIXES)) and name not in _NOT_NUMERICS_ENV}
+
+
+def _backend_name(getter: Any) -> str | None:
+    """``torch.backends.cuda.preferred_*_library()``'s answer in lower case (``cublaslt``,
+    ``default``, ``ck``); None where this torch lacks the function or the call fails."""
+    if getter is None:
+        return None
+    try:
+        backend = getter()
+    except (RuntimeError, AttributeError, TypeError):
+        return None
+    name = getattr(backend, "name", None)
+    return str(name).lower() if name is not None else None
+
+
+def _tunableop_state() -> dict[str, Any]:
+    """TunableOp's state: on (GEMMs use tuned kernels), tuning (new shapes are timed now) and the
+    results file. CPU builds of torch lack the bindings (AttributeError): None each."""
+    tunable = getattr(torch.cuda, "tunable", None)
+    state: dict[str, Any] = {"tunableop_enabled": None, "tunableop_tuning": None, "tunableop_filename": None}
+    if tunable is None:
+        return state
+    for key, name in (("tunableop_enabled", "is_enabled"), ("tunableop_tuning", "tuning_is_enabled"),
+                      ("tunableop_filename", "get_filename")):
+        try:
+            state[key] = getattr(tunable, name)()
+        except (AttributeError, RuntimeError):
+            state[key] = None
+    return state
+
+
+def _rocm_version() -> str | None:
+    """The ROCm installation's version (``$ROCM_PATH/.info/version``, default /opt/rocm); torch's
+    own HIP runtime is ``hip_version``. None where there is no such file."""
+    root = os.environ.get("ROCM_PATH") or "/opt/rocm"
+    try:
+        with open(os.path.join(root, ".info", "version")) as handle:
+            return handle.read().strip() or None
+    except OSError:
+        return None
+
+
+def gpu_library_fingerprint(device: torch.device | str) -> dict[str, Any]:
+    """Which GPU libraries and modes compute torch's ops on ``device``: the preferred BLAS and
+    linear-algebra libraries, the ROCm flash-attention backend, the SDPA backends enabled,
+    TunableOp, the cuDNN or MIOpen version, the ROCm install, and the numerics environment.
+
+    Every key is always present; a value is None where it does not apply (a CPU device, the other
+    vendor) or this torch cannot tell. Nothing here initializes a GPU for a CPU device: the
+    library queries run only for a CUDA/ROCm device.
+    """
+    device = torch.device(device)
+    hip = bool(torch.version.hip)
+    on_gpu = device.type == "cuda"
+    backends = torch.backends.cuda
+    info: dict[str, Any] = {
+        "blas_library": None,
+        "linalg_library": None,
+        "rocm_fa_library": None,
+        "sdp_backends": None,
+        "tunableop_enabled": None,
+        "tunableop_tuning": None,
+        "tunableop_filename": None,
+        "cudnn_version": None,
+        "miopen_version": None,
+        "rocm_version": _rocm_version() if hip else None,
+        "numerics_env": numerics_environment(),
+    }
+    if not on_gpu:
+        return info
+    info["blas_library"] = _backend_name(getattr(backends, "preferred_blas_library", None))
+    info["linalg_library"] = _backend_name(getattr(backends, "preferred_linalg_library", None))
+    if hip:
+        info["rocm_fa_library"] = _backend_name(getattr(backends, "preferred_rocm_fa_library", None))
+    enabled = []
+    for name in ("flash", "mem_efficient", "math", "cudnn"):
+        check = getattr(backends, f"{name}_sdp_enabled", None)
+        if check is not None and check():
+            enabled.append(name)
+    info["sdp_backends"] = ",".join(enabled)
+    info.update(_tunableop_state())
+    try:
+        # On ROCm builds torch.backends.cudnn is MIOpen and version() is MIOpen's.
+        dnn_version = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except (RuntimeError, AttributeError):
+        dnn_version = None
+    info["miopen_version" if hip else "cudnn_version"] = dnn_version
     return info
 
 
@@ -186,8 +318,10 @@ def _driver_api_version() -> str | None:
 
 
 # Fingerprint keys whose difference between capture and compare hosts changes numerics; compare
-# lists these in its report. Versions and device names differ by design between hosts and are
-# informational only.
+# lists these in its report (a key an older bundle did not record is unknown, not a difference).
+# Device names and the torch/Triton/driver versions differ by design between hosts and are
+# informational only; the cuDNN and MIOpen versions are here because they pick the convolution
+# and attention algorithms, so a change of either changes results on the same GPU.
 NUMERICS_KEYS = (
     "tf32_matmul",
     "tf32_cudnn",
@@ -197,4 +331,14 @@ NUMERICS_KEYS = (
     "deterministic_algorithms",
     "triton_default_fp_fusion",
     "triton_f32_default",
+    "blas_library",
+    "linalg_library",
+    "rocm_fa_library",
+    "sdp_backends",
+    "tunableop_enabled",
+    "tunableop_tuning",
+    "tunableop_filename",
+    "cudnn_version",
+    "miopen_version",
+    "numerics_env",
 )
