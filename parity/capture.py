@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from . import platform
 from .bundle import DEFAULT_SHARD_BYTES, BundleWriter
 from .errors import UsageError
 from .recorder import Recorder, RecordedTensor, flatten
+from .runtime import Progress, check_device, check_triton_mode, launch_configs
 from .subjects import SubjectRunner, load_subject
 
 REFERENCE_CHOICES = ("fp64", "fp32", "none")
@@ -40,31 +40,6 @@ class CaptureResult:
     bytes: int  # bytes of shards written
     hooks_check: dict[str, Any]
     reference: str | None
-
-
-def check_device(device: torch.device | str) -> torch.device:
-    """A torch.device this host can run on; UsageError for a bad or absent device."""
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise UsageError(f"bad device {device!r}; use cpu or cuda (cuda:N)") from None
-    if parsed.type not in ("cpu", "cuda"):
-        raise UsageError(f"unsupported device {device!r}; use cpu or cuda (ROCm GPUs are cuda in PyTorch)")
-    if parsed.type == "cuda":
-        if not platform.gpu_available():
-            raise UsageError(f"device {device!r} requested but no GPU is available on this host")
-        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise UsageError(f"device {device!r} does not exist; this host has {torch.cuda.device_count()} GPU(s)")
-    return parsed
-
-
-def check_triton_mode(impl: str, device: torch.device) -> None:
-    """The Triton kernel on CPU tensors needs the interpreter, chosen before Triton is imported."""
-    if impl == "triton" and device.type == "cpu" and not platform.triton_interpreter_enabled():
-        raise UsageError(
-            "--impl triton on --device cpu needs the Triton interpreter: run with TRITON_INTERPRET=1 in the "
-            "environment (it must be set before Python starts)"
-        )
 
 
 def _reference_plan(reference: str | None, device: torch.device) -> tuple[torch.device, torch.dtype] | None:
@@ -96,36 +71,6 @@ def _first_difference(off: list[tuple[str, torch.Tensor]], on: list[tuple[str, t
         if not torch.equal(bytes_a, bytes_b):
             return where
     return None
-
-
-def _launch_configs(module: torch.nn.Module) -> dict[str, Any]:
-    """Launch configs that modules report after running (``parity_launch_config``), by module path."""
-    used = {}
-    for name, sub in module.named_modules():
-        config = getattr(sub, "parity_launch_config", None)
-        if config:
-            used[name or "<root>"] = config
-    return used
-
-
-class Progress:
-    """Rate-limited progress lines (capture and compare): ``say(msg)`` always emits,
-    ``say.tick(lambda: msg)`` at most every ``every_s`` seconds."""
-
-    def __init__(self, emit: Callable[[str], None] | None, every_s: float = 2.0):
-        self.emit = emit
-        self.every_s = every_s
-        self._last = time.monotonic()
-
-    def __call__(self, message: str) -> None:
-        if self.emit is not None:
-            self.emit(message)
-
-    def tick(self, message: Callable[[], str]) -> None:
-        now = time.monotonic()
-        if self.emit is not None and now - self._last >= self.every_s:
-            self._last = now
-            self.emit(message())
 
 
 def stderr_progress(message: str) -> None:
@@ -219,7 +164,7 @@ def capture(
             }
             del ref_module
 
-        used_configs = _launch_configs(module)
+        used_configs = launch_configs(module)
         manifest = {
             "subject": runner.describe(),
             "impl": impl,

@@ -62,6 +62,25 @@ def add_cli_options(parser: argparse.ArgumentParser, *names: str, required: tupl
         parser.add_argument(opt.cli_flag, dest=opt.dest, help=opt.help, **kwargs)
 
 
+def add_judging_options(parser: argparse.ArgumentParser) -> None:
+    """The CLI options of every command that judges tensors (compare, diff): the error-budget mode,
+    ``--strict-structure``, ``--max-rows`` and ``--quiet``."""
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--budget", action="store_true", default=None,
+                        help="require the error budget: the bundle must hold high-precision references, and a "
+                             "tensor without one is reported as not checked (default: the budget judges every "
+                             "tensor the bundle has a reference of, the fixed thresholds the others)")
+    budget.add_argument("--no-budget", dest="budget", action="store_false",
+                        help="judge by the fixed per-dtype thresholds alone, even where the bundle has references")
+    parser.add_argument("--strict-structure", action="store_true",
+                        help="a recorded module that this host never ran is a failure (missing-here), even "
+                             "inside a compared enclosing module (default: fused-here, not a failure)")
+    parser.add_argument("--max-rows", type=int, default=None, metavar="N",
+                        help="collapse runs of passing rows when the table has more than N rows "
+                             "(default: show every row)")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
 def add_pytest_options(group) -> None:
     """Add every option that has a pytest flag to the plugin's ``parity`` option group."""
     for opt in OPTIONS.values():

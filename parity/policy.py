@@ -175,12 +175,13 @@ import fnmatch
 import math
 import os
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
 import torch
 
-from .errors import UsageError
+from .errors import UsageError, check_readable_file
 from .metrics import LayerMetrics, compute_metrics, json_safe_float
 
 try:
@@ -461,6 +462,63 @@ def load_policy(path: str | os.PathLike) -> Policy:
     return Policy.from_toml(path)
 
 
+def as_policy(policy: "Policy | str | os.PathLike | None" = None, *,
+              rootdir: str | os.PathLike | None = None) -> Policy:
+    """The one way a policy is resolved: a ``Policy`` as is; a path: that tolerance file (checked
+    to be a readable regular file first: a FIFO would block forever); None: ``[tool.parity]`` of
+    ``rootdir/pyproject.toml`` when ``rootdir`` is given and the file has that table, else the
+    built-in defaults. UsageError for a bad file or a value of another type."""
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, (str, os.PathLike)):
+        check_readable_file(policy, "tolerance file")
+        return load_policy(policy)
+    if policy is not None:
+        raise UsageError(f"a parity policy is a parity.policy.Policy or a TOML path, got {type(policy).__name__}")
+    if rootdir is None:
+        return Policy()
+    pyproject = Path(rootdir) / "pyproject.toml"
+    if not pyproject.is_file():
+        return Policy()
+    if tomllib is None:
+        return Policy()
+    try:
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise UsageError(f"{pyproject}: invalid TOML (read for [tool.parity]): {' '.join(str(err).split())}") from None
+    tool = data.get("tool")
+    if isinstance(tool, dict) and "parity" in tool:
+        return Policy.from_pyproject(pyproject)
+    return Policy()
+
+
+def policy_file(tolerances: str | os.PathLike | None, *, cwd: str | os.PathLike | None = None) -> Path | None:
+    """The file the CLI's policy is read from: ``--tolerances``, else ``./pyproject.toml`` if any."""
+    if tolerances is not None:
+        return Path(tolerances)
+    pyproject = Path(cwd or os.getcwd()) / "pyproject.toml"
+    return pyproject if pyproject.is_file() else None
+
+
+def refuse_policy_inside(policy_path: Path | None, bundle_dir: str | os.PathLike) -> None:
+    """A bundle cannot set its own tolerances or trust: UsageError for a policy file inside it."""
+    root = Path(bundle_dir).resolve()
+    if policy_path is not None and (policy_path.resolve() == root or root in policy_path.resolve().parents):
+        from .text import printable
+
+        raise UsageError(f"tolerance file {printable(str(policy_path))} is inside the bundle directory "
+                         f"{printable(str(bundle_dir))}; a bundle cannot set its own tolerances or trust "
+                         "(keep tolerance files outside bundles; run from another directory)")
+
+
+def policy_for_cli(tolerances: str | os.PathLike | None, *, cwd: str | os.PathLike | None = None) -> Policy:
+    """``--tolerances FILE`` if given, else ``[tool.parity]`` of ``./pyproject.toml`` if it has one,
+    else the built-in defaults. (The pytest plugin's ``--parity-tolerances`` means the same.)"""
+    if tolerances is not None:
+        return load_policy(tolerances)
+    return as_policy(None, rootdir=cwd or os.getcwd())
+
+
 def _read_toml(path: str | os.PathLike) -> dict:
     name = os.fspath(path)
     if tomllib is None:
@@ -604,13 +662,16 @@ class Verdict:
     cosine, max_abs, rel_l2, ULPs, mismatch fraction; ``atol``, ``atol_rms`` and ``rtol``, each
     the value that alone, with the other two as given, leaves no mismatch at all; ``budget_k``
     for the error budget).
-    ``notes``: checks that were configured but could not be made.
+    ``notes``: checks that were configured but could not be made. ``failed``: the tolerance field
+    of each failed check, in the order of ``reasons`` (``nan_policy``, ``max_mismatch_fraction``,
+    ``outlier_factor``, ``min_cosine``, ``max_rel_l2``, ``max_abs``, ``max_ulp``, ``budget_k``).
     """
 
     passed: bool
     reasons: list[str] = field(default_factory=list)
     needed: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    failed: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {
@@ -638,8 +699,10 @@ def judge(metrics: LayerMetrics, tol: Tolerance, *, budget: ErrorBudget | None =
     reasons: list[str] = []
     needed: dict[str, float] = {}
     notes: list[str] = []
+    failed: list[str] = []
 
     if tol.nan_policy == "positions" and not metrics.nonfinite_positions_agree:
+        failed.append("nan_policy")
         reasons.append(
             f"NaN/Inf positions differ at {metrics.nonfinite_mismatch_count} of {metrics.numel} elements "
             f"(out: {metrics.nan_out} NaN, {metrics.inf_out} Inf; ref: {metrics.nan_ref} NaN, "
@@ -649,6 +712,7 @@ def judge(metrics: LayerMetrics, tol: Tolerance, *, budget: ErrorBudget | None =
     needed["max_mismatch_fraction"] = metrics.mismatch_fraction
     needed.update(_needed_mismatch_tolerances(metrics))
     if not metrics.mismatch_fraction <= tol.max_mismatch_fraction:
+        failed.append("max_mismatch_fraction")
         observed, allowed = _format_pair(metrics.mismatch_fraction, tol.max_mismatch_fraction)
         bound = f"atol {_format(tol.atol)}"
         if tol.atol_rms:
@@ -666,6 +730,7 @@ def judge(metrics: LayerMetrics, tol: Tolerance, *, budget: ErrorBudget | None =
         if metrics.outlier_factor != tol.outlier_factor:
             raise ValueError("metrics were computed with another outlier_factor: use measure(out, ref, tol)")
         if metrics.outlier_count:
+            failed.append("outlier_factor")
             reasons.append(
                 f"outliers: {metrics.outlier_count} element{'s' if metrics.outlier_count != 1 else ''} beyond "
                 f"{_format_plain(tol.outlier_factor)}x their bound (worst at {metrics.worst_bound_index}: "
@@ -675,17 +740,20 @@ def judge(metrics: LayerMetrics, tol: Tolerance, *, budget: ErrorBudget | None =
 
     needed["min_cosine"] = metrics.cosine
     if not metrics.cosine >= tol.min_cosine:
+        failed.append("min_cosine")
         observed, allowed = _format_pair(metrics.cosine, tol.min_cosine, style="g")
         reasons.append(f"cosine {observed} < {allowed}")
 
     needed["max_rel_l2"] = metrics.rel_l2
     if not metrics.rel_l2 <= tol.max_rel_l2:
+        failed.append("max_rel_l2")
         observed, allowed = _format_pair(metrics.rel_l2, tol.max_rel_l2)
         reasons.append(f"rel_l2 {observed} > {allowed}")
 
     if tol.max_abs is not None:
         needed["max_abs"] = metrics.max_abs
         if not metrics.max_abs <= tol.max_abs:
+            failed.append("max_abs")
             observed, allowed = _format_pair(metrics.max_abs, tol.max_abs)
             reasons.append(f"max_abs {observed} > {allowed}")
 
@@ -698,6 +766,7 @@ def judge(metrics: LayerMetrics, tol: Tolerance, *, budget: ErrorBudget | None =
         else:
             needed["max_ulp"] = metrics.ulp_max
             if metrics.ulp_max > tol.max_ulp:
+                failed.append("max_ulp")
                 reasons.append(
                     f"ulp_max {metrics.ulp_max} > {tol.max_ulp} ({metrics.ulp_over_1_count} elements "
                     f"more than 1 ULP apart)"
@@ -707,9 +776,12 @@ def judge(metrics: LayerMetrics, tol: Tolerance, *, budget: ErrorBudget | None =
         if budget is None:
             notes.append("error budget not checked: no metrics against a high-precision reference")
         else:
+            before = len(reasons)
             _judge_budget(budget, tol, reasons, needed)
+            if len(reasons) > before:
+                failed.append("budget_k")
 
-    return Verdict(passed=not reasons, reasons=reasons, needed=needed, notes=notes)
+    return Verdict(passed=not reasons, reasons=reasons, needed=needed, notes=notes, failed=tuple(failed))
 
 
 def _needed_mismatch_tolerances(metrics: LayerMetrics) -> dict[str, float]:

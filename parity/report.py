@@ -6,8 +6,11 @@ policy configured but that could not be made), the per-tensor table, the error-g
 failing tensors with their reasons and the smallest tolerance that would have passed each, and a
 last line that is the verdict::
 
-    PARITY HOLDS: 12/12 layers
-    PARITY FAILS: first failing layer layers.1.attn (5 of 12 layers fail)
+    PARITY HOLDS: 12/12 tensors
+    PARITY FAILS: first failing tensor layers.1.attn (5 of 12 tensors fail)
+
+A ``parity diff`` report (``report.candidate`` set) has the same parts; its header names both
+bundles and calls the candidate's host "candidate host" instead of "this host".
 
 Table (:func:`format_table`): tabulate's ``github`` format (pasteable into Markdown; ``|`` in
 names is escaped). One row per recorded tensor in execution order; columns layer, dtype, shape,
@@ -44,7 +47,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .compare import CompareReport, LayerResult
+from .results import CompareReport, TensorResult
 from .errors import UsageError
 from .text import printable
 
@@ -167,7 +170,7 @@ def passing_value(key: str, needed: Any) -> str:
 # Text
 
 
-def verdict_text(result: LayerResult) -> str:
+def verdict_text(result: TensorResult) -> str:
     """``pass``, or ``FAIL`` with the failed checks (``FAIL rel_l2,mismatch``) or the problem."""
     if result.status == "fused-here":
         return "fused here"
@@ -201,7 +204,7 @@ def _columns(report: CompareReport) -> list[str]:
     return columns
 
 
-def _row(report: CompareReport, result: LayerResult) -> list[str]:
+def _row(report: CompareReport, result: TensorResult) -> list[str]:
     metrics = result.metrics
     shape = format_shape(result.shape)
     if result.status == "shape-mismatch":
@@ -306,10 +309,21 @@ def rules_text(report: CompareReport) -> str:
 
 def header_lines(report: CompareReport) -> list[str]:
     subject = report.subject.get("name") or report.subject.get("spec") or "?"
-    lines = [
-        f"parity compare: {printable(report.golden)} (subject {printable(subject)}, {len(report.layers)} tensors)",
-        f"  golden host: {printable(_host_text(report.hosts['golden']))}; impl {printable(report.golden_impl)}",
-        f"  this host:   {_host_text(report.hosts['here'])}; impl {report.impl} on {report.device}",
+    if report.candidate is None:
+        lines = [
+            f"parity compare: {printable(report.golden)} (subject {printable(subject)}, {len(report.layers)} tensors)",
+            f"  golden host: {printable(_host_text(report.hosts['golden']))}; impl {printable(report.golden_impl)}",
+            f"  this host:   {_host_text(report.hosts['here'])}; impl {report.impl} on {report.device}",
+        ]
+    else:
+        lines = [
+            f"parity diff: golden {printable(report.golden)} vs candidate {printable(report.candidate)} "
+            f"(subject {printable(subject)}, {len(report.layers)} tensors; nothing was run)",
+            f"  golden host:    {printable(_host_text(report.hosts['golden']))}; impl {printable(report.golden_impl)}",
+            f"  candidate host: {printable(_host_text(report.hosts['here']))}; impl {printable(report.impl)} on "
+            f"{printable(report.device)}",
+        ]
+    lines += [
         f"  policy: {printable(report.policy.source)}"
         + ("; layers replayed on golden inputs (--isolate)" if report.isolate else ""),
         f"  rules: {rules_text(report)}",
@@ -350,7 +364,7 @@ def _ratio_text(ratio: float) -> str:
     return f"{ratio:.3g}x" if 0.01 <= ratio < 1000 else f"{format_number(ratio)}x"
 
 
-def would_pass_text(result: LayerResult) -> str | None:
+def would_pass_text(result: TensorResult) -> str | None:
     """``max_rel_l2 = 3.1e-5, min_cosine = 0.99999999953, ...``, or None if no tolerance would pass."""
     checks = result.failed_checks()
     if any(key in checks for key in ("missing", "shape", "replay")):
@@ -393,17 +407,17 @@ def failure_lines(report: CompareReport, limit: int | None = FAILURE_LIMIT) -> l
 
 
 def verdict_line(report: CompareReport) -> str:
-    """``PARITY HOLDS: 12/12 layers`` or ``PARITY FAILS: first failing layer X (n of m layers fail)``."""
+    """``PARITY HOLDS: 12/12 tensors`` or ``PARITY FAILS: first failing tensor X (n of m tensors fail)``."""
     total = len(report.layers)
     fused = len(report.fused_here)
     fused_text = f" ({fused} fused here, judged through their enclosing modules)" if fused else ""
     if report.passed:
-        return f"PARITY HOLDS: {total}/{total} layers{fused_text}"
+        return f"PARITY HOLDS: {total}/{total} tensors{fused_text}"
     if total == 0:
-        return "PARITY FAILS: nothing was compared (0 layers)"
+        return "PARITY FAILS: nothing was compared (0 tensors)"
     failing = len(report.failing)
     first = printable(report.first_failing_layer)
-    return f"PARITY FAILS: first failing layer {first} ({failing} of {total} layers fail)"
+    return f"PARITY FAILS: first failing tensor {first} ({failing} of {total} tensors fail)"
 
 
 def format_text(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows: int | None = None,
@@ -469,7 +483,7 @@ def _xml_text(value: Any) -> str:
     return _XML_INVALID.sub("\ufffd", str(value))
 
 
-def _metrics_text(result: LayerResult) -> str:
+def _metrics_text(result: TensorResult) -> str:
     lines = [f"status: {result.status}", f"dtype: {result.dtype}", f"shape: {format_shape(result.shape)}"]
     metrics = result.metrics
     if metrics is not None:
@@ -495,7 +509,8 @@ def to_junit_xml(report: CompareReport) -> str:
     suites = ET.Element("testsuites", {"name": "parity compare", **attributes})
     suite = ET.SubElement(suites, "testsuite", {"name": _xml_text(f"parity compare {subject}"), **attributes})
     properties = ET.SubElement(suite, "properties")
-    props = [("golden", report.golden), ("impl", report.impl), ("device", report.device),
+    props = [("golden", report.golden)] + ([("candidate", report.candidate)] if report.candidate else [])
+    props += [("impl", report.impl), ("device", report.device),
              ("golden_host", _host_text(report.hosts["golden"])), ("this_host", _host_text(report.hosts["here"])),
              ("policy", report.policy.source), ("verdict", verdict_line(report))]
     props += [("warning", warning) for warning in report.warnings]

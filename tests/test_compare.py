@@ -426,7 +426,7 @@ def test_cli_parity_holds(bundles, cli, tmp_path):
     code, out, err = cli(["--golden", str(bundles / "stack"), "--impl", "reference", "--device", "cpu",
                           "--isolate", "--json", str(tmp_path / "r.json"), "--junit-xml", str(tmp_path / "r.xml")])
     assert code == 0, err
-    assert out.rstrip().splitlines()[-1] == "PARITY HOLDS: 15/15 layers"
+    assert out.rstrip().splitlines()[-1] == "PARITY HOLDS: 15/15 tensors"
     assert "| layer " in out and "| iso rel L2 " in out
     assert "parity compare: " in err  # progress
     data = json.loads((tmp_path / "r.json").read_text())
@@ -441,7 +441,7 @@ def test_cli_parity_fails_names_the_layer_and_writes_reports(bundles, cli, tmp_p
                           "--isolate", "--budget", "--json", str(json_file), "--junit-xml", str(junit_file)])
     assert code == 1 and err == ""
     lines = out.rstrip().splitlines()
-    assert re.fullmatch(r"PARITY FAILS: first failing layer layers\.2\.linear \(9 of 15 layers fail\)", lines[-1])
+    assert re.fullmatch(r"PARITY FAILS: first failing tensor layers\.2\.linear \(9 of 15 tensors fail\)", lines[-1])
     assert "error introduced by (fails on its golden inputs, innermost modules): layers.2.linear\n" in out
     assert re.search(r"^    would pass with: .*max_rel_l2 = \d\.\de-\d+", out, re.M)
     assert "inherited" in out and "ref rel L2 here" in out
@@ -470,7 +470,7 @@ def test_cli_triton_on_cpu(tmp_path, cli):
     code, out, err = cli(["--golden", str(tmp_path / "b"), "--quiet"])  # --impl triton is the default
     assert code == 0, err
     assert "this host:   cpu x86_64" in out or "this host:   cpu" in out
-    assert "; impl triton on cpu" in out and out.rstrip().endswith("PARITY HOLDS: 4/4 layers")
+    assert "; impl triton on cpu" in out and out.rstrip().endswith("PARITY HOLDS: 4/4 tensors")
 
 
 def _corrupt_output(bundle: Path, name: str) -> None:

@@ -100,9 +100,9 @@ def compare_args(golden: Path | str, *extra: str) -> list[str]:
 def test_every_exit_status_in_process(project, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(project)
     code, out, err = cli(capsys, *compare_args("golden", "--impl", "reference"))
-    assert code == 0 and out.rstrip().endswith("PARITY HOLDS: 10/10 layers") and err == ""
+    assert code == 0 and out.rstrip().endswith("PARITY HOLDS: 10/10 tensors") and err == ""
     code, out, err = cli(capsys, *compare_args("golden", "--impl", "tanh"))
-    assert code == 1 and "PARITY FAILS: first failing layer" in out.rstrip().splitlines()[-1]
+    assert code == 1 and "PARITY FAILS: first failing tensor" in out.rstrip().splitlines()[-1]
     code, out, err = cli(capsys, *compare_args("nowhere", "--impl", "reference"))
     assert code == 2 and out == "" and err == "parity: error: bundle nowhere does not exist\n"
     monkeypatch.setenv("PARITY_TEST_BOOM", "1")
@@ -250,7 +250,7 @@ def test_every_exit_status_in_a_real_process(project, entry):
                               timeout=300)
 
     proc = run(*compare_args("golden", "--impl", "reference"))
-    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("PARITY HOLDS: 10/10 layers"), proc.stderr
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("PARITY HOLDS: 10/10 tensors"), proc.stderr
     proc = run(*compare_args("golden", "--impl", "tanh"))
     assert proc.returncode == 1, proc.stderr
     proc = run("compare", "--golden", "golden", "--impl", "reference", "--device", "cpu")

@@ -85,10 +85,10 @@ def test_table_holds_every_column_and_escapes_pipes():
 
 
 def test_verdict_line():
-    assert verdict_line(_report(_chain(12))) == "PARITY HOLDS: 12/12 layers"
+    assert verdict_line(_report(_chain(12))) == "PARITY HOLDS: 12/12 tensors"
     failing = _report(_chain(12, bad_at=4))
-    assert verdict_line(failing) == "PARITY FAILS: first failing layer layers.4 (8 of 12 layers fail)"
-    assert verdict_line(_report([])) == "PARITY FAILS: nothing was compared (0 layers)"
+    assert verdict_line(failing) == "PARITY FAILS: first failing tensor layers.4 (8 of 12 tensors fail)"
+    assert verdict_line(_report([])) == "PARITY FAILS: nothing was compared (0 tensors)"
     text = format_text(failing)
     assert text.splitlines()[-1] == verdict_line(failing)
     assert "golden host: nvidia sm_90 NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0; impl reference" in text
@@ -185,5 +185,5 @@ def test_junit_xml_is_valid_for_any_name():
     assert failure.get("message").startswith(("mismatch_fraction", "cosine", "rel_l2"))
     assert "would pass with: " in failure.text
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
-    assert props["verdict"].startswith("PARITY FAILS: first failing layer layers.1")
+    assert props["verdict"].startswith("PARITY FAILS: first failing tensor layers.1")
     assert props["golden_host"].startswith("nvidia sm_90 NVIDIA H200")

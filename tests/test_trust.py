@@ -192,7 +192,7 @@ def test_the_bundle_directory_is_taken_off_sys_path(example_bundle, tmp_path, ca
 
 def test_subject_on_the_command_line_must_match_the_bundle(example_bundle, capsys):
     code, out, err = compare_cli(capsys, example_bundle, "--subject", EXAMPLE)
-    assert code == 0 and out.rstrip().endswith("PARITY HOLDS: 10/10 layers"), err
+    assert code == 0 and out.rstrip().endswith("PARITY HOLDS: 10/10 tensors"), err
     code, out, err = compare_cli(capsys, example_bundle, "--subject", "decoder")
     assert code == 2 and out == ""
     assert err == (f"parity: error: --subject 'decoder' does not match bundle {example_bundle}, which was captured "
@@ -205,7 +205,7 @@ def test_trust_lists_in_a_tolerance_file_and_in_pyproject(example_bundle, tmp_pa
     toml = tmp_path / "parity.toml"
     toml.write_text(f'trust = ["{EXAMPLE}"]\n')
     code, out, err = compare_cli(capsys, example_bundle, "--tolerances", str(toml))
-    assert code == 0 and out.rstrip().endswith("PARITY HOLDS: 10/10 layers"), err
+    assert code == 0 and out.rstrip().endswith("PARITY HOLDS: 10/10 tensors"), err
     project = tmp_path / "project"
     project.mkdir()
     (project / "pyproject.toml").write_text(f'[tool.parity]\ntrust = ["{EXAMPLE}"]\n')
@@ -281,7 +281,7 @@ def test_user_subject_in_the_current_directory_works_with_both_entry_points(tmp_
     proc = run("capture", "--subject", spec, "--out", "golden", "--reference", "none", "--quiet")
     assert proc.returncode == 0, proc.stderr
     proc = run("compare", "--golden", "golden", "--subject", spec, "--impl", "reference", "--device", "cpu", "--quiet")
-    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("PARITY HOLDS: 10/10 layers"), proc.stderr
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("PARITY HOLDS: 10/10 tensors"), proc.stderr
     # Only the bundle names it: refused, although the module is right there in the directory.
     proc = run("compare", "--golden", "golden", "--impl", "reference", "--device", "cpu", "--quiet")
     assert proc.returncode == 2 and proc.stderr == refusal(Path("golden"), spec)
@@ -388,7 +388,7 @@ def test_python_m_does_not_import_modules_from_the_current_directory(attention_b
     proc = subprocess.run([sys.executable, "-m", "parity", "compare", "--golden", str(attention_bundle), "--impl",
                            "reference", "--device", "cpu", "--quiet"], cwd=tmp_path, env=_clean_env(),
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("PARITY HOLDS: 4/4 layers"), proc.stderr
+    assert proc.returncode == 0 and proc.stdout.rstrip().endswith("PARITY HOLDS: 4/4 tensors"), proc.stderr
     assert not (tmp_path / "IMPORTED").exists()
 
 

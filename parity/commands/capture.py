@@ -103,7 +103,7 @@ def check_shard_mib(value: float) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ..capture import REFERENCE_CHOICES, capture, stderr_progress
-    from ..compare import enable_triton_interpreter
+    from ..runtime import enable_triton_interpreter
     from ..subjects.base import add_cwd_to_sys_path
 
     if args.impl == "triton":

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
-from pathlib import Path
 
 from ..errors import UsageError, check_readable_file, require_dependency
-from ..options import add_cli_options
+from ..options import add_cli_options, add_judging_options
 from ..text import printable
 
 EPILOG = """\
@@ -56,20 +54,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--isolate", action="store_true",
                         help="also replay each layer on its golden inputs (needs a bundle captured with "
                              "--record-inputs)")
-    budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--budget", action="store_true", default=None,
-                        help="require the error budget: the bundle must hold high-precision references, and a "
-                             "tensor without one is reported as not checked (default: the budget judges every "
-                             "tensor the bundle has a reference of, the fixed thresholds the others)")
-    budget.add_argument("--no-budget", dest="budget", action="store_false",
-                        help="judge by the fixed per-dtype thresholds alone, even where the bundle has references")
-    parser.add_argument("--strict-structure", action="store_true",
-                        help="a recorded module that this host never ran is a failure (missing-here), even "
-                             "inside a compared enclosing module (default: fused-here, not a failure)")
-    parser.add_argument("--max-rows", type=int, default=None, metavar="N",
-                        help="collapse runs of passing rows when the table has more than N rows "
-                             "(default: show every row)")
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_judging_options(parser)
     parser.add_argument("--subject", default=None, metavar="SPEC",
                         help="trust and build this subject (must equal the bundle's; package.module:factory "
                              "or a built-in)")
@@ -94,14 +79,6 @@ def run(args: argparse.Namespace) -> int:
         raise
 
 
-def _policy_file(tolerances: str | None) -> Path | None:
-    """The file the policy will be read from: ``--tolerances``, else ``./pyproject.toml`` if any."""
-    if tolerances is not None:
-        return Path(tolerances)
-    pyproject = Path(os.getcwd()) / "pyproject.toml"
-    return pyproject if pyproject.is_file() else None
-
-
 def _trusted_subjects(args: argparse.Namespace, bundle, policy) -> tuple[str, ...]:
     """The specs this run trusts: the policy's ``trust`` list plus ``--subject``, which must name
     the bundle's own subject. Refuses (UsageError) an untrusted bundle before any import."""
@@ -121,9 +98,10 @@ def _trusted_subjects(args: argparse.Namespace, bundle, policy) -> tuple[str, ..
 def _run(args: argparse.Namespace) -> int:
     from .. import platform
     from ..bundle import open_bundle
-    from ..capture import check_device
-    from ..compare import compare_bundle, enable_triton_interpreter, policy_for_cli
+    from ..compare import compare_bundle
+    from ..policy import policy_file, policy_for_cli, refuse_policy_inside
     from ..report import check_report_paths, format_text, write_json, write_junit_xml
+    from ..runtime import check_device, enable_triton_interpreter
     from ..subjects.base import add_cwd_to_sys_path, is_builtin, remove_from_sys_path
 
     if args.max_rows is not None and args.max_rows < 1:
@@ -140,11 +118,7 @@ def _run(args: argparse.Namespace) -> int:
     bundle = open_bundle(args.golden)  # reads JSON and file sizes; imports and runs nothing
     root = bundle.path.resolve()
     remove_from_sys_path(root)  # a bundle directory is never where Python finds modules
-    policy_file = _policy_file(args.tolerances)
-    if policy_file is not None and (policy_file.resolve() == root or root in policy_file.resolve().parents):
-        raise UsageError(f"tolerance file {printable(str(policy_file))} is inside the bundle directory "
-                         f"{printable(str(bundle.path))}; a bundle cannot set its own tolerances or trust "
-                         "(keep tolerance files outside bundles; run from another directory)")
+    refuse_policy_inside(policy_file(args.tolerances), bundle.path)
     policy = policy_for_cli(args.tolerances)
     trusted = _trusted_subjects(args, bundle, policy)
     if not is_builtin(bundle.subject.get("spec")):

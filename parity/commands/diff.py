@@ -1,0 +1,86 @@
+"""``python -m parity diff A B``: judge bundle B against golden bundle A, running nothing.
+
+Both are captures of the same subject, arguments, inputs and weights (checked by checksum):
+one from the NVIDIA host and one from the AMD host, or two CI runs, or a plugin golden and its
+``.obtained`` bundle. The report, flags and exit statuses are compare's (:mod:`parity.diff`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from ..errors import UsageError, check_readable_file
+from ..options import add_cli_options, add_judging_options
+
+EPILOG = """\
+Reads both bundles (never imports or runs what they name) and judges every tensor B recorded
+against A's: the same metrics, tolerance policy, error budget and report as compare. Refused
+(exit 2, one line): a damaged bundle, bundles of different subjects, arguments, inputs or
+weights (sha256 checksums in the manifests), bundles with no recorded tensor in common.
+Exit status: 0 parity holds, 1 it fails, 2 unusable input, 3 internal error.
+
+"This host" in the options above is B. A tensor only in A is missing (or fused, inside a
+compared module); one only in B is a warning (--strict-structure: a failure). The error budget
+applies where both bundles hold references: B's error against A's reference at most k times
+A's own; --budget requires references in both.
+Tolerances: --tolerances FILE, else [tool.parity] of ./pyproject.toml, else built-in defaults.
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "diff", help="compare two bundles of the same subject and inputs, without running anything",
+        description="Judge every recorded tensor of bundle B against golden bundle A: cosine, max abs, rel L2, "
+                    "mismatches, the error budget, judged by a tolerance policy.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("golden", metavar="A", help="the golden bundle (expected)")
+    parser.add_argument("candidate", metavar="B", help="the bundle judged against it")
+    add_cli_options(parser, "tolerances", "json", "junit_xml")
+    add_judging_options(parser)
+    parser.set_defaults(func=run)
+    return parser
+
+
+def stderr_progress(message: str) -> None:
+    print(f"parity diff: {message}", file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except Exception as err:
+        # As compare: a refused run leaves report files saying so, never a stale passing one.
+        if args.json is not None or args.junit_xml is not None:
+            from ..error_report import write_error_reports
+
+            write_error_reports(err, json_path=args.json, junit_path=args.junit_xml, golden=args.golden)
+        raise
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..bundle import open_bundle
+    from ..diff import diff_bundles
+    from ..policy import policy_file, policy_for_cli, refuse_policy_inside
+    from ..report import check_report_paths, format_text, write_json, write_junit_xml
+
+    if args.max_rows is not None and args.max_rows < 1:
+        raise UsageError(f"--max-rows must be at least 1, got {args.max_rows}")
+    if args.tolerances is not None:
+        check_readable_file(args.tolerances, "--tolerances")
+    check_report_paths(args.json, args.junit_xml)
+    golden, candidate = open_bundle(args.golden), open_bundle(args.candidate)
+    for bundle in (golden, candidate):
+        refuse_policy_inside(policy_file(args.tolerances), bundle.path)
+    policy = policy_for_cli(args.tolerances)
+    if args.strict_structure:
+        policy = dataclasses.replace(policy, strict_structure=True)
+    report = diff_bundles(golden, candidate, policy=policy, budget=args.budget,
+                          progress=None if args.quiet else stderr_progress)
+    print(format_text(report, max_rows=args.max_rows))
+    if args.json is not None:
+        write_json(report, args.json)
+    if args.junit_xml is not None:
+        write_junit_xml(report, args.junit_xml)
+    return 0 if report.passed else 1
