@@ -25,7 +25,7 @@ from .errors import (
     print_traceback,
 )
 
-COMMANDS = ("capture", "compare", "diff", "inspect", "verify")
+COMMANDS = ("capture", "compare", "diff", "inspect", "show", "verify")
 
 EXIT_OK, EXIT_FAIL = 0, 1  # re-exported for callers of the CLI; the full table is in parity.errors
 

@@ -30,7 +30,7 @@ _XML_INVALID = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ff
 
 def _report_version() -> int:
     try:
-        from .compare import REPORT_VERSION
+        from .results import REPORT_VERSION
     except Exception:  # compare itself may be what failed to import
         return 1
     return int(REPORT_VERSION)

@@ -181,6 +181,7 @@ from typing import Any, Mapping
 
 import torch
 
+from . import dtypes
 from .errors import UsageError, check_readable_file
 from .metrics import LayerMetrics, compute_metrics, json_safe_float
 
@@ -194,15 +195,6 @@ except ModuleNotFoundError:  # Python 3.10
 
 NAN_POLICIES = ("positions", "ignore")
 DTYPE_CLASSES = ("bf16", "fp16", "fp32", "fp64", "integer", "other")
-_DTYPE_ALIASES = {
-    "bfloat16": "bf16",
-    "float16": "fp16",
-    "half": "fp16",
-    "float32": "fp32",
-    "float": "fp32",
-    "float64": "fp64",
-    "double": "fp64",
-}
 _OFF = "off"
 
 
@@ -354,15 +346,16 @@ def dtype_class(dtype: torch.dtype | str) -> str:
         name = dtype.removeprefix("torch.")
         if name in DTYPE_CLASSES:
             return name
-        if name in _DTYPE_ALIASES:
-            return _DTYPE_ALIASES[name]
+        short = dtypes.lookup(name)
+        if short is not None:
+            return short
         resolved = getattr(torch, name, None)
         if not isinstance(resolved, torch.dtype):
             raise ValueError(f"unknown dtype {dtype!r}")
         dtype = resolved
-    by_dtype = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.float64: "fp64"}
-    if dtype in by_dtype:
-        return by_dtype[dtype]
+    short = dtypes.lookup(dtype)
+    if short is not None:
+        return short
     if dtype.is_floating_point or dtype.is_complex:
         return "other"
     return "integer"
@@ -587,7 +580,7 @@ class _PolicyReader:
             all_dtypes.update(self.read_budget(self.table(data["budget"], "budget")))
         defaults = self.table(data.get("defaults", {}), "defaults")
         for name, value in defaults.items():
-            canonical = _DTYPE_ALIASES.get(name, name)
+            canonical = dtypes.lookup(name) or name
             if canonical in DTYPE_CLASSES and not isinstance(value, dict):
                 got = type(value).__name__
                 raise self.fail(f"defaults.{name}", f"expected a table ([defaults.{name}]), got {got}")
@@ -802,7 +795,7 @@ def _needed_mismatch_tolerances(metrics: LayerMetrics) -> dict[str, float]:
 def accumulation_eps(dtype: torch.dtype | str) -> float:
     """Machine epsilon of the arithmetic a correct kernel does for tensors of ``dtype``: fp64's
     for fp64, fp32's for everything narrower (16-bit and fp8 kernels accumulate in fp32)."""
-    return torch.finfo(torch.float64).eps if dtype_class(dtype) == "fp64" else torch.finfo(torch.float32).eps
+    return torch.finfo(dtypes.accumulation_dtype(dtype_class(dtype))).eps
 
 
 def ulp_at(dtype: torch.dtype | str, magnitude: float) -> float:

@@ -47,6 +47,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from . import dtypes
 from .results import CompareReport, TensorResult
 from .errors import UsageError
 from .text import printable
@@ -74,7 +75,6 @@ _MISMATCH_ALTERNATIVES = ("atol", "atol_rms", "rtol")
 # The rule column: "budget" (the error budget against the reference, the thresholds as a
 # backstop) or "thresh" (the fixed thresholds alone: the bundle has no reference of the tensor).
 RULE_LABELS = {"budget": "budget", "thresholds": "thresh"}
-_DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def format_shape(shape: Sequence[int] | None) -> str:
 def format_dtype(dtype: str | None) -> str:
     if dtype is None:
         return "-"
-    return _DTYPE_SHORT.get(dtype, dtype)
+    return dtypes.lookup(dtype) or dtype
 
 
 def _round_up(value: float, digits: int = 2) -> float:

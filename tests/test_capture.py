@@ -327,7 +327,7 @@ def test_cli_decoder_and_attention_options(tmp_path, cli):
 @pytest.mark.parametrize("args, message", [
     (["--subject", "nope"], r"unknown subject 'nope'"),
     (["--subject", "user_subject_example:missing"], r"has no attribute 'missing'"),
-    (["--subject", EXAMPLE, "--dtype", "fp8"], r"unknown --dtype 'fp8'; choose from bf16, fp16, fp32"),
+    (["--subject", EXAMPLE, "--dtype", "fp8"], r"unknown --dtype 'fp8'; use one of fp16, bf16, fp32"),
     (["--subject", EXAMPLE, "--device", "tpu"], r"bad device 'tpu'"),
     (["--subject", EXAMPLE, "--layers", "zzz*"], r"--layers 'zzz\*' matches no module"),
     (["--subject", EXAMPLE, "--reference", "fp16"], r"unknown --reference 'fp16'"),

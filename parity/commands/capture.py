@@ -9,14 +9,16 @@ directory too, as under ``python -m``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
+from .. import dtypes
 from ..errors import UsageError, require_dependency
+from ..overrides import json_value, parse_overrides
 
 # Bounds of numeric options: beyond these a value is a typo, not a wish.
 MAX_SHARD_MIB = 2**20  # 1 TiB: no single safetensors shard should be larger
 MAX_FUZZ_CASES = 10_000  # the attention subject's own limit on cases
+MAX_ARG_INT = 2**63 - 1  # a subject argument beyond int64 cannot reach a tensor or a seed
 
 EPILOG = """\
 subjects: attention (the block-sparse op; --cases smoke|default|gpu), decoder (a small
@@ -64,19 +66,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _subject_args(args: argparse.Namespace) -> dict:
-    subject_args: dict = {}
-    for item in args.arg:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--arg {item!r} must look like KEY=VALUE")
-        try:
-            subject_args[key] = json.loads(value)
-        except ValueError:  # not JSON (or an integer too long for Python to parse): a string
-            subject_args[key] = value
+    # VALUE is JSON where it parses (8, [1, 2], true), else the text; NaN/Infinity and integers
+    # beyond MAX_ARG_INT are refused, as are repeated and empty keys (parity.overrides).
+    subject_args = parse_overrides(args.arg, flag="--arg", convert=json_value(max_int=MAX_ARG_INT))
     if args.dtype is not None:
-        if args.dtype not in ("bf16", "fp16", "fp32"):
-            raise UsageError(f"unknown --dtype {args.dtype!r}; choose from bf16, fp16, fp32")
-        subject_args["dtype"] = args.dtype
+        subject_args["dtype"] = dtypes.check_name(args.dtype, what="--dtype")
     if args.cases is not None:
         subject_args["cases"] = args.cases
     if args.fuzz is not None:
