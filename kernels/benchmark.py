@@ -27,8 +27,9 @@ import sys
 
 import torch
 
-from parity import platform
+from parity import jsonformat, platform
 from parity.errors import UsageError
+from parity.metrics import json_safe_float
 from parity.overrides import parse_overrides
 
 from . import configs
@@ -142,9 +143,10 @@ def flex_block_mask(layout: BlockLayout, device):
     )
 
 
-def rel_l2(out, ref) -> float:
+def rel_l2(out, ref) -> float | str:
+    """Relative L2 error, as the JSON carries it ("nan"/"inf" where not finite: parity.jsonformat)."""
     diff = (out.double() - ref.double()).norm()
-    return float(diff / ref.double().norm().clamp_min(1e-30))
+    return json_safe_float(float(diff / ref.double().norm().clamp_min(1e-30)))
 
 
 def bench(fn) -> float:
@@ -314,7 +316,7 @@ def mask_markdown(mask_rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def err(value):
-        return f"{value:.2e}" if value is not None else "-"
+        return f"{float(value):.2e}" if value is not None else "-"
 
     for seq, mask in dict.fromkeys((r["seq"], r["mask"]) for r in mask_rows):
         ours = next((r for r in mask_rows if (r["seq"], r["mask"], r["impl"]) == (seq, mask, "parity triton")), None)
@@ -353,7 +355,7 @@ def _suite_markdown(result: dict) -> str:
         return next((r for r in rows if r["seq"] == seq and r["mask"] == mask and r["impl"] == impl), None)
 
     def err(r):
-        return f"{r['rel_l2_vs_fp32_ref']:.2e}" if r and r.get("rel_l2_vs_fp32_ref") is not None else "-"
+        return f"{float(r['rel_l2_vs_fp32_ref']):.2e}" if r and r.get("rel_l2_vs_fp32_ref") is not None else "-"
 
     for seq, mask in keys:
         ours, flex, sdpa = find(seq, mask, "parity triton"), find(seq, mask, "FlexAttention"), find(seq, mask, "SDPA")
@@ -425,21 +427,31 @@ def main(argv=None) -> int:
     else:
         rows, sweep_rows = run(args.seq or [4096, 16384], args.batch, args.heads, args.head_dim, args.sweep,
                                not args.no_check, variants)
-    result = {
-        "fingerprint": platform.fingerprint("cuda"),
-        "pinned_config": dataclasses.asdict(pinned),
-        "shape": {"batch": args.batch, "heads": args.heads, "head_dim": args.head_dim, "dtype": "bf16"},
-        "rows": rows,
-        "sweep": sweep_rows,
-        "mask_rows": mask_rows,
-    }
+    result = result_document(platform.fingerprint("cuda"), pinned, args.batch, args.heads, args.head_dim,
+                             rows, sweep_rows, mask_rows)
     from tabulate import tabulate
 
     print(tabulate(rows or mask_rows, headers="keys", tablefmt="github"))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
+            fh.write(jsonformat.dumps(result, indent=2, ensure_ascii=True))
     return 0
+
+
+def result_document(fingerprint: dict, pinned: configs.LaunchConfig, batch: int, heads: int, head_dim: int,
+                    rows: list[dict], sweep_rows: list[dict], mask_rows: list[dict]) -> dict:
+    """The ``--json`` document (format ``parity-benchmark-report``, schema in parity/schemas/).
+    Results committed before the format had a name (kernels/results/h200-*.json) lack the
+    ``format``/``version`` keys and are otherwise the same."""
+    return {
+        **jsonformat.envelope(jsonformat.BENCHMARK_REPORT),
+        "fingerprint": fingerprint,
+        "pinned_config": dataclasses.asdict(pinned),
+        "shape": {"batch": batch, "heads": heads, "head_dim": head_dim, "dtype": "bf16"},
+        "rows": rows,
+        "sweep": sweep_rows,
+        "mask_rows": mask_rows,
+    }
 
 
 def parse_masks(spec: str | None) -> list[str]:

@@ -32,6 +32,18 @@ EXIT_OK, EXIT_FAIL = 0, 1  # re-exported for callers of the CLI; the full table 
 _DEBUG_HELP = "on an error, print the full traceback (also PARITY_DEBUG=1)"
 
 
+def version() -> str:
+    """The installed distribution's version (importlib.metadata), else ``parity.__version__``."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("parity")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        from . import __version__
+
+        return __version__
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's own usage errors: one line, exit 2
         from .text import printable
@@ -40,7 +52,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m parity", description=__doc__.splitlines()[0])
+    from .options import HelpFormatter
+
+    parser = _Parser(prog="python -m parity", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"parity {version()}")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name in COMMANDS:
@@ -83,4 +98,5 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(err, debug=debug)
 
 
-__all__ = ["COMMANDS", "EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "build_parser", "main", "report_error"]
+__all__ = ["COMMANDS", "EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "build_parser", "main", "report_error",
+           "version"]

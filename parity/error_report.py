@@ -5,7 +5,8 @@ them missing (or, worse, stale from a previous run and passing). So when compare
 3, these files are still written, recording the error instead of layer results:
 
 - JSON: ``{"format": "parity-compare-report", "version": ..., "passed": false,
-  "error": {"status": 2|3, "kind": "usage"|"internal", "message": "..."}}``
+  "error": {"status": 2|3, "kind": "usage"|"internal", "message": "..."}}`` (the same format as
+  the report it stands in for, so that its readers see it; ``parity/schemas/`` describes both);
 - JUnit XML: one test suite ``parity compare`` with one errored test case ``compare``.
 
 Writing is best effort: a report that cannot be written (the path was the problem) is skipped,
@@ -13,34 +14,26 @@ since the one-line error on stderr already says what went wrong.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+from . import jsonformat
 from .errors import classify
 
-REPORT_FORMAT = "parity-compare-report"
+REPORT_FORMAT = jsonformat.COMPARE_REPORT
 
 # XML 1.0 forbids most control characters; an error message may hold anything.
 _XML_INVALID = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-def _report_version() -> int:
-    try:
-        from .results import REPORT_VERSION
-    except Exception:  # compare itself may be what failed to import
-        return 1
-    return int(REPORT_VERSION)
 
 
 def error_document(status: int, kind: str, message: str, *, golden: str | None = None) -> dict:
     """The JSON report of a compare that ended with ``status`` 2 or 3."""
     document = {
         "format": REPORT_FORMAT,
-        "version": _report_version(),
+        "version": jsonformat.version_of(REPORT_FORMAT),
         "passed": False,
         "error": {"status": status, "kind": kind, "message": message},
     }
@@ -85,6 +78,6 @@ def write_error_reports(err: BaseException, *, json_path: str | os.PathLike | No
     status, kind, message = classify(err)
     if json_path is not None:
         document = error_document(status, kind, message, golden=golden)
-        _write_atomically(json_path, json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+        _write_atomically(json_path, jsonformat.dumps(document) + "\n")
     if junit_path is not None:
         _write_atomically(junit_path, error_junit_xml(status, kind, message))

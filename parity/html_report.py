@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .report import CHECK_LABELS, format_cosine, format_dtype, format_number, format_percent, format_shape, passing_value
+from .report import (CHECK_LABELS, format_cosine, format_dtype, format_number, format_percent, format_shape,
+                     passing_value, verdict_from_counts)
 from .text import printable
 
 NAME_LIMIT = 100_000  # names are escaped, not cut, in attributes (the page is checked against the JSON)
@@ -83,22 +84,16 @@ def _number(value: Any) -> Any:
 
 
 def verdict_line(report: dict[str, Any]) -> str:
-    """The text report's last line: the JSON's ``verdict`` where it has one, else built the same way
-    (``PARITY HOLDS: 12/12 tensors``, ``PARITY FAILS: first failing tensor X (n of m tensors fail)``)."""
+    """The text report's last line: the JSON's ``verdict``; a report written before that field
+    existed gets it from its summary, by the text report's own wording (``report.verdict_from_counts``)."""
     if isinstance(report.get("verdict"), str):
         return printable(report["verdict"], limit=2000)
     layers = report.get("layers") or []
     summary = report.get("summary") or {}
-    total = summary.get("layers", len(layers))
-    fused = summary.get("fused_here") or 0
-    fused_text = f" ({fused} fused here, judged through their enclosing modules)" if fused else ""
-    if report.get("passed"):
-        return f"PARITY HOLDS: {total}/{total} tensors{fused_text}"
-    if total == 0:
-        return "PARITY FAILS: nothing was compared (0 tensors)"
-    failing = summary.get("failing", sum(not layer.get("passed") for layer in layers))
-    first = summary.get("first_failing_layer")
-    return f"PARITY FAILS: first failing tensor {printable(first)} ({failing} of {total} tensors fail)"
+    return verdict_from_counts(
+        passed=bool(report.get("passed")), total=summary.get("layers", len(layers)),
+        fused=summary.get("fused_here") or 0, first_failing=summary.get("first_failing_layer"),
+        failing=summary.get("failing", sum(not layer.get("passed") for layer in layers)))
 
 
 def verdict_text(result: dict[str, Any]) -> str:

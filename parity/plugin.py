@@ -22,9 +22,14 @@ Policy, most specific first: ``policy=`` of the call, ``policy=`` of the ``parit
 ``--parity-tolerances FILE``, ``[tool.parity]`` of the rootdir's ``pyproject.toml``, the built-in
 defaults (:func:`parity.policy.as_policy`). A policy is a ``Policy`` or a path to a TOML file.
 
-Each check's per-tensor results ride on the test report (``user_properties`` entries named
-``parity``, JSON), so the end-of-run summary and ``--parity-report FILE`` (JSON) also work under
-pytest-xdist, where the controller aggregates what the workers report.
+Each check's per-tensor results ride on the test report (its ``parity_tensors`` attribute, a list
+of JSON-safe rows), so the end-of-run summary and ``--parity-report FILE`` (JSON, format
+``parity-pytest-report``, :mod:`parity.jsonformat`) also work under pytest-xdist, where the
+controller aggregates what the workers report. They are kept out of ``user_properties``: pytest's
+``--junit-xml`` writes those as ``<properties>`` of each test case, which the JUnit (xunit2)
+schema forbids. The run's totals go to the JUnit file as properties of the test suite instead
+(``parity.tensors``, ``parity.tensors_passing``, ``parity.report``), as ``record_testsuite_property``
+would put them.
 
 Errors. Unusable input (a bad name, policy or golden) and an exception raised by a subject's own
 code (make_inputs, build, forward: a :class:`parity.errors.SubjectError`) fail the test with one
@@ -40,7 +45,6 @@ pytest loads this module.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,7 +69,7 @@ from .goldens import (  # noqa: F401  (the lifecycle's names, importable from he
 from .options import add_pytest_options
 
 MARKER = "parity"
-PROPERTY = "parity"  # the user_properties key of per-tensor results
+REPORT_ATTRIBUTE = "parity_tensors"  # the test report attribute that carries per-tensor rows
 _MARKER_KWARGS = ("golden", "policy", "subject", "args", "impl", "record_impl")
 
 MARKER_HELP = (
@@ -94,6 +98,7 @@ class _State:
 
 
 STATE = pytest.StashKey[_State]()
+ROWS = pytest.StashKey[list]()  # an item's per-tensor rows, until its teardown report carries them
 
 
 def pytest_addoption(parser):
@@ -178,8 +183,7 @@ class ParityChecker:
             problem = None
         if problem is not None:  # outside the except block: one line, no chained traceback
             pytest.fail(problem, pytrace=False)
-        for row in result.records():
-            self._request.node.user_properties.append((PROPERTY, json.dumps(row, allow_nan=False)))
+        self._request.node.stash.setdefault(ROWS, []).extend(result.records())
         if not result.passed:
             raise ParityFailure(result)
         return result
@@ -247,11 +251,21 @@ class _Aggregator:
         self.state = state
 
     def pytest_runtest_logreport(self, report):
-        # Every phase's report carries the item's user_properties as they were then; the teardown
-        # report comes last and holds all of them. Under xdist this runs on the controller for the
-        # workers' reports too (they arrive serialized, user_properties included).
+        # The teardown report comes last and carries every row of the test. Under xdist this runs
+        # on the controller for the workers' reports too: they arrive serialized, and pytest keeps
+        # a report's extra attributes (plain JSON values) through that.
         if report.when == "teardown":
-            self.state.records.extend(json.loads(value) for key, value in report.user_properties if key == PROPERTY)
+            self.state.records.extend(getattr(report, REPORT_ATTRIBUTE, None) or [])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if call.when == "teardown":
+        rows = item.stash.get(ROWS, None)
+        if rows:
+            setattr(report, REPORT_ATTRIBUTE, list(rows))
+    return report
 
 
 def _sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -279,15 +293,37 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(f"parity: {len(rows)} tensors checked: {passed} pass, {len(rows) - passed} not")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's junitxml writes its file (the suite properties)
 def pytest_sessionfinish(session, exitstatus):
     state = session.config.stash.get(STATE, None)
-    if state is None or state.is_worker or state.report is None:
+    if state is None or state.is_worker:
         return
     rows = _sorted_rows(state.records)
     passed = sum(1 for row in rows if row.get("status") == "pass")
-    payload = {"format": "parity-pytest-report", "checked": len(rows), "passed": passed,
-               "not_passed": len(rows) - passed, "tensors": rows}
+    if rows:
+        _junit_suite_properties(session.config, [("parity.tensors", len(rows)), ("parity.tensors_passing", passed)]
+                                + ([("parity.report", state.report)] if state.report is not None else []))
+    if state.report is None:
+        return
+    from .jsonformat import PYTEST_REPORT, dumps, envelope
+
+    payload = {**envelope(PYTEST_REPORT), "checked": len(rows), "passed": passed, "not_passed": len(rows) - passed,
+               "tensors": rows}
     state.report.parent.mkdir(parents=True, exist_ok=True)
     tmp = state.report.with_name(state.report.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    tmp.write_text(dumps(payload, ensure_ascii=True) + "\n", encoding="utf-8")
     os.replace(tmp, state.report)
+
+
+def _junit_suite_properties(config, properties: list[tuple[str, Any]]) -> None:
+    """Add ``<property>`` elements to the ``<testsuite>`` of pytest's ``--junit-xml`` file, if one is
+    being written: what the ``record_testsuite_property`` fixture does, for the whole run."""
+    try:
+        from _pytest.junitxml import xml_key  # the LogXML the fixture itself uses
+    except ImportError:  # a pytest that moved it: the file simply goes without the totals
+        return
+    xml = config.stash.get(xml_key, None)
+    if xml is None:
+        return
+    for name, value in properties:
+        xml.add_global_property(name, str(value))

@@ -734,7 +734,7 @@ def judge(metrics: LayerMetrics, tol: Tolerance, *, budget: ErrorBudget | None =
     needed["min_cosine"] = metrics.cosine
     if not metrics.cosine >= tol.min_cosine:
         failed.append("min_cosine")
-        observed, allowed = _format_pair(metrics.cosine, tol.min_cosine, style="g")
+        observed, allowed = _format_cosine_pair(metrics.cosine, tol.min_cosine)
         reasons.append(f"cosine {observed} < {allowed}")
 
     needed["max_rel_l2"] = metrics.rel_l2
@@ -863,6 +863,29 @@ def _format(value: float, digits: int = 1, style: str = "e") -> str:
 def _format_plain(value: float) -> str:
     """A tolerance the user typed, as typed: 4 not 4.0e0."""
     return f"{value:g}"
+
+
+COSINE_NEAR_ONE = 0.999  # the report's convention: at or above, a cosine is written 1-x
+
+
+def _format_cosine(value: float, digits: int) -> str:
+    """A cosine as the report's table writes it: ``1`` exactly, ``1-2.0e-10`` at or above 0.999
+    (the gap to 1 is what tells fp32 cosines apart), a decimal below."""
+    if not math.isfinite(value) or value == 1.0:
+        return f"{value:g}"
+    if value >= COSINE_NEAR_ONE:
+        return f"1-{_format(1.0 - value, digits)}"
+    return _format(value, digits, style="g")
+
+
+def _format_cosine_pair(observed: float, limit: float) -> tuple[str, str]:
+    """Both cosines with just enough digits that a failing pair never prints as equal
+    (``cosine 1-2.0e-8 < 1-2.0e-10``, not ``cosine 0.99999998 < 1``)."""
+    for digits in range(1, 17):
+        pair = _format_cosine(observed, digits), _format_cosine(limit, digits)
+        if pair[0] != pair[1]:
+            return pair
+    return pair
 
 
 def _format_pair(observed: float, limit: float, style: str = "e") -> tuple[str, str]:

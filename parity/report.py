@@ -12,9 +12,10 @@ last line that is the verdict::
 A ``parity diff`` report (``report.candidate`` set) has the same parts; its header names both
 bundles and calls the candidate's host "candidate host" instead of "this host".
 
-Table (:func:`format_table`): tabulate's ``github`` format (pasteable into Markdown; ``|`` in
-names is escaped). One row per recorded tensor in execution order; columns layer, dtype, shape,
-cosine, max abs, rel L2, mismatch %, verdict; with ``--isolate`` also the replayed layer's rel L2,
+Table (:func:`format_table`): tabulate's ``github`` format (pasteable into Markdown: in names,
+``| < > & * ` ] ~ $`` and a ``_`` that is not between two letters are backslash-escaped, so
+``<root>/h`` renders as text). One row per recorded tensor in execution order; columns layer,
+dtype, shape, cosine, max abs, rel L2, mismatch %, rule, verdict; with ``--isolate`` also the replayed layer's rel L2,
 max abs and verdict and whether the layer *introduces* error (fails on golden inputs too) or
 *inherits* it (fails end to end only); in budget mode also rel L2 against the high-precision
 reference here and on the capture host. Numbers are compact, two significant digits
@@ -23,20 +24,31 @@ is 0.999998), exactly 1 as ``1``, lower ones as decimals; mismatch % is the perc
 elements outside ``atol + atol_rms*rms(ref) + rtol*|ref|``. The verdict names the failed checks
 (``FAIL rel_l2,mismatch``) or the problem (``FAIL missing here``). ``max_rows`` collapses runs of
 passing rows (failing rows, their neighbours and the first and last rows are always kept).
+``width`` (the CLI's 120 unless ``--wide``) keeps every line that narrow: first shape, the
+isolated max abs and verdict, the reference columns and mismatch % are left out, the isolated rel
+L2 and "introduced"/"inherited" merged into one "isolated" column, and the rule column left out
+where one rule judged every tensor (the header's "rules:" line says which); then verdicts name
+their first failed check and a count (``FAIL mismatch+4``); then the longest parts of names are
+cut in the middle (``transfo…blocks.1.attenti…ve_name``: indices and ends stay).
 
 "Would pass with" lines give, per failing tensor, each failed check's smallest passing value as
 ``key = value`` (TOML, ready for a ``[[layers]]`` entry of a tolerance file; upper bounds rounded
 up, ``min_cosine`` rounded down). For the mismatch check any one of the listed alternatives
-(``max_mismatch_fraction``, ``atol``, ``atol_rms``, ``rtol``) alone is enough.
+(``max_mismatch_fraction``, ``atol``, ``atol_rms``, ``rtol``) alone is enough. Only values the
+policy loader accepts are proposed: an alternative that would need an infinite value (``atol_rms``
+against an all-zero golden) is named as one that cannot relax the check, and a check that only an
+infinite value would pass (``max_rel_l2`` against an all-zero golden) means no tolerance passes.
 
-JSON (:func:`to_json`) is ``CompareReport.to_dict()``: every number of every tensor, JSON-safe
-(non-finite floats as ``"nan"``/``"inf"``). JUnit XML (:func:`to_junit_xml`): one ``testcase``
-per tensor (``classname`` ``parity.compare.<subject>``), failures with every reason and the
-passing tolerances, the hosts and warnings as ``properties``; built with ``xml.etree``.
+JSON (:func:`to_json`) is ``CompareReport.to_dict()`` (format ``parity-compare-report``, the
+conventions and schema of :mod:`parity.jsonformat`): every number of every tensor, JSON-safe
+(non-finite floats as ``"nan"``/``"inf"``/``"-inf"``), and the verdict line as ``verdict``. JUnit
+XML (:func:`to_junit_xml`), valid against the JUnit (xunit2) schema: one ``testcase`` per tensor
+(``classname`` ``parity.compare.<subject>``, no ``time``: tensors are not timed one by one),
+failures with every reason and the passing tolerances, the hosts, the verdict and warnings as
+``properties`` of the ``testsuite`` (a test case has none); built with ``xml.etree``.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -47,7 +59,12 @@ from typing import Any
 
 from tabulate import tabulate
 
-from . import dtypes
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from . import dtypes, jsonformat
 from .results import CompareReport, TensorResult
 from .errors import UsageError
 from .text import printable
@@ -189,22 +206,90 @@ def verdict_text(result: TensorResult) -> str:
     return "FAIL " + ",".join(labels) if labels else "FAIL"
 
 
+# Markdown (GitHub) gives these a meaning inside a table cell: a name from a bundle is written with
+# them backslash-escaped, so that ``<root>/h`` renders as text, not as an HTML tag, and ``a*b*``
+# is not emphasis. ``]`` is escaped, ``[`` is not: every link, image and footnote needs its ``]``,
+# and ``x[0]`` stays readable. ``_`` is escaped except between two letters or digits, where GFM
+# never reads it as emphasis (``self_attn`` stays as it is). A backslash is already doubled by
+# :func:`printable`.
+_MARKDOWN_SPECIAL = frozenset("`*]<>&|~$")
+ELLIPSIS = "…"
+TABLE_WIDTH = 120  # the CLI's table without --wide
+NAME_WIDTH_GOOD = 30  # drop a column before shortening names below this
+NAME_WIDTH_MIN = 16  # names are never shortened below this
+# Columns left out (or merged into one), in this order, while a table is wider than asked:
+# (columns to leave out, the column that takes the first one's place or None). "rule" only where
+# one rule judged every tensor (the header's "rules:" line says which).
+_DROP_ORDER = ((("shape",), None), (("iso max abs",), None), (("iso verdict",), None),
+               (("ref rel L2 here", "ref rel L2 golden"), None), (("mismatch %",), None),
+               (("iso rel L2", "error"), "isolated"), (("rule",), None))
+_MERGED = ("isolated",)  # columns of a narrow table only: "7.1e-4 introduced" = iso rel L2 + error
+
+
+def markdown_escape(text: str) -> str:
+    """``text`` (already :func:`printable`) with Markdown's special characters backslash-escaped."""
+    out = []
+    last = len(text) - 1
+    for index, char in enumerate(text):
+        if char in _MARKDOWN_SPECIAL or (char == "_" and not (0 < index < last and text[index - 1].isalnum()
+                                                               and text[index + 1].isalnum())):
+            out.append("\\" + char)
+        else:
+            out.append(char)
+    return "".join(out)
+
+
 def _escape_cell(text: str) -> str:
     """A name from a bundle as a Markdown table cell: control characters escaped (a manifest's
-    layer name must not be able to drive the terminal), ``|`` escaped."""
-    return printable(text).replace("|", "\\|")
+    layer name must not be able to drive the terminal), Markdown's special characters escaped."""
+    return markdown_escape(printable(text))
+
+
+def _cut(part: str, length: int) -> str:
+    """``part`` in ``length`` characters or so, the middle replaced by ``…`` (escaped for Markdown)."""
+    if length >= len(part):
+        return _escape_cell(part)
+    head = (length - 1) // 2
+    return _escape_cell(part[:head]) + ELLIPSIS + _escape_cell(part[len(part) - (length - 1 - head):])
+
+
+def shorten_name(name: str, width: int) -> str:
+    """``name`` as a table cell of at most ``width`` characters. The longest dotted parts are cut
+    in the middle first (``…`` in place of what was cut), so that the module indices and the ends
+    of the names stay (``transfor…blocks.1.attenti…ve_name``); if that is not enough, the whole
+    name is cut in the middle, more of its end kept than of its start."""
+    cell = _escape_cell(name)
+    if len(cell) <= width:
+        return cell
+    parts = name.split(".")
+    lengths = [len(part) for part in parts]
+    while True:
+        candidate = ".".join(_cut(part, length) for part, length in zip(parts, lengths))
+        if len(candidate) <= width:
+            return candidate
+        longest = max(range(len(parts)), key=lambda index: lengths[index])
+        if lengths[longest] <= 5:
+            break
+        lengths[longest] -= 1
+    for kept in range(min(len(name), width) - 1, 0, -1):
+        head = kept * 2 // 5
+        candidate = _escape_cell(name[:head]) + ELLIPSIS + _escape_cell(name[len(name) - (kept - head):])
+        if len(candidate) <= width:
+            return candidate
+    return ELLIPSIS
 
 
 def _columns(report: CompareReport) -> list[str]:
     columns = ["layer", "dtype", "shape", "cosine", "max abs", "rel L2", "mismatch %", "rule", "verdict"]
     if report.isolate:
-        columns += ["iso rel L2", "iso max abs", "iso verdict", "error"]
+        columns += ["iso rel L2", "iso max abs", "iso verdict", "error", "isolated"]
     if report.budget_checked:
         columns += ["ref rel L2 here", "ref rel L2 golden"]
     return columns
 
 
 def _row(report: CompareReport, result: TensorResult) -> list[str]:
+    """The row's cells, the layer's name unescaped (the table escapes and shortens it)."""
     metrics = result.metrics
     shape = format_shape(result.shape)
     if result.status == "shape-mismatch":
@@ -213,7 +298,7 @@ def _row(report: CompareReport, result: TensorResult) -> list[str]:
     if result.status == "dtype-mismatch":
         dtype = f"{format_dtype(result.here_dtype)} (golden {dtype})"
     row = [
-        _escape_cell(result.name), dtype, shape,
+        result.name, dtype, shape,
         format_cosine(metrics.cosine if metrics else None),
         format_number(metrics.max_abs if metrics else None),
         format_number(metrics.rel_l2 if metrics else None),
@@ -230,11 +315,22 @@ def _row(report: CompareReport, result: TensorResult) -> list[str]:
             verdict_text(isolated) if isolated is not None else "-",
             {"introduced": "introduced", "inherited": "inherited"}.get(result.attribution or "", ""),
         ]
+        row.append(f"{row[-4]} {row[-1]}".rstrip())  # "isolated", the narrow table's merge
     if report.budget_checked:
         budget = result.budget
         row += [format_number(budget.host_rel_l2 if budget else None),
                 format_number(budget.capture_rel_l2 if budget else None)]
     return row
+
+
+def _compact_verdict(verdict: str, labels: int = 1) -> str:
+    """``FAIL mismatch,cosine,rel_l2`` as ``FAIL mismatch+2`` (the failure lines under the table
+    name every check)."""
+    head, _, checks = verdict.partition(" ")
+    parts = checks.split(",")
+    if head != "FAIL" or len(parts) <= labels:
+        return verdict
+    return f"FAIL {','.join(parts[:labels])}+{len(parts) - labels}"
 
 
 def _kept_rows(report: CompareReport, max_rows: int | None) -> list[int | tuple[int, int]]:
@@ -268,17 +364,61 @@ def _kept_rows(report: CompareReport, max_rows: int | None) -> list[int | tuple[
     return shown
 
 
-def format_table(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows: int | None = None) -> str:
-    """The per-tensor table (module docstring); ``max_rows`` collapses long runs of passing rows."""
+def _fit(columns: list[str], rows: list[list[str]], names: list[str | None], width: int
+         ) -> tuple[list[str], list[list[str]], int]:
+    """The columns to show and the name column's width for a table of at most ``width``
+    characters a line: columns are left out or merged (``_DROP_ORDER``) until names fit or get
+    ``NAME_WIDTH_GOOD`` characters, then verdicts name one check, then names are shortened (never
+    below ``NAME_WIDTH_MIN``). tabulate's github format: ``| a | b |``, each column as wide as its
+    widest cell or its header plus 2, 3 characters between columns, 1 at the end."""
+    rule = columns.index("rule")
+    uniform_rule = len({row[rule] for row, name in zip(rows, names) if name is not None}) <= 1
+    longest = max([len(_escape_cell(name)) for name in names if name is not None] + [len(columns[0]) + 2]
+                  + [len(row[0]) for row, name in zip(rows, names) if name is None])
+
+    def name_room(shown: list[str]) -> int:
+        widths = [max([len(column) + 2] + [len(row[columns.index(column)]) for row in rows]) for column in shown[1:]]
+        return width - sum(widths) - 3 * len(shown) - 1
+
+    shown = [column for column in columns if column not in _MERGED]
+    steps = [step for step in _DROP_ORDER if step[0] != ("rule",) or uniform_rule]
+    while name_room(shown) < min(longest, NAME_WIDTH_GOOD) and steps:
+        dropped, merged = steps.pop(0)
+        if merged is not None and dropped[0] in shown:
+            shown.insert(shown.index(dropped[0]), merged)
+        shown = [column for column in shown if column not in dropped]
+    if name_room(shown) < min(longest, NAME_WIDTH_GOOD):
+        verdict = columns.index("verdict")
+        rows = [row[:verdict] + [_compact_verdict(row[verdict])] + row[verdict + 1:] for row in rows]
+    return shown, rows, max(NAME_WIDTH_MIN, name_room(shown))
+
+
+def format_table(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows: int | None = None,
+                 width: int | None = None) -> str:
+    """The per-tensor table (module docstring); ``max_rows`` collapses long runs of passing rows.
+    ``width``: at most that many characters a line (columns left out, names shortened in the
+    middle); None: every column, names in full."""
     columns = _columns(report)
-    rows = []
+    rows: list[list[str]] = []
+    names: list[str | None] = []  # None: a collapsed run, not a name
     for item in _kept_rows(report, max_rows):
         if isinstance(item, tuple):
             start, stop = item
             rows.append([f"... {stop - start} passing ..."] + [""] * (len(columns) - 1))
+            names.append(None)
         else:
-            rows.append(_row(report, report.layers[item]))
-    return tabulate(rows, headers=columns, tablefmt=tablefmt, disable_numparse=True)
+            row = _row(report, report.layers[item])
+            names.append(row[0])
+            rows.append(row)
+    kept, name_width = [column for column in columns if column not in _MERGED], None
+    if width is not None:
+        kept, rows, name_width = _fit(columns, rows, names, width)
+    cells = []
+    for row, name in zip(rows, names):
+        if name is not None:
+            row = [_escape_cell(name) if name_width is None else shorten_name(name, name_width)] + row[1:]
+        cells.append([row[columns.index(column)] for column in kept])
+    return tabulate(cells, headers=kept, tablefmt=tablefmt, disable_numparse=True)
 
 
 def _host_text(host: dict[str, Any]) -> str:
@@ -364,21 +504,63 @@ def _ratio_text(ratio: float) -> str:
     return f"{ratio:.3g}x" if 0.01 <= ratio < 1000 else f"{format_number(ratio)}x"
 
 
+def _loadable(key: str, text: str) -> bool:
+    """Whether ``key = text`` is a value the policy loader accepts in a ``[[layers]]`` entry
+    (``inf`` and ``nan`` never are: an infinite limit is a check switched off)."""
+    from .policy import Policy
+
+    try:
+        value = tomllib.loads(f"value = {text}")["value"]
+        Policy.from_mapping({"layers": [{"match": "*", key: value}]}, "would pass with")
+    except (tomllib.TOMLDecodeError, UsageError, ValueError, TypeError):
+        return False
+    return True
+
+
+def loadable_passing_value(key: str, needed: Any) -> str | None:
+    """:func:`passing_value` where the loader accepts it; None where no value of ``key`` passes."""
+    text = passing_value(key, needed)
+    return text if _loadable(key, text) else None
+
+
+def unrelaxable_checks(result: TensorResult) -> list[str]:
+    """The failed checks' keys that no value in a tolerance file relaxes enough (the value that
+    would pass is infinite or not a number: a rel L2 against an all-zero golden, say)."""
+    return [key for key, needed in result.failed_checks().items()
+            if key not in ("missing", "shape", "replay", "dtype") and loadable_passing_value(key, needed) is None]
+
+
 def would_pass_text(result: TensorResult) -> str | None:
-    """``max_rel_l2 = 3.1e-5, min_cosine = 0.99999999953, ...``, or None if no tolerance would pass."""
+    """``max_rel_l2 = 3.1e-5, min_cosine = 0.99999999953, ...``, or None if no tolerance would pass.
+
+    Only values the policy loader accepts are proposed: a mismatch alternative that would need an
+    infinite value is named as one that cannot relax the check; any other check that only an
+    infinite value would pass means no tolerance passes."""
     checks = result.failed_checks()
     if any(key in checks for key in ("missing", "shape", "replay")):
         return None
     parts = []
-    mismatch = [f"{key} = {passing_value(key, checks[key])}"
-                for key in ("max_mismatch_fraction",) + _MISMATCH_ALTERNATIVES if key in checks]
+    mismatch, cannot = [], []
+    for key in ("max_mismatch_fraction",) + _MISMATCH_ALTERNATIVES:
+        if key in checks:
+            value = loadable_passing_value(key, checks[key])
+            if value is None:
+                cannot.append(key)
+            else:
+                mismatch.append(f"{key} = {value}")
     for key, needed in checks.items():
         if key in ("dtype",) or key in _MISMATCH_ALTERNATIVES:
             continue
         if key == "max_mismatch_fraction":
-            parts.append("(mismatch, any one of) " + " or ".join(mismatch))
+            if not mismatch:
+                return None
+            parts.append("(mismatch, any one of) " + " or ".join(mismatch)
+                         + (f" ({' and '.join(cannot)} cannot relax it: no finite value passes)" if cannot else ""))
         else:
-            parts.append(f"{key} = {passing_value(key, needed)}")
+            value = loadable_passing_value(key, needed)
+            if value is None:
+                return None
+            parts.append(f"{key} = {value}")
     return ", ".join(parts) if parts else None
 
 
@@ -397,7 +579,9 @@ def failure_lines(report: CompareReport, limit: int | None = FAILURE_LIMIT) -> l
         if would_pass:
             lines.append(f"    would pass with: {would_pass}")
         elif result.status != "dtype-mismatch":
-            lines.append("    no tolerance makes this pass")
+            stuck = unrelaxable_checks(result)
+            lines.append("    no tolerance makes this pass"
+                         + (f" (no finite {' or '.join(stuck)} passes)" if stuck else ""))
         if result.attribution == "inherited":
             lines.append("    passes on its golden inputs (--isolate): the error is inherited from upstream")
     if rest:
@@ -408,24 +592,28 @@ def failure_lines(report: CompareReport, limit: int | None = FAILURE_LIMIT) -> l
 
 def verdict_line(report: CompareReport) -> str:
     """``PARITY HOLDS: 12/12 tensors`` or ``PARITY FAILS: first failing tensor X (n of m tensors fail)``."""
-    total = len(report.layers)
-    fused = len(report.fused_here)
+    return verdict_from_counts(passed=report.passed, total=len(report.layers), fused=len(report.fused_here),
+                               failing=len(report.failing), first_failing=report.first_failing_layer)
+
+
+def verdict_from_counts(*, passed: bool, total: int, fused: int, failing: int, first_failing: str | None) -> str:
+    """:func:`verdict_line` from the counts alone (also how a JSON report without ``verdict``,
+    written before the field existed, gets its line back)."""
     fused_text = f" ({fused} fused here, judged through their enclosing modules)" if fused else ""
-    if report.passed:
+    if passed:
         return f"PARITY HOLDS: {total}/{total} tensors{fused_text}"
     if total == 0:
         return "PARITY FAILS: nothing was compared (0 tensors)"
-    failing = len(report.failing)
-    first = printable(report.first_failing_layer)
-    return f"PARITY FAILS: first failing tensor {first} ({failing} of {total} tensors fail)"
+    return f"PARITY FAILS: first failing tensor {printable(first_failing)} ({failing} of {total} tensors fail)"
 
 
 def format_text(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows: int | None = None,
-                failure_limit: int | None = FAILURE_LIMIT) -> str:
-    """The whole report for people; the last line is the verdict."""
+                failure_limit: int | None = FAILURE_LIMIT, width: int | None = None) -> str:
+    """The whole report for people; the last line is the verdict. ``width``: the table's
+    (:func:`format_table`; the CLI's is :data:`TABLE_WIDTH` unless ``--wide``)."""
     lines = header_lines(report)
     lines += [f"warning: {printable(warning, limit=2000)}" for warning in report.warnings]
-    lines += ["", format_table(report, tablefmt=tablefmt, max_rows=max_rows), ""]
+    lines += ["", format_table(report, tablefmt=tablefmt, max_rows=max_rows, width=width), ""]
     lines.append(growth_line(report))
     if report.isolate and report.introducing_layers:
         lines.append("error introduced by (fails on its golden inputs, innermost modules): "
@@ -435,6 +623,40 @@ def format_text(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows
         lines += [""] + failures
     lines += ["", verdict_line(report)]
     return "\n".join(lines)
+
+
+def format_markdown(report: CompareReport, *, max_rows: int | None = None,
+                    failure_limit: int | None = FAILURE_LIMIT) -> str:
+    """The text report as a Markdown document (a CI job summary, a pull-request comment): the
+    verdict in bold first and last, the header and failures as lists, the table with every
+    column. Every line is the text report's (already :func:`printable`) with Markdown's special
+    characters escaped, so a name or a reason from a bundle renders as the text it is."""
+    verdict = f"**{markdown_escape(verdict_line(report))}**"
+    header = header_lines(report)
+    lines = [verdict, "", markdown_escape(header[0]), ""]
+    lines += [f"- {markdown_escape(line.strip())}" for line in header[1:]]
+    lines += [f"- warning: {markdown_escape(printable(warning, limit=2000))}" for warning in report.warnings]
+    lines += ["", format_table(report, max_rows=max_rows), "", markdown_escape(growth_line(report))]
+    if report.isolate and report.introducing_layers:
+        lines += ["", "error introduced by (fails on its golden inputs, innermost modules): "
+                  + ", ".join(markdown_escape(printable(name)) for name in report.introducing_layers)]
+    failures = failure_lines(report, failure_limit)
+    if failures:
+        lines += ["", markdown_escape(failures[0])]
+        for line in failures[1:]:  # "  name:" and "    reason" lines: a list and its sublists
+            depth = (len(line) - len(line.lstrip(" "))) // 2
+            lines.append("  " * (depth - 1) + "- " + markdown_escape(line.strip()))
+    lines += ["", verdict]
+    return "\n".join(lines) + "\n"
+
+
+def check_markdown_path(path: str | os.PathLike) -> None:
+    """UsageError now, before a long comparison, if ``--markdown`` could not be written at ``path``."""
+    _check_writable(path, "--markdown")
+
+
+def write_markdown(report: CompareReport, path: str | os.PathLike, *, max_rows: int | None = None) -> None:
+    _write(path, format_markdown(report, max_rows=max_rows), "--markdown")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,7 +689,7 @@ def _write(path: str | os.PathLike, text: str, what: str) -> None:
 
 
 def to_json(report: CompareReport) -> str:
-    return json.dumps(report.to_dict(), indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    return jsonformat.dumps(report.to_dict()) + "\n"
 
 
 def write_json(report: CompareReport, path: str | os.PathLike) -> None:
@@ -506,7 +728,9 @@ def to_junit_xml(report: CompareReport) -> str:
     failing = len(report.failing)
     attributes = {"tests": str(len(report.layers)), "failures": str(failing), "errors": "0", "skipped": "0",
                   "time": f"{report.seconds:.3f}"}
-    suites = ET.Element("testsuites", {"name": "parity compare", **attributes})
+    # <testsuites> has no "skipped" attribute in the JUnit schema; only a suite counts skips.
+    suites = ET.Element("testsuites", {"name": "parity compare",
+                                       **{key: value for key, value in attributes.items() if key != "skipped"}})
     suite = ET.SubElement(suites, "testsuite", {"name": _xml_text(f"parity compare {subject}"), **attributes})
     properties = ET.SubElement(suite, "properties")
     props = [("golden", report.golden)] + ([("candidate", report.candidate)] if report.candidate else [])
@@ -518,8 +742,8 @@ def to_junit_xml(report: CompareReport) -> str:
         ET.SubElement(properties, "property", {"name": name, "value": _xml_text(value)})
     classname = _xml_text(f"parity.compare.{subject}")
     for result in report.layers:
-        case = ET.SubElement(suite, "testcase", {"classname": classname, "name": _xml_text(result.name),
-                                                 "time": "0"})
+        # No "time": tensors are not timed one by one (the suite's time is the whole run's).
+        case = ET.SubElement(suite, "testcase", {"classname": classname, "name": _xml_text(result.name)})
         if not result.passed:
             reasons = list(result.verdict.reasons)
             would_pass = would_pass_text(result)

@@ -18,12 +18,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from . import platform
+from . import jsonformat, platform
 from .metrics import LayerMetrics, json_safe_float
 from .policy import Policy, Tolerance, Verdict
 
-REPORT_FORMAT = "parity-compare-report"
-REPORT_VERSION = 1
+REPORT_FORMAT = jsonformat.COMPARE_REPORT
+REPORT_VERSION = jsonformat.version_of(REPORT_FORMAT)
 
 STATUSES = ("pass", "fused-here", "fail", "missing-in-golden", "missing-here", "shape-mismatch",
             "dtype-mismatch")
@@ -355,11 +355,16 @@ class CompareReport:
                 if not any(other != module_of(r) and is_inside(other, module_of(r)) for other in modules)]
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON report (format ``parity-compare-report``, schema ``parity/schemas/``); ``verdict``
+        is the text report's last line."""
+        from .report import verdict_line  # report renders this model; imported late, not circular
+
         failing = self.failing
         return {
             "format": REPORT_FORMAT,
             "version": REPORT_VERSION,
             "passed": self.passed,
+            "verdict": verdict_line(self),
             "golden": self.golden,
             **({"candidate": self.candidate} if self.candidate is not None else {}),
             "subject": self.subject,

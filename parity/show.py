@@ -14,10 +14,12 @@ import json
 import os
 from typing import Any
 
+from . import jsonformat
 from .text import printable
 
-SHOW_FORMAT = "parity-show"
-SHOW_VERSION = 1
+# Called "parity-show" before the JSON outputs shared one naming pattern (parity.jsonformat).
+SHOW_FORMAT = jsonformat.SHOW_REPORT
+SHOW_VERSION = jsonformat.version_of(SHOW_FORMAT)
 
 # Fingerprint keys shown on the "numerics" line (the rest are in --json): what changes results.
 _NUMERICS_LINE_KEYS = (

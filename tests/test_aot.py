@@ -245,3 +245,14 @@ def test_cli_bad_argument_is_one_line_and_exit_2(capsys, argv, needle):
     assert status == 2
     assert captured.out == ""
     assert captured.err.count("\n") == 1 and captured.err.startswith("parity: error: ") and needle in captured.err
+
+
+def test_cli_progress_on_stderr_unless_quiet(capsys):
+    argv = ["inspect", "--target", "gfx942", "--dtype", "fp16", "--head-dim", "64", "--json", "-"]
+    status = main(argv)
+    captured = capsys.readouterr()
+    assert status in (0, 1) and json.loads(captured.out)["results"]
+    assert captured.err == "parity inspect: compiling 1 config ahead of time for gfx942\n"
+    status = main([*argv, "--quiet"])
+    captured = capsys.readouterr()
+    assert status in (0, 1) and json.loads(captured.out)["results"] and captured.err == ""

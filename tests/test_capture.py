@@ -309,8 +309,8 @@ def test_cli_creates_the_parent_directories_of_out(tmp_path, cli):
     assert open_bundle(out).entries_of("output")
     blocker = tmp_path / "file"
     blocker.write_text("")
-    code, _, stderr = cli(["--subject", EXAMPLE, "--out", str(blocker / "b"), "--quiet"])
-    assert code == 2 and stderr.startswith(f"parity: error: cannot create the directory {blocker} for --out")
+    code, _, stderr = cli(["--subject", EXAMPLE, "--bundle", str(blocker / "b"), "--quiet"])
+    assert code == 2 and stderr.startswith(f"parity: error: cannot create the directory {blocker} for --bundle")
 
 
 def test_cli_decoder_and_attention_options(tmp_path, cli):
@@ -332,7 +332,7 @@ def test_cli_decoder_and_attention_options(tmp_path, cli):
     (["--subject", EXAMPLE, "--layers", "zzz*"], r"--layers 'zzz\*' matches no module"),
     (["--subject", EXAMPLE, "--reference", "fp16"], r"unknown --reference 'fp16'"),
     (["--subject", "decoder", "--cases", "default"], r"subject 'decoder' does not accept arguments \['cases'\]"),
-    (["--subject", EXAMPLE, "--arg", "novalue"], r"--arg 'novalue' must look like KEY=VALUE"),
+    (["--subject", EXAMPLE, "--arg", "novalue"], r"--set 'novalue' must look like KEY=VALUE"),  # --arg: old --set
     (["--subject", EXAMPLE, "--shard-mib", "0"], r"--shard-mib must be a positive finite number, got 0.0"),
     (["--subject", EXAMPLE, "--shard-mib", "inf"], r"--shard-mib must be a positive finite number, got inf"),
 ])

@@ -444,7 +444,8 @@ def test_cli_parity_fails_names_the_layer_and_writes_reports(bundles, cli, tmp_p
     assert re.fullmatch(r"PARITY FAILS: first failing tensor layers\.2\.linear \(9 of 15 tensors fail\)", lines[-1])
     assert "error introduced by (fails on its golden inputs, innermost modules): layers.2.linear\n" in out
     assert re.search(r"^    would pass with: .*max_rel_l2 = \d\.\de-\d+", out, re.M)
-    assert "inherited" in out and "ref rel L2 here" in out
+    assert "inherited" in out and "| isolated " in out  # the narrow table: --wide has "ref rel L2 here"
+    assert max(len(line) for line in out.splitlines() if line.startswith("|")) <= 120
 
     data = json.loads(json_file.read_text())
     assert data["passed"] is False and data["summary"]["first_failing_layer"] == "layers.2.linear"
@@ -536,7 +537,7 @@ def test_cli_missing_golden_argument_is_exit_2(capsys):
     # argparse's own usage errors come back from main() as exit status 2, like every user error
     assert parity.cli.main(["compare", "--impl", "reference"]) == 2
     err = capsys.readouterr().err
-    assert err == "parity: error: the following arguments are required: --golden\n"
+    assert err == "parity: error: the following arguments are required: --bundle/--golden\n"
 
 
 def test_cli_long_tables_collapse_passing_runs(bundles, cli):
@@ -546,7 +547,7 @@ def test_cli_long_tables_collapse_passing_runs(bundles, cli):
     rows = [line for line in out.splitlines() if line.startswith("| ")]
     assert any("passing ..." in row for row in rows)
     assert len(rows) - 1 <= 8  # minus the header row
-    assert rows[1].startswith("| embed ") and rows[-1].startswith("| <root> ")
+    assert rows[1].startswith("| embed ") and rows[-1].startswith("| \\<root\\> ")  # Markdown-safe
 
 
 def test_budget_numbers_are_in_golden_order_and_finite(bundles):

@@ -121,7 +121,7 @@ def test_interrupt_is_130(tmp_path, capsys):
 
 def test_argparse_errors_and_help(capsys):
     code, out, err = cli(capsys, "compare")
-    assert code == 2 and err == "parity: error: the following arguments are required: --golden\n"
+    assert code == 2 and err == "parity: error: the following arguments are required: --bundle/--golden\n"
     code, out, err = cli(capsys)
     assert code == 2 and err.startswith("parity: error: the following arguments are required: command")
     code, out, err = cli(capsys, "--help")

@@ -13,7 +13,7 @@ import pytest
 
 import fault_models
 from parity.errors import UsageError
-from parity.html_report import render_html, write_html
+from parity.html_report import render_html, verdict_line, write_html
 from parity.text import printable
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -215,11 +215,22 @@ def test_zero_and_nonfinite_values_are_drawn_on_their_bands(failing_report):
 HOSTILE = ["<root>/h", '"><script>alert(1)</script>', "a&amp;b", "x\x1b[2J\nPARITY HOLDS", "<img src=http://x/y>"]
 
 
+def test_verdict_comes_from_the_json_and_old_reports_without_it_get_the_same_line(failing_report):
+    report, text_verdict = failing_report
+    assert report["verdict"] == text_verdict
+    assert verdict_line({**report, "verdict": "PARITY FAILS: as the JSON says"}) == "PARITY FAILS: as the JSON says"
+    old = {key: value for key, value in report.items() if key != "verdict"}  # written before the field
+    assert verdict_line(old) == text_verdict
+    old["summary"] = {**old["summary"], "first_failing_layer": HOSTILE[0]}
+    assert verdict_line(old).startswith("PARITY FAILS: first failing tensor <root>/h (")
+
+
 def test_hostile_names_render_as_text(failing_report):
     report = copy.deepcopy(failing_report[0])
     for index, name in enumerate(HOSTILE):
         report["layers"][index]["name"] = name
     report["summary"]["first_failing_layer"] = HOSTILE[0]
+    report["verdict"] = f"PARITY FAILS: first failing tensor {HOSTILE[0]} (13 of 32 tensors fail)"
     report["layers"][0]["passed"] = False
     report["golden"] = "</title><script>alert(2)</script>"
     report["warnings"] = ["<b>bold</b> & more"]

@@ -152,6 +152,7 @@ def test_json_report_round_trips_the_numbers(tmp_path):
     data = json.loads((tmp_path / "r.json").read_text())
     assert data == json.loads(to_json(report))
     assert data["format"] == "parity-compare-report" and data["summary"]["first_failing_layer"] == "layers.2"
+    assert data["verdict"] == verdict_line(report) == format_text(report).splitlines()[-1]
     for layer, result in zip(data["layers"], results):
         assert LayerMetrics.from_dict(layer["metrics"]) == result.metrics
         assert layer["verdict"]["passed"] == result.passed

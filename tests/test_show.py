@@ -85,7 +85,7 @@ def test_json_file_and_stdout(captured, tmp_path, capsys):
     assert json.loads(target.read_text()) == json.loads(json.dumps(describe_bundle(captured, verify=False)))
     assert _show([str(captured), "--json", "-"]) == 0
     data = json.loads(capsys.readouterr().out)  # stdout holds the JSON alone
-    assert data["format"] == "parity-show" and data["checksums"]["verified"] is True
+    assert (data["format"], data["version"]) == ("parity-show-report", 1) and data["checksums"]["verified"] is True
 
 
 @pytest.mark.parametrize("name", GOLDENS)

@@ -13,6 +13,7 @@ import math
 
 from .. import dtypes
 from ..errors import UsageError, require_dependency
+from ..options import DEPRECATED_UNTIL, HelpFormatter, add_cli_options, resolve_device
 from ..overrides import json_value, parse_overrides
 
 # Bounds of numeric options: beyond these a value is a typo, not a wish.
@@ -26,6 +27,7 @@ block-sparse decoder LM), or package.module:factory for your own (see parity.sub
 --impl triton on a CPU device turns on the Triton interpreter (TRITON_INTERPRET=1) by itself.
 Exit status: 0 written, 2 unusable input (bad argument, subject arguments that do not validate
 or do not fit this host's memory, missing Triton), 3 internal error (the subject's code raised).
+Deprecated aliases (until 0.3): --out for --bundle, --arg for --set.
 """
 
 
@@ -34,12 +36,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "capture", help="run a subject and record a golden bundle",
         description="Run a subject with one implementation, record inputs, weights and per-layer "
                     "outputs, and write them as a golden bundle (safetensors shards + manifest.json).",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG, formatter_class=HelpFormatter,
     )
     parser.add_argument("--subject", required=True, help="attention, decoder, or package.module:factory")
-    parser.add_argument("--out", required=True, help="bundle directory to create")
-    parser.add_argument("--impl", default="reference", help="implementation to capture (default: reference)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
+    parser.add_argument("--bundle", "--out", dest="out", required=True, metavar="DIR",
+                        help="the golden bundle directory to write "
+                             f"(--out: deprecated alias, until {DEPRECATED_UNTIL})")
+    add_cli_options(parser, "impl", "device", defaults={"impl": "reference"})
     parser.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: the subject's own)")
     parser.add_argument("--layers", nargs="+", action="extend", metavar="GLOB",
                         help="record only modules whose path matches a glob (default: every module)")
@@ -56,11 +59,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--fuzz-bounds", default="cpu", choices=("cpu", "gpu", "corpus"),
                         help="size bounds of --fuzz cases: cpu (small enough for the Triton interpreter), gpu, "
                              "or corpus (cpu cases small enough that 150 of them make a bundle of < 20 MB)")
-    parser.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
-                        help="subject argument (VALUE parsed as JSON, else taken as a string); repeatable")
-    parser.add_argument("--shard-mib", type=float, default=256.0, help="shard size limit in MiB (default: 256)")
-    parser.add_argument("--force", action="store_true", help="replace an existing bundle at --out")
-    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    parser.add_argument("--set", "--arg", dest="arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="set a subject argument (VALUE parsed as JSON, else taken as a string); repeatable "
+                             f"(--arg: deprecated alias, until {DEPRECATED_UNTIL})")
+    parser.add_argument("--shard-mib", type=float, default=256.0, metavar="MIB", help="shard size limit in MiB")
+    parser.add_argument("--force", action="store_true", help="replace an existing bundle at --bundle")
+    add_cli_options(parser, "quiet")
     parser.set_defaults(func=run)
     return parser
 
@@ -68,7 +72,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def _subject_args(args: argparse.Namespace) -> dict:
     # VALUE is JSON where it parses (8, [1, 2], true), else the text; NaN/Infinity and integers
     # beyond MAX_ARG_INT are refused, as are repeated and empty keys (parity.overrides).
-    subject_args = parse_overrides(args.arg, flag="--arg", convert=json_value(max_int=MAX_ARG_INT))
+    subject_args = parse_overrides(args.arg, flag="--set", convert=json_value(max_int=MAX_ARG_INT))
     if args.dtype is not None:
         subject_args["dtype"] = dtypes.check_name(args.dtype, what="--dtype")
     if args.cases is not None:
@@ -77,7 +81,7 @@ def _subject_args(args: argparse.Namespace) -> dict:
         if args.subject != "attention":
             raise UsageError("--fuzz draws attention cases; it needs --subject attention")
         if "cases" in subject_args:
-            raise UsageError("--fuzz draws the cases; do not combine it with --cases or --arg cases=...")
+            raise UsageError("--fuzz draws the cases; do not combine it with --cases or --set cases=...")
         if not 1 <= args.fuzz <= MAX_FUZZ_CASES:
             raise UsageError(f"--fuzz must be a number of cases from 1 to {MAX_FUZZ_CASES}, got {args.fuzz}")
         from ..fuzz import draw_cases
@@ -102,9 +106,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.impl == "triton":
         require_dependency("triton", "--impl triton")
+    device = resolve_device(args.device or "cpu")
     # Same rule as compare: Triton on a CPU device runs through the interpreter, switched on
     # here while Triton is not imported yet (whatever the impl is called).
-    if (args.device or "cpu").partition(":")[0] == "cpu":
+    if device.partition(":")[0] == "cpu":
         enable_triton_interpreter(args.impl, "cpu")
     if args.reference not in REFERENCE_CHOICES:
         raise UsageError(f"unknown --reference {args.reference!r}; choose from {', '.join(REFERENCE_CHOICES)}")
@@ -117,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         args.out,
         subject_args=_subject_args(args),
         impl=args.impl,
-        device=args.device,
+        device=device,
         layers=args.layers,
         record_inputs=args.record_inputs,
         reference=args.reference,
@@ -131,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _make_parent(out: str) -> None:
-    """``--out a/b/bundle`` creates ``a/b`` as ``mkdir -p`` would (the library itself refuses a
+    """``--bundle a/b/bundle`` creates ``a/b`` as ``mkdir -p`` would (the library itself refuses a
     missing parent, so that a typo in a script's path is an error there)."""
     from pathlib import Path
 
@@ -139,4 +144,4 @@ def _make_parent(out: str) -> None:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"cannot create the directory {parent} for --out: {err.strerror}") from None
+        raise UsageError(f"cannot create the directory {parent} for --bundle: {err.strerror}") from None

@@ -8,7 +8,8 @@ the bundle's directory is taken off ``sys.path``, and a tolerance file inside it
 bundle may not set its own tolerances or trust).
 
 Exit status: 0 holds, 1 fails, 2 unusable input, 3 internal error. With 2 or 3, ``--json`` and
-``--junit-xml`` still get a report recording the error (:mod:`parity.error_report`).
+``--junit-xml`` still get a report recording the error (:mod:`parity.error_report`). Report files
+and ``-`` (standard output): :mod:`parity.commands._output`.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import dataclasses
 import sys
 
 from ..errors import UsageError, check_readable_file, require_dependency
-from ..options import add_cli_options, add_judging_options
+from ..options import HelpFormatter, add_cli_options, add_judging_options
 from ..text import printable
 
 EPILOG = """\
@@ -40,6 +41,10 @@ Rules. Where the bundle holds a high-precision reference of a tensor (capture's 
             tensor. --budget requires references; --no-budget uses the thresholds alone.
 --impl triton on a CPU device turns on the Triton interpreter (TRITON_INTERPRET=1) by itself.
 Tolerances: --tolerances FILE, else [tool.parity] of ./pyproject.toml, else built-in defaults.
+Table: fits 120 columns (long names shortened in the middle with "…"); --wide shows every column.
+Reports: --json, --junit-xml, --html, --markdown FILE; FILE "-" is standard output, instead of
+the text report (a file named "-" is ./-).
+Deprecated alias (until 0.3): --golden for --bundle.
 """
 
 
@@ -48,7 +53,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "compare", help="compare this host against a golden bundle, layer by layer",
         description="Run a golden bundle's subject on this host and compare every recorded layer "
                     "output with the golden: cosine, max abs, rel L2, mismatches, judged by a tolerance policy.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG, formatter_class=HelpFormatter,
     )
     add_cli_options(parser, "golden", "impl", "device", "tolerances", "json", "junit_xml", required=("golden",))
     parser.add_argument("--isolate", action="store_true",
@@ -72,10 +77,9 @@ def run(args: argparse.Namespace) -> int:
     except Exception as err:
         # CI reads the report files: a refused or crashed run must leave one saying so, not
         # none (or a stale passing one from an earlier run).
-        if args.json is not None or args.junit_xml is not None:
-            from ..error_report import write_error_reports
+        from ._output import write_error_outputs
 
-            write_error_reports(err, json_path=args.json, junit_path=args.junit_xml, golden=args.golden)
+        write_error_outputs(err, args, golden=args.golden)
         raise
 
 
@@ -100,8 +104,9 @@ def _run(args: argparse.Namespace) -> int:
     from ..bundle import open_bundle
     from ..compare import compare_bundle
     from ..policy import policy_file, policy_for_cli, refuse_policy_inside
-    from ..report import check_report_paths, format_text, write_json, write_junit_xml
+    from ..options import resolve_device
     from ..runtime import check_device, enable_triton_interpreter
+    from ._output import check_outputs, write_outputs
     from ..subjects.base import add_cwd_to_sys_path, is_builtin, remove_from_sys_path
 
     if args.max_rows is not None and args.max_rows < 1:
@@ -110,10 +115,11 @@ def _run(args: argparse.Namespace) -> int:
         check_readable_file(args.tolerances, "--tolerances")  # before open(): a FIFO would block forever
     if args.impl == "triton":
         require_dependency("triton", "--impl triton")
-    device = check_device(args.device) if args.device is not None else platform.default_device()
+    device = (check_device(resolve_device(args.device)) if args.device is not None
+              else platform.default_device())
     # Before anything imports Triton: the interpreter must be chosen before kernels are defined.
     enable_triton_interpreter(args.impl, device)
-    check_report_paths(args.json, args.junit_xml)
+    check_outputs(args)
 
     bundle = open_bundle(args.golden)  # reads JSON and file sizes; imports and runs nothing
     root = bundle.path.resolve()
@@ -133,9 +139,5 @@ def _run(args: argparse.Namespace) -> int:
         bundle, impl=args.impl, device=device, policy=policy, isolate=args.isolate,
         budget=args.budget, progress=None if args.quiet else stderr_progress,
     )
-    print(format_text(report, max_rows=args.max_rows))
-    if args.json is not None:
-        write_json(report, args.json)
-    if args.junit_xml is not None:
-        write_junit_xml(report, args.junit_xml)
+    write_outputs(report, args)
     return 0 if report.passed else 1

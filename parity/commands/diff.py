@@ -11,7 +11,7 @@ import dataclasses
 import sys
 
 from ..errors import UsageError, check_readable_file
-from ..options import add_cli_options, add_judging_options
+from ..options import HelpFormatter, add_cli_options, add_judging_options
 
 EPILOG = """\
 Reads both bundles (never imports or runs what they name) and judges every tensor B recorded
@@ -25,6 +25,9 @@ compared module); one only in B is a warning (--strict-structure: a failure). Th
 applies where both bundles hold references: B's error against A's reference at most k times
 A's own; --budget requires references in both.
 Tolerances: --tolerances FILE, else [tool.parity] of ./pyproject.toml, else built-in defaults.
+Table: fits 120 columns (long names shortened in the middle with "…"); --wide shows every column.
+Reports: --json, --junit-xml, --html, --markdown FILE; FILE "-" is standard output, instead of
+the text report (a file named "-" is ./-).
 """
 
 
@@ -33,7 +36,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "diff", help="compare two bundles of the same subject and inputs, without running anything",
         description="Judge every recorded tensor of bundle B against golden bundle A: cosine, max abs, rel L2, "
                     "mismatches, the error budget, judged by a tolerance policy.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG, formatter_class=HelpFormatter,
     )
     parser.add_argument("golden", metavar="A", help="the golden bundle (expected)")
     parser.add_argument("candidate", metavar="B", help="the bundle judged against it")
@@ -52,10 +55,9 @@ def run(args: argparse.Namespace) -> int:
         return _run(args)
     except Exception as err:
         # As compare: a refused run leaves report files saying so, never a stale passing one.
-        if args.json is not None or args.junit_xml is not None:
-            from ..error_report import write_error_reports
+        from ._output import write_error_outputs
 
-            write_error_reports(err, json_path=args.json, junit_path=args.junit_xml, golden=args.golden)
+        write_error_outputs(err, args, golden=args.golden)
         raise
 
 
@@ -63,13 +65,13 @@ def _run(args: argparse.Namespace) -> int:
     from ..bundle import open_bundle
     from ..diff import diff_bundles
     from ..policy import policy_file, policy_for_cli, refuse_policy_inside
-    from ..report import check_report_paths, format_text, write_json, write_junit_xml
+    from ._output import check_outputs, write_outputs
 
     if args.max_rows is not None and args.max_rows < 1:
         raise UsageError(f"--max-rows must be at least 1, got {args.max_rows}")
     if args.tolerances is not None:
         check_readable_file(args.tolerances, "--tolerances")
-    check_report_paths(args.json, args.junit_xml)
+    check_outputs(args)
     golden, candidate = open_bundle(args.golden), open_bundle(args.candidate)
     for bundle in (golden, candidate):
         refuse_policy_inside(policy_file(args.tolerances), bundle.path)
@@ -78,9 +80,5 @@ def _run(args: argparse.Namespace) -> int:
         policy = dataclasses.replace(policy, strict_structure=True)
     report = diff_bundles(golden, candidate, policy=policy, budget=args.budget,
                           progress=None if args.quiet else stderr_progress)
-    print(format_text(report, max_rows=args.max_rows))
-    if args.json is not None:
-        write_json(report, args.json)
-    if args.junit_xml is not None:
-        write_junit_xml(report, args.junit_xml)
+    write_outputs(report, args)
     return 0 if report.passed else 1

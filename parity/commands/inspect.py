@@ -8,6 +8,7 @@ import sys
 
 from .. import dtypes
 from ..errors import UsageError, require_dependency
+from ..options import HelpFormatter, add_cli_options
 
 EPILOG = """\
 Every number comes from ahead-of-time compilation (triton.compile for the target, no GPU):
@@ -31,7 +32,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Compile the Triton attention kernel for a GPU target that is not present "
                     "(gfx942, gfx90a, gfx950, sm_80, sm_90) with the launcher's pinned configs and "
                     "report matrix instructions, registers, spills, LDS/shared memory, occupancy.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG, formatter_class=HelpFormatter,
     )
     parser.add_argument("--target", action="append", metavar="ARCH",
                         help="gfx942, gfx90a, gfx950, sm_80 or sm_90; repeatable (default: gfx942)")
@@ -42,9 +43,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="override a field of the pinned config (block_m, block_n, num_warps, "
                              "num_stages, and on AMD waves_per_eu, matrix_instr_nonkdim, kpack); repeatable")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE ('-': stdout only)")
-    parser.add_argument("--jobs", type=int, default=None,
+    add_cli_options(parser, "json")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
                         help="parallel compile processes (default: one per available core)")
+    add_cli_options(parser, "quiet")
     parser.set_defaults(func=run)
     return parser
 
@@ -147,6 +149,13 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     problem = aot.Problem()
+    cases = [(t, d, h) for t in targets for d in dtype_names for h in head_dims]
+    for target, dtype_name, head_dim in cases:  # one line for a bad argument, before any progress
+        aot.check_request(target, dtype_name, head_dim)
+        aot.pinned_config(target, dtype_name, head_dim, overrides)
+    if not args.quiet:
+        print(f"parity inspect: compiling {len(cases)} config{'s' if len(cases) != 1 else ''} ahead of time "
+              f"for {', '.join(targets)}", file=sys.stderr, flush=True)
     results = aot.inspect_configs(targets, dtype_names, head_dims, problem=problem, overrides=overrides,
                                   jobs=args.jobs)
     passed = all(r.passed for r in results)
@@ -158,7 +167,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(results) - failed} of {len(results)} configs within limits"
               + (f"; {failed} FAIL" if failed else ""))
     if args.json:
+        from ..jsonformat import INSPECT_REPORT, dumps, envelope
+
         document = {
+            **envelope(INSPECT_REPORT),
             "compile_only": True,
             "note": header,
             "triton": platform.triton_version(),
@@ -168,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
             "passed": passed,
             "results": [r.to_dict() for r in results],
         }
-        text = json.dumps(document, indent=2)
+        text = dumps(document, indent=2, ensure_ascii=True)
         if args.json == "-":
             sys.stdout.write(text + "\n")
         else:

@@ -8,6 +8,7 @@ import sys
 import tempfile
 
 from ..errors import UsageError
+from ..options import HelpFormatter, add_cli_options
 
 EPILOG = """\
 Reads the manifest (checked against its schema) and, unless --no-verify, every shard and every
@@ -25,10 +26,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "show", help="show what a golden bundle holds: subject, platform, tensors, checksums",
         description="Show a golden bundle's subject, capture platform and every stored tensor "
                     "(kind, dtype, shape, bytes, reference, module inputs), with its checksums verified.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG, formatter_class=HelpFormatter,
     )
     parser.add_argument("bundle", help="the bundle directory")
-    parser.add_argument("--json", metavar="FILE", help="also write the description as JSON to FILE ('-': stdout only)")
+    add_cli_options(parser, "json")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="do not read the tensors to check their checksums (the manifest is still checked)")
     parser.set_defaults(func=run)

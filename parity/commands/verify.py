@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..options import HelpFormatter
 from ..text import printable
 
 EPILOG = """\
@@ -19,7 +20,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "verify", help="check a golden bundle's integrity: manifest schema, shards, every checksum",
         description="Check a golden bundle's manifest, shards and every tensor's checksum in one pass.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG, formatter_class=HelpFormatter,
     )
     parser.add_argument("bundle", help="the bundle directory")
     parser.set_defaults(func=run)
