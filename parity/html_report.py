@@ -32,12 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
-from .report import (CHECK_LABELS, format_cosine, format_dtype, format_number, format_percent, format_shape,
-                     passing_value, verdict_from_counts)
+from .report import (format_cosine, format_dtype, format_number, format_percent, format_shape, verdict_cell,
+                     verdict_from_counts, would_pass_from_checks)
 from .text import printable
 
 NAME_LIMIT = 100_000  # names are escaped, not cut, in attributes (the page is checked against the JSON)
-_MISMATCH_ALTERNATIVES = ("atol", "atol_rms", "rtol")
 
 # Plot geometry (SVG user units).
 WIDTH, HEIGHT = 960, 330
@@ -98,38 +97,13 @@ def verdict_line(report: dict[str, Any]) -> str:
 
 def verdict_text(result: dict[str, Any]) -> str:
     """A result's verdict cell: ``pass``, ``FAIL rel_l2,budget``, ``FAIL missing here``, ..."""
-    status = result.get("status")
-    if status == "fused-here":
-        return "fused here"
-    if result.get("passed"):
-        return "pass"
-    special = {"missing-here": "FAIL missing here", "missing-in-golden": "FAIL missing in golden",
-               "shape-mismatch": "FAIL shape"}
-    if status in special:
-        return special[status]
-    if status in ("not-recorded", "not-replayable", "replay-error"):
-        return status
-    labels = [CHECK_LABELS.get(key, key) for key in (result.get("failed_checks") or {})
-              if key not in _MISMATCH_ALTERNATIVES]
-    return "FAIL " + ",".join(labels) if labels else "FAIL"
+    return verdict_cell(result.get("status"), bool(result.get("passed")), result.get("failed_checks") or {})
 
 
 def would_pass_text(result: dict[str, Any]) -> str | None:
-    """The smallest tolerance that would have passed a failing result, as TOML ``key = value``."""
-    checks = result.get("failed_checks") or {}
-    if any(key in checks for key in ("missing", "shape", "replay")):
-        return None
-    parts = []
-    mismatch = [f"{key} = {passing_value(key, _number(checks[key]))}"
-                for key in ("max_mismatch_fraction",) + _MISMATCH_ALTERNATIVES if key in checks]
-    for key, needed in checks.items():
-        if key == "dtype" or key in _MISMATCH_ALTERNATIVES:
-            continue
-        if key == "max_mismatch_fraction":
-            parts.append("(mismatch, any one of) " + " or ".join(mismatch))
-        else:
-            parts.append(f"{key} = {passing_value(key, _number(needed))}")
-    return ", ".join(parts) if parts else None
+    """The smallest tolerance that would have passed a failing result, as TOML ``key = value``
+    (only values the policy loader accepts: ``parity.report.would_pass_from_checks``)."""
+    return would_pass_from_checks(result.get("failed_checks") or {})
 
 
 def _host_text(host: dict[str, Any] | None) -> str:

@@ -86,7 +86,7 @@ OPTIONS: dict[str, Option] = {
                         f"{DEPRECATED_UNTIL})"),
         Option("impl", "--impl", "--parity-impl", IMPL_HELP, (("default", "triton"), ("metavar", "NAME"))),
         Option("device", "--device", "--parity-device",
-               DEVICE_HELP + " (default: cuda when torch sees a GPU, else cpu)", (("default", None),),
+               DEVICE_HELP + ", or auto (the default): cuda when torch sees a GPU, else cpu", (("default", None),),
                cli_help=DEVICE_HELP + ", or auto: cuda when torch sees a GPU, else cpu",
                cli_kwargs=(("default", "auto"), ("metavar", "DEV"))),
         Option("tolerances", "--tolerances", "--parity-tolerances",

@@ -105,6 +105,11 @@ def pytest_addoption(parser):
     add_pytest_options(parser.getgroup("parity", "numerical parity against golden bundles"))
 
 
+def _device_option(device: str | None) -> str | None:
+    # None and "auto" alike: cuda when torch sees a GPU, else cpu (resolved where the run starts).
+    return None if device in (None, "auto") else device
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     config.addinivalue_line("markers", MARKER_HELP)
@@ -116,7 +121,7 @@ def pytest_configure(config):
     config.stash[STATE] = _State(
         golden_dir=absolute(config.getoption("parity_golden")),
         impl=config.getoption("parity_impl"),
-        device=config.getoption("parity_device"),
+        device=_device_option(config.getoption("parity_device")),
         tolerances=str(absolute(config.getoption("parity_tolerances"))) if config.getoption("parity_tolerances")
         else None,
         report=absolute(config.getoption("parity_json")),
@@ -279,11 +284,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     from tabulate import tabulate
 
+    from .report import markdown_escape
+    from .text import printable
+
     rows = _sorted_rows(state.records)
     table = []
     for row in rows:
         text = row.get("text") or {}
-        table.append([row.get("test") or "-", row.get("tensor"), text.get("dtype", "-"), text.get("cosine", "-"),
+        table.append([markdown_escape(printable(row.get("test") or "-")), markdown_escape(printable(row.get("tensor"))),
+                      text.get("dtype", "-"), text.get("cosine", "-"),
                       text.get("max_abs", "-"), text.get("rel_l2", "-"), row.get("verdict")])
     passed = sum(1 for row in rows if row.get("status") == "pass")
     terminalreporter.section("parity summary")

@@ -53,7 +53,7 @@ import math
 import os
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,20 +189,22 @@ def passing_value(key: str, needed: Any) -> str:
 
 def verdict_text(result: TensorResult) -> str:
     """``pass``, or ``FAIL`` with the failed checks (``FAIL rel_l2,mismatch``) or the problem."""
-    if result.status == "fused-here":
+    return verdict_cell(result.status, result.passed, result.failed_checks())
+
+
+def verdict_cell(status: str, passed: bool, failed_checks: Mapping[str, Any]) -> str:
+    """:func:`verdict_text` from a result's parts (live, or read back from the JSON)."""
+    if status == "fused-here":
         return "fused here"
-    if result.passed:
+    if passed:
         return "pass"
-    if result.status == "missing-here":
-        return "FAIL missing here"
-    if result.status == "missing-in-golden":
-        return "FAIL missing in golden"
-    if result.status == "shape-mismatch":
-        return "FAIL shape"
-    if result.status in ("not-recorded", "not-replayable", "replay-error"):
-        return result.status
-    checks = result.failed_checks()
-    labels = [CHECK_LABELS.get(key, key) for key in checks if key not in _MISMATCH_ALTERNATIVES]
+    special = {"missing-here": "FAIL missing here", "missing-in-golden": "FAIL missing in golden",
+               "shape-mismatch": "FAIL shape"}
+    if status in special:
+        return special[status]
+    if status in ("not-recorded", "not-replayable", "replay-error"):
+        return status
+    labels = [CHECK_LABELS.get(key, key) for key in failed_checks if key not in _MISMATCH_ALTERNATIVES]
     return "FAIL " + ",".join(labels) if labels else "FAIL"
 
 
@@ -531,12 +533,19 @@ def unrelaxable_checks(result: TensorResult) -> list[str]:
 
 
 def would_pass_text(result: TensorResult) -> str | None:
-    """``max_rel_l2 = 3.1e-5, min_cosine = 0.99999999953, ...``, or None if no tolerance would pass.
+    """``max_rel_l2 = 3.1e-5, min_cosine = 0.99999999953, ...``, or None if no tolerance would pass."""
+    return would_pass_from_checks(result.failed_checks())
+
+
+def would_pass_from_checks(checks: Mapping[str, Any]) -> str | None:
+    """The suggestion of :func:`would_pass_text` from a result's ``failed_checks`` (live or read
+    back from the JSON, where non-finite values are strings).
 
     Only values the policy loader accepts are proposed: a mismatch alternative that would need an
     infinite value is named as one that cannot relax the check; any other check that only an
     infinite value would pass means no tolerance passes."""
-    checks = result.failed_checks()
+    checks = {key: float(value) if isinstance(value, str) and value in ("nan", "inf", "-inf") else value
+              for key, value in checks.items()}
     if any(key in checks for key in ("missing", "shape", "replay")):
         return None
     parts = []

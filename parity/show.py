@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from . import jsonformat
+from .report import markdown_escape
 from .text import printable
 
 # Called "parity-show" before the JSON outputs shared one naming pattern (parity.jsonformat).
@@ -174,8 +175,8 @@ def render_show(description: dict[str, Any]) -> str:
             table = [[index, printable(t["name"]), t["dtype"], _shape(t["shape"]), t["bytes"]]
                      for index, t in enumerate(rows)]
             headers = ["#", "name", "dtype", "shape", "bytes"]
-        for row in table:
-            row[1] = row[1].replace("|", "\\|")
+        for row in table:  # a name from the bundle as a Markdown table cell (``<root>/h`` stays text)
+            row[1] = markdown_escape(row[1])
         lines += ["", f"{title}: {len(rows)}",
                   tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)]
     return "\n".join(lines)

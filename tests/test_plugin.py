@@ -303,6 +303,21 @@ def test_subject_checks_record_compare_and_detect_stale_goldens(tmp_path):
     assert stale.status == "fail" and "rerun with --parity-regen to re-capture it" in stale.message
 
 
+def test_parity_device_auto_runs_subject_checks_where_torch_sees_a_device(pytester):
+    # --parity-device auto is the CLI's --device auto: cuda when torch sees a GPU, else the CPU
+    pytester.makepyfile(test_auto="""
+        CASE = {"batch": 1, "heads_q": 2, "heads_kv": 1, "seq_q": 17, "seq_k": 17, "head_dim": 16,
+                "layout": "causal", "dtype": "fp32", "seed": 0, "block_m": 16, "block_n": 16}
+
+        def test_subject(parity_check):
+            parity_check.subject("attention", {"cases": [CASE]}, impl="reference")
+    """)
+    first = pytester.runpytest("--parity-device", "auto", "-p", "no:cacheprovider")
+    first.assert_outcomes(failed=1)  # the golden was missing: recorded, and the test fails saying so
+    first.stdout.fnmatch_lines(["*was missing and has been captured*"])
+    pytester.runpytest("--parity-device", "auto", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+
 # ---- broken subjects and unusable input: failures with one line, never passes ---------------------
 
 BROKEN_SUBJECT = '''

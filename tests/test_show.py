@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from parity.report import markdown_escape
+
 import fault_models
 from parity.bundle import edit_manifest, open_bundle
 from parity.cli import report_error
@@ -69,8 +71,9 @@ def test_text_lists_every_tensor_and_the_checksums(captured, capsys):
     description = describe_bundle(captured, verify=False)
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| #")]
     assert len(rows) == len(description["tensors"])
-    for tensor in description["tensors"]:
-        assert f"| {tensor['name']} " in out
+    for tensor in description["tensors"]:  # names as Markdown-safe cells: <root> renders as text
+        assert f"| {markdown_escape(tensor['name'])} " in out
+    assert "| \\<root\\>/args/0 " in out
     output_rows = [line for line in rows if "| yes " in line or "| no " in line]
     assert len(output_rows) == description["outputs"]
     assert f"(spec {fault_models.SPEC}); args {{\"model\": \"res\"" in out

@@ -7,7 +7,9 @@ import argparse
 import json
 import sys
 
-from ..errors import UsageError
+from collections.abc import Callable
+
+from ..errors import UsageError, check_readable_file
 from ..options import STDOUT
 
 _FLAGS = (("json", "--json"), ("junit_xml", "--junit-xml"), ("html", "--html"), ("markdown", "--markdown"))
@@ -81,3 +83,29 @@ def write_error_outputs(err: BaseException, args: argparse.Namespace, golden: st
             sys.stdout.write(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
         else:
             sys.stdout.write(error_junit_xml(status, kind, message))
+
+
+def run_reporting_errors(body: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """``body(args)``; a refused or crashed run still leaves its report files saying so
+    (:func:`write_error_outputs`) before the error goes on to the CLI's exit status."""
+    try:
+        return body(args)
+    except Exception as err:
+        write_error_outputs(err, args, golden=args.golden)
+        raise
+
+
+def check_judging_args(args: argparse.Namespace) -> None:
+    """The arguments compare and diff share, checked before any bundle is read."""
+    if args.max_rows is not None and args.max_rows < 1:
+        raise UsageError(f"--max-rows must be at least 1, got {args.max_rows}")
+    if args.tolerances is not None:
+        check_readable_file(args.tolerances, "--tolerances")  # before open(): a FIFO would block forever
+    check_outputs(args)
+
+
+def stderr_progress(command: str) -> Callable[[str], None]:
+    """Progress lines on stderr, ``parity <command>: ...``."""
+    def say(message: str) -> None:
+        print(f"parity {command}: {message}", file=sys.stderr, flush=True)
+    return say

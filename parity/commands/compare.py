@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 
-from ..errors import UsageError, check_readable_file, require_dependency
+from ..errors import UsageError, require_dependency
 from ..options import HelpFormatter, add_cli_options, add_judging_options
 from ..text import printable
 
@@ -67,20 +66,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def stderr_progress(message: str) -> None:
-    print(f"parity compare: {message}", file=sys.stderr, flush=True)
-
-
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except Exception as err:
-        # CI reads the report files: a refused or crashed run must leave one saying so, not
-        # none (or a stale passing one from an earlier run).
-        from ._output import write_error_outputs
+    from ._output import run_reporting_errors
 
-        write_error_outputs(err, args, golden=args.golden)
-        raise
+    return run_reporting_errors(_run, args)
 
 
 def _trusted_subjects(args: argparse.Namespace, bundle, policy) -> tuple[str, ...]:
@@ -106,20 +95,16 @@ def _run(args: argparse.Namespace) -> int:
     from ..policy import policy_file, policy_for_cli, refuse_policy_inside
     from ..options import resolve_device
     from ..runtime import check_device, enable_triton_interpreter
-    from ._output import check_outputs, write_outputs
+    from ._output import check_judging_args, stderr_progress, write_outputs
     from ..subjects.base import add_cwd_to_sys_path, is_builtin, remove_from_sys_path
 
-    if args.max_rows is not None and args.max_rows < 1:
-        raise UsageError(f"--max-rows must be at least 1, got {args.max_rows}")
-    if args.tolerances is not None:
-        check_readable_file(args.tolerances, "--tolerances")  # before open(): a FIFO would block forever
+    check_judging_args(args)  # before open(): a FIFO given as --tolerances would block forever
     if args.impl == "triton":
         require_dependency("triton", "--impl triton")
     device = (check_device(resolve_device(args.device)) if args.device is not None
               else platform.default_device())
     # Before anything imports Triton: the interpreter must be chosen before kernels are defined.
     enable_triton_interpreter(args.impl, device)
-    check_outputs(args)
 
     bundle = open_bundle(args.golden)  # reads JSON and file sizes; imports and runs nothing
     root = bundle.path.resolve()
@@ -137,7 +122,7 @@ def _run(args: argparse.Namespace) -> int:
         policy = dataclasses.replace(policy, strict_structure=True)
     report = compare_bundle(
         bundle, impl=args.impl, device=device, policy=policy, isolate=args.isolate,
-        budget=args.budget, progress=None if args.quiet else stderr_progress,
+        budget=args.budget, progress=None if args.quiet else stderr_progress("compare"),
     )
     write_outputs(report, args)
     return 0 if report.passed else 1

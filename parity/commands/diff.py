@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 
-from ..errors import UsageError, check_readable_file
 from ..options import HelpFormatter, add_cli_options, add_judging_options
 
 EPILOG = """\
@@ -46,32 +44,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def stderr_progress(message: str) -> None:
-    print(f"parity diff: {message}", file=sys.stderr, flush=True)
-
-
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except Exception as err:
-        # As compare: a refused run leaves report files saying so, never a stale passing one.
-        from ._output import write_error_outputs
+    from ._output import run_reporting_errors
 
-        write_error_outputs(err, args, golden=args.golden)
-        raise
+    return run_reporting_errors(_run, args)
 
 
 def _run(args: argparse.Namespace) -> int:
     from ..bundle import open_bundle
     from ..diff import diff_bundles
     from ..policy import policy_file, policy_for_cli, refuse_policy_inside
-    from ._output import check_outputs, write_outputs
+    from ._output import check_judging_args, stderr_progress, write_outputs
 
-    if args.max_rows is not None and args.max_rows < 1:
-        raise UsageError(f"--max-rows must be at least 1, got {args.max_rows}")
-    if args.tolerances is not None:
-        check_readable_file(args.tolerances, "--tolerances")
-    check_outputs(args)
+    check_judging_args(args)
     golden, candidate = open_bundle(args.golden), open_bundle(args.candidate)
     for bundle in (golden, candidate):
         refuse_policy_inside(policy_file(args.tolerances), bundle.path)
@@ -79,6 +64,6 @@ def _run(args: argparse.Namespace) -> int:
     if args.strict_structure:
         policy = dataclasses.replace(policy, strict_structure=True)
     report = diff_bundles(golden, candidate, policy=policy, budget=args.budget,
-                          progress=None if args.quiet else stderr_progress)
+                          progress=None if args.quiet else stderr_progress("diff"))
     write_outputs(report, args)
     return 0 if report.passed else 1

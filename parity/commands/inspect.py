@@ -3,7 +3,6 @@ here and check each pinned config against the target's limits (compile-only, not
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from .. import dtypes
