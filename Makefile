@@ -41,9 +41,9 @@ endif
 # captured on an NVIDIA H200, under the default rule (the error budget wherever the bundle has a
 # reference): the attention cases, the decoder model layer by layer, the 150-case fuzz corpus.
 demo: $(STAMP)
-	$(PY) -m parity compare --golden golden/h200-attention --impl triton
-	$(PY) -m parity compare --golden golden/h200-decoder --impl triton --isolate
-	$(PY) -m parity compare --golden golden/h200-fuzz --impl triton --max-rows 20
+	$(PY) -m parity compare --bundle golden/h200-attention --impl triton
+	$(PY) -m parity compare --bundle golden/h200-decoder --impl triton --isolate
+	$(PY) -m parity compare --bundle golden/h200-fuzz --impl triton --max-rows 20
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)

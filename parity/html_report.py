@@ -473,7 +473,8 @@ def render_html(report: dict[str, Any]) -> str:
     passed = bool(report.get("passed"))
     verdict = verdict_line(report)
     subject = report.get("subject") or {}
-    title = f"parity compare: {printable(subject.get('name') or subject.get('spec') or '?', limit=120)}: {verdict}"
+    command = "diff" if "candidate" in report else "compare"  # a diff report names its candidate bundle
+    title = f"parity {command}: {printable(subject.get('name') or subject.get('spec') or '?', limit=120)}: {verdict}"
     summary = "".join(f"<tr><th>{_esc(key)}</th><td>{_esc(value, 4000)}</td></tr>" for key, value in _summary_rows(report))
     warnings = [d.get("message") or d.get("key") for d in report.get("fingerprint_differences") or []]
     warnings += [w for w in report.get("warnings") or [] if w not in warnings]
@@ -490,7 +491,7 @@ def render_html(report: dict[str, Any]) -> str:
 </head>
 <body>
 <header>
-<h1>parity compare: {_esc(subject.get('name') or subject.get('spec') or '?', 200)}</h1>
+<h1>parity {command}: {_esc(subject.get('name') or subject.get('spec') or '?', 200)}</h1>
 <p id="verdict" class="verdict {'pass' if passed else 'fail'}" data-passed="{'true' if passed else 'false'}">{_esc(verdict, 1000)}</p>
 </header>
 <section id="summary"><h2>Summary</h2><table class="kv"><tbody>{summary}</tbody></table></section>

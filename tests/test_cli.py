@@ -347,7 +347,9 @@ def test_html_writes_a_page_with_the_verdict(tower, trusted, capsys, tmp_path, c
     parser = _Page()
     parser.feed(page.read_text(encoding="utf-8"))
     parser.close()
-    assert verdict in " ".join("".join(parser.text).split())
+    text = " ".join("".join(parser.text).split())
+    assert verdict in text
+    assert f"parity {command}: " in text  # the page says which command judged
 
 
 @pytest.mark.parametrize("command", ["compare", "diff"])
