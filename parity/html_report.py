@@ -289,7 +289,7 @@ def render_plot(report: dict[str, Any], quantity: str) -> str:
 
 def _columns(report: dict[str, Any]) -> list[tuple[str, str]]:
     """(header, sort type) of the table's columns."""
-    columns = [("#", "num"), ("layer", "text"), ("dtype", "text"), ("shape", "text"), ("cosine", "num"),
+    columns = [("#", "num"), ("tensor", "text"), ("dtype", "text"), ("shape", "text"), ("cosine", "num"),
                ("max abs", "num"), ("rel L2", "num"), ("mismatch %", "num"), ("rule", "text"), ("verdict", "text")]
     if report.get("isolate"):
         columns += [("iso rel L2", "num"), ("iso max abs", "num"), ("iso verdict", "text"), ("error", "text")]

@@ -282,7 +282,7 @@ def shorten_name(name: str, width: int) -> str:
 
 
 def _columns(report: CompareReport) -> list[str]:
-    columns = ["layer", "dtype", "shape", "cosine", "max abs", "rel L2", "mismatch %", "rule", "verdict"]
+    columns = ["tensor", "dtype", "shape", "cosine", "max abs", "rel L2", "mismatch %", "rule", "verdict"]
     if report.isolate:
         columns += ["iso rel L2", "iso max abs", "iso verdict", "error", "isolated"]
     if report.budget_checked:

@@ -252,7 +252,7 @@ def test_isolate_budget_table_fits_120_columns_and_wide_has_every_column(tower, 
     header = [cell.strip() for cell in rows[0].strip("|").split("|")]
     # what a reader needs stays: the name, dtype, the three metrics, the verdict, and where the
     # error comes from (isolated rel L2 and introduced/inherited in one column)
-    assert header == ["layer", "dtype", "cosine", "max abs", "rel L2", "verdict", "isolated"]
+    assert header == ["tensor", "dtype", "cosine", "max abs", "rel L2", "verdict", "isolated"]
     assert "…" in out  # long names are shortened in the middle of their longest parts
     assert sum(".1." in row for row in rows) == 2  # the block index survives: both modules of block 1
     names = [row.split(" | ")[0][2:].rstrip() for row in rows[1:]]
@@ -425,7 +425,7 @@ def test_markdown_report_escapes_names_and_reasons(tower, trusted, capsys, tmp_p
     assert "PARITY FAILS" in out and not out.startswith("parity diff:")  # the Markdown alone
     lines = out.splitlines()
     assert lines[0].startswith("**PARITY FAILS: first failing tensor ") and lines[-1] == lines[0]
-    assert "- " + "golden host: " in out and "| layer " in out and "| shape " in out  # every column
+    assert "- " + "golden host: " in out and "| tensor " in out and "| shape " in out  # every column
     assert "<" not in out.replace("\\<", "") and ">" not in out.replace("\\>", "")
     assert f"transformer_decoder_stack_of_blocks.1.{markdown_escape(HOSTILE)}" in out
     assert re.search(r"^  - cosine 1-\S+ \\< 1-\S+$", out, re.M)  # reasons: a sublist per tensor, escaped

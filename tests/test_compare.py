@@ -427,7 +427,7 @@ def test_cli_parity_holds(bundles, cli, tmp_path):
                           "--isolate", "--json", str(tmp_path / "r.json"), "--junit-xml", str(tmp_path / "r.xml")])
     assert code == 0, err
     assert out.rstrip().splitlines()[-1] == "PARITY HOLDS: 15/15 tensors"
-    assert "| layer " in out and "| iso rel L2 " in out
+    assert "| tensor " in out and "| iso rel L2 " in out
     assert "parity compare: " in err  # progress
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["passed"] is True and data["summary"]["layers"] == 15

@@ -73,7 +73,7 @@ def test_table_holds_every_column_and_escapes_pipes():
     text = format_table(_report(results))
     header, rule, *rows = text.splitlines()
     assert [c.strip() for c in header.strip("|").split("|")] == [
-        "layer", "dtype", "shape", "cosine", "max abs", "rel L2", "mismatch %", "rule", "verdict",
+        "tensor", "dtype", "shape", "cosine", "max abs", "rel L2", "mismatch %", "rule", "verdict",
         "ref rel L2 here", "ref rel L2 golden"]  # the budget's columns: one tensor has a reference
     assert set(rule) <= set("|-: ")
     assert rows[0].startswith("| layers.0 ") and "| thresh | pass " in rows[0]
