@@ -115,12 +115,14 @@ def capture(
         module = runner.build(impl, state=state, device=device)
 
         def store(record: RecordedTensor) -> None:
+            # The recorder hands over the module's own tensor (copy=False); the writer copies it
+            # once, into its shard arena, before this returns.
             writer.add(record.kind, record.name, record.tensor, layer=record.layer, module=record.module,
-                       call_index=record.call_index, path=record.path, copy=False)
+                       call_index=record.call_index, path=record.path, copy=True)
             say.tick(lambda: f"recorded {len(recorder.calls)} layers, {recorder.tensor_count} tensors "
                              f"({recorder.byte_count / 2**20:.1f} MiB)")
 
-        recorder = Recorder(module, store, layers=layers, record_inputs=record_inputs)  # checks the globs
+        recorder = Recorder(module, store, layers=layers, record_inputs=record_inputs, copy=False)  # checks the globs
         inputs = runner.make_inputs()
         say(f"{runner.name}: {len(recorder.modules)} modules selected; inputs and state made on the CPU")
         for name, tensor in inputs.tensors.items():
@@ -145,6 +147,10 @@ def capture(
         if not recorder.calls:
             raise UsageError(f"subject {runner.name}: the selected layers produced no tensors; nothing to capture")
         calls = [call.to_json() for call in recorder.calls]
+        # What the module reports about its launches is all capture needs of it from here on: free
+        # it (host or device memory) before the reference module is built.
+        used_configs = launch_configs(module)
+        del module, recorder, device_inputs
 
         reference_calls: list[dict[str, Any]] = []
         reference_info = None
@@ -152,7 +158,7 @@ def capture(
             ref_device, ref_dtype = plan
             say(f"{runner.name}: reference run: impl {runner.reference_impl} in {reference} on {ref_device}")
             ref_module = runner.build(runner.reference_impl, state=state, device=ref_device, dtype=ref_dtype)
-            recorder = Recorder(ref_module, store, layers=layers, kind="reference")
+            recorder = Recorder(ref_module, store, layers=layers, kind="reference", copy=False)
             with recorder:
                 runner.run(ref_module, inputs.to(ref_device, ref_dtype))
             reference_calls = [call.to_json() for call in recorder.calls]
@@ -162,9 +168,8 @@ def capture(
                 "dtype": str(ref_dtype).removeprefix("torch."),
                 "outputs_without_reference": sorted(outputs - references),
             }
-            del ref_module
+            del ref_module, recorder
 
-        used_configs = launch_configs(module)
         manifest = {
             "subject": runner.describe(),
             "impl": impl,

@@ -113,7 +113,8 @@ def compare_bundle(
     inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in stored.tensors.items()}, stored.meta)
     del stored
 
-    judge = Judge(bundle, policy, budget)
+    # The goldens are read ahead in the order this run will produce them (the golden's own order).
+    judge = Judge(bundle, policy, budget, read_ahead=[entry.name for entry in bundle.entries_of("output")])
     results: list[TensorResult] = []
 
     def on_tensor(record: RecordedTensor) -> None:
@@ -123,8 +124,13 @@ def compare_bundle(
         say.tick(lambda: f"compared {len(results)} tensors ({sum(not r.passed for r in results)} failing)")
 
     say(f"run impl {impl} on {device}")
-    with Recorder(module, on_tensor, layers=_capture_globs(bundle, module, warnings), copy_to=None):
-        runner.run(module, inputs)
+    # copy=False: each output is judged before its hook returns, so the module's own tensor is
+    # used as it is (no copy of every output).
+    try:
+        with Recorder(module, on_tensor, layers=_capture_globs(bundle, module, warnings), copy=False):
+            runner.run(module, inputs)
+    finally:
+        judge.close()
     del inputs
     ordered = judge.in_golden_order(results)
 

@@ -77,8 +77,12 @@ def diff_bundles(
     extra = [entry.name for entry in obtained.entries_of("output") if not expected.has(entry.name)]
     judged = None if policy.strict_structure else common
     say(f"{_show(obtained)} against {_show(expected)}: {len(common)} tensors in common")
-    judge = Judge(expected, policy, budget, has_reference=both_have_reference, wording=_WORDING)
-    results = judge.in_golden_order(list(judge.judge_all(bundle_outputs(obtained, judged))))
+    order = [entry.name for entry in obtained.entries_of("output") if judged is None or expected.has(entry.name)]
+    judge = Judge(expected, policy, budget, has_reference=both_have_reference, wording=_WORDING, read_ahead=order)
+    try:
+        results = judge.in_golden_order(list(judge.judge_all(bundle_outputs(obtained, judged))))
+    finally:
+        judge.close()
 
     warnings = [d.message for d in fingerprint_differences(expected.platform, obtained.platform)]
     if extra and not policy.strict_structure:

@@ -7,9 +7,10 @@ The sources: this host's live run (``compare``: a recorder callback), the replay
 on their golden inputs (:func:`replayed_layers`, ``--isolate``), another bundle
 (:func:`bundle_outputs`, ``diff``) and the tensors a test hands to the pytest plugin.
 
-The judge reads a golden tensor only when its counterpart arrives, onto the counterpart's device,
-and drops both after the metrics: at most one tensor and its golden (plus, in budget mode, its
-reference) are in memory at a time. Tensors recorded on one side only, or with another shape or
+The judge reads a golden tensor when its counterpart arrives, onto the counterpart's device, and
+drops both after the metrics: one tensor and its golden (plus, in budget mode, its reference) are
+in memory at a time, and with ``read_ahead`` (compare, diff) the next goldens, read on a
+background thread, up to about 512 MiB (:class:`ReadAhead`). Tensors recorded on one side only, or with another shape or
 dtype, are results (``missing-here``, ``missing-in-golden``, ``shape-mismatch``, ``dtype-mismatch``),
 never crashes; a dtype mismatch still gets metrics (both sides in float64), judged by the golden
 dtype's tolerance. A golden tensor of a module that was never obtained, inside a module whose
@@ -25,7 +26,9 @@ the policy sets one; a tensor without a reference is noted as not checked); Fals
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -33,7 +36,7 @@ import torch
 
 from .bundle import BundleReader, Entry
 from .errors import UsageError
-from .metrics import compute_error_vs_reference
+from .metrics import LayerMetrics, compute_error_vs_reference, compute_metrics_and_errors
 from .policy import DEFAULT_BUDGET_K, ErrorBudget, Policy, Tolerance, Verdict, as_policy, budget_floors, judge, measure
 from .recorder import ROOT, flatten, replay
 from .results import BudgetInfo, TensorResult, dtype_text, module_of, shape_text
@@ -64,11 +67,15 @@ class Judge:
     ``has_reference(key)``: whether the budget may use the golden's reference of a tensor (default:
     the golden holds one). ``label(key)``: the result name of a golden entry never obtained
     (default: the key). ``wording``: the reasons of ``missing-here`` / ``missing-in-golden``.
+    ``read_ahead``: the golden keys in the order the source will produce them; their goldens (and
+    references, where the budget will use them) are then read on a background thread while the
+    source runs and the previous tensor's metrics are computed (:class:`ReadAhead`); call
+    :meth:`close` when done.
     """
 
     def __init__(self, golden: BundleReader, policy: Policy | str | None = None, budget: bool | None = None, *,
                  has_reference: Callable[[str], bool] | None = None, label: Callable[[str], str] | None = None,
-                 wording: Mapping[str, str] | None = None):
+                 wording: Mapping[str, str] | None = None, read_ahead: Iterable[str] | None = None):
         self.golden = golden
         self.policy = as_policy(policy)
         self.budget = budget
@@ -77,6 +84,29 @@ class Judge:
         self.wording = {"missing-here": MISSING_HERE, "missing-in-golden": MISSING_IN_GOLDEN, **(wording or {})}
         self.seen: set[str] = set()  # golden keys obtained
         self.compared_modules: set[str] = set()
+        self.reader: ReadAhead | None = None
+        if read_ahead is not None:
+            reads: list[tuple[str, str]] = []
+            for key in read_ahead:  # in the order __call__ loads them: the reference first
+                if not golden.has(key):
+                    continue
+                entry = golden.entry(key)
+                has_ref = self.has_reference(key)
+                if has_ref and self.tolerance(key, entry.torch_dtype, has_ref).budget_k is not None:
+                    reads.append(("reference", key))
+                reads.append(("output", key))
+            self.reader = ReadAhead(golden, reads)
+
+    def _load(self, key: str, kind: str, device: torch.device) -> torch.Tensor:
+        if self.reader is not None:
+            return self.reader.load(kind, key, device)
+        return self.golden.load(key, kind, device=device)
+
+    def close(self) -> None:
+        """Stop reading ahead (waits for a read in progress); the judge still works, reading directly."""
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
 
     def tolerance(self, name: str, dtype: torch.dtype, has_reference: bool) -> Tolerance:
         return budget_tolerance(self.policy.resolve(name, dtype), self.budget, dtype, has_reference)
@@ -97,8 +127,8 @@ class Judge:
         tol = self.tolerance(item.name, entry.torch_dtype, has_reference)
         reference = None
         if tol.budget_k is not None and has_reference and tuple(out.shape) == entry.shape:
-            reference = self.golden.load(key, "reference", device=out.device)
-        result = compare_tensors(item.name, out, self.golden.load(entry, device=out.device), policy=self.policy,
+            reference = self._load(key, "reference", out.device)
+        result = compare_tensors(item.name, out, self._load(key, "output", out.device), policy=self.policy,
                                  reference=reference, budget=self.budget, layer=item.layer, path=item.path,
                                  tolerance=tol if reference is not None or not has_reference else None)
         self.compared_modules.add(module_of(result))
@@ -186,8 +216,25 @@ def failure(name: str, status: str, reason: str, tol: Tolerance, **fields: Any) 
                         **fields)
 
 
+def _measure(out: torch.Tensor, golden: torch.Tensor, reference: torch.Tensor | None,
+             tol: Tolerance) -> tuple[LayerMetrics, tuple[LayerMetrics, LayerMetrics] | None]:
+    """``measure(out, golden, tol)``, and both hosts' errors against the reference where
+    :func:`_budget_info` will want them, in one scan of the three tensors
+    (``compute_metrics_and_errors``: the same numbers as the three separate calls)."""
+    if (reference is not None and tuple(reference.shape) == tuple(golden.shape)
+            and out.is_floating_point() and golden.is_floating_point()):
+        try:
+            metrics, host, capture = compute_metrics_and_errors(
+                out, golden, reference.to(out.device), atol=tol.atol, rtol=tol.rtol, atol_rms=tol.atol_rms,
+                outlier_factor=tol.outlier_factor)
+            return metrics, (host, capture)
+        except ValueError:
+            pass  # a reference less precise than the tensor: measured apart, and _budget_info says why
+    return measure(out, golden, tol), None
+
+
 def _budget_info(out: torch.Tensor, golden: torch.Tensor, reference: torch.Tensor | None,
-                 tol: Tolerance) -> BudgetInfo:
+                 tol: Tolerance, errors: tuple[LayerMetrics, LayerMetrics] | None = None) -> BudgetInfo:
     def info(note: str, ref_dtype: str | None = None) -> BudgetInfo:
         return BudgetInfo(None, None, tol.budget_k, None, ref_dtype, note)
 
@@ -198,12 +245,15 @@ def _budget_info(out: torch.Tensor, golden: torch.Tensor, reference: torch.Tenso
         return info(f"reference shape {shape_text(tuple(reference.shape))} differs from the golden's", ref_dtype)
     if not (out.is_floating_point() and golden.is_floating_point()):
         return info("the error budget applies to floating-point tensors only", ref_dtype)
-    reference = reference.to(out.device)
-    try:
-        host = compute_error_vs_reference(out, reference)
-        capture = compute_error_vs_reference(golden, reference)
-    except ValueError as err:  # a reference less precise than the tensor (fp32 reference of fp64)
-        return info(str(err), ref_dtype)
+    if errors is not None:  # measured with the golden pair, in one scan
+        host, capture = errors
+    else:
+        reference = reference.to(out.device)
+        try:
+            host = compute_error_vs_reference(out, reference)
+            capture = compute_error_vs_reference(golden, reference)
+        except ValueError as err:  # a reference less precise than the tensor (fp32 reference of fp64)
+            return info(str(err), ref_dtype)
     return BudgetInfo(host, capture, tol.budget_k, budget_floors(tol, golden.dtype, capture.ref_max_abs), ref_dtype)
 
 
@@ -239,10 +289,10 @@ def compare_tensors(
                   "in the golden")
         return failure(name, "shape-mismatch", reason, tol, **fields)
     golden = golden.to(out.device)
-    metrics = measure(out, golden, tol)
+    metrics, errors = _measure(out, golden, reference, tol)
     budget_info = None
     if reference is not None or tol.budget_k is not None:
-        budget_info = _budget_info(out, golden, reference, tol)
+        budget_info = _budget_info(out, golden, reference, tol, errors)
     error_budget = None
     if budget_info is not None and budget_info.host_vs_reference is not None:
         error_budget = ErrorBudget(capture_vs_reference=budget_info.capture_vs_reference,
@@ -262,16 +312,85 @@ def compare_tensors(
 
 
 # ---------------------------------------------------------------------------------------------
+# Reading goldens ahead
+
+
+class ReadAhead:
+    """Loads a bundle's tensors in an expected order, reading ahead on background threads.
+
+    ``load(kind, name, device)`` returns the tensor (checksum verified by the bundle reader; a
+    BundleError is raised here as ``BundleReader.load`` would raise it); a tensor out of the
+    expected order is read directly, and the read-ahead resumes after it. Tensors read ahead but
+    never asked for are dropped. ``pread`` and sha256 release the GIL, so the threads overlap the
+    forward and the metrics (one thread on a 2-core machine, whose other core computes). At most
+    ``workers + 1`` tensors, and about ``max_bytes``, are held beyond the one being compared.
+    """
+
+    def __init__(self, bundle: BundleReader, order: Sequence[tuple[str, str]], *, workers: int | None = None,
+                 max_bytes: int = 512 * 2**20):
+        self.bundle = bundle
+        self.order = list(order)
+        self.position = {key: index for index, key in enumerate(self.order)}
+        self.workers = workers or max(1, min(4, (os.cpu_count() or 2) - 1))
+        self.max_bytes = max_bytes
+        self.next = 0  # index in ``order`` of the next tensor to read ahead
+        self.pending: dict[tuple[str, str], Future] = {}
+        self.executor: ThreadPoolExecutor | None = None
+        self._read_ahead()  # from now: the first tensors are read while the source starts
+
+    def load(self, kind: str, name: str, device: torch.device | str | None) -> torch.Tensor:
+        key = (kind, name)
+        future = self.pending.pop(key, None)
+        index = self.position.get(key)
+        if index is not None and index >= self.next:
+            self.next = index + 1
+        if index is not None:  # what was read ahead of a tensor asked for later is not needed
+            for stale in [other for other in self.pending if self.position[other] < index]:
+                self.pending.pop(stale).cancel()
+        self._read_ahead()
+        tensor = future.result() if future is not None else self.bundle.load(name, kind)
+        return tensor if device is None else tensor.to(device)
+
+    def _nbytes(self, key: tuple[str, str]) -> int:
+        return self.bundle.entry(key[1], key[0]).nbytes
+
+    def _read_ahead(self) -> None:
+        if self.executor is None:
+            self.executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="parity-read")
+        held = sum(self._nbytes(key) for key in self.pending)
+        while len(self.pending) <= self.workers and self.next < len(self.order):
+            key = self.order[self.next]
+            nbytes = self._nbytes(key)
+            if self.pending and held + nbytes > self.max_bytes:
+                break
+            self.next += 1
+            held += nbytes
+            self.pending[key] = self.executor.submit(self.bundle.load, key[1], key[0])
+
+    def close(self) -> None:
+        for future in self.pending.values():
+            future.cancel()
+        self.pending.clear()
+        if self.executor is not None:
+            self.executor.shutdown(wait=True)
+            self.executor = None
+
+
+# ---------------------------------------------------------------------------------------------
 # Sources
 
 
 def bundle_outputs(bundle: BundleReader, keys: Iterable[str] | None = None) -> Iterator[Obtained]:
-    """The recorded outputs of a bundle (those named by ``keys``, default all), read one at a time
-    on the CPU as the judge asks for them (``diff``)."""
+    """The recorded outputs of a bundle (those named by ``keys``, default all), on the CPU, in the
+    bundle's order (``diff``); read ahead on a background thread (:class:`ReadAhead`)."""
     wanted = None if keys is None else set(keys)
-    for entry in bundle.entries_of("output"):
-        if wanted is None or entry.name in wanted:
-            yield Obtained(entry.name, bundle.load(entry), layer=entry.layer, path=entry.path)
+    entries = [entry for entry in bundle.entries_of("output") if wanted is None or entry.name in wanted]
+    reader = ReadAhead(bundle, [("output", entry.name) for entry in entries])
+    try:
+        for entry in entries:
+            yield Obtained(entry.name, reader.load("output", entry.name, None), layer=entry.layer, path=entry.path)
+    finally:
+        reader.close()
 
 
 def replayed_layers(bundle: BundleReader, module: torch.nn.Module, device: torch.device,

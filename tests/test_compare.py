@@ -554,3 +554,79 @@ def test_budget_numbers_are_in_golden_order_and_finite(bundles):
     report = compare_bundle(bundles / "decoder", impl="reference", device="cpu", budget=True)
     for result in report.layers:
         assert math.isfinite(result.budget.host_rel_l2) and result.budget.capture_rel_l2 >= 0
+
+
+# --- reading goldens ahead (issue 16) -------------------------------------------------------------
+
+def _bench_bundle(tmp_path):
+    from parity import benchmark
+    from parity.subjects import load_subject
+
+    runner = load_subject(benchmark.SPEC, {"layers": 3, "width": 8, "tokens": 4})
+    capture(runner, tmp_path / "b", impl="reference", device="cpu", reference="fp64", shard_bytes=512)
+    return open_bundle(tmp_path / "b")
+
+
+def _record_load_threads(bundle, monkeypatch):
+    import threading
+
+    threads: list[tuple[str, str, str]] = []
+    load = type(bundle).load
+
+    def recording_load(self, entry, kind="output", **kwargs):
+        name = entry if isinstance(entry, str) else entry.name
+        threads.append((kind, name, threading.current_thread().name))
+        return load(self, entry, kind, **kwargs)
+
+    monkeypatch.setattr(type(bundle), "load", recording_load)
+    return threads
+
+
+def test_the_judge_reads_every_golden_and_reference_ahead_on_its_thread_and_judges_as_without(tmp_path, monkeypatch):
+    from parity.engine import Judge, Obtained
+
+    bundle = _bench_bundle(tmp_path)
+    names = [entry.name for entry in bundle.entries_of("output")]
+    outputs = {name: bundle.load(name) * 1.0000001 for name in names}  # near, not equal
+    plain = [Judge(bundle)(Obtained(name, outputs[name])) for name in names]
+    threads = _record_load_threads(bundle, monkeypatch)
+    judge = Judge(bundle, read_ahead=names)
+    try:
+        ahead = [judge(Obtained(name, outputs[name])) for name in names]
+    finally:
+        judge.close()
+    assert [r.to_dict() for r in ahead] == [r.to_dict() for r in plain]
+    assert all(r.budget is not None and r.budget.host_vs_reference is not None for r in ahead)
+    loaded = [(kind, name) for kind, name, _ in threads]
+    assert sorted(loaded) == sorted([(kind, name) for name in names for kind in ("output", "reference")])
+    on_main = [(kind, name) for kind, name, thread in threads if not thread.startswith("parity-read")]
+    assert on_main == [], f"read on the main thread, not ahead: {on_main}"
+
+
+def test_read_ahead_out_of_order_and_damage_are_as_without_it(tmp_path):
+    from parity.bundle import BundleError
+    from parity.engine import ReadAhead
+
+    bundle = _bench_bundle(tmp_path)
+    names = [entry.name for entry in bundle.entries_of("output")]
+    reader = ReadAhead(bundle, [("output", name) for name in names])
+    try:
+        # the last first, then the first: both read, each equal to a direct read
+        for name in (names[-1], names[0], names[1]):
+            assert torch.equal(reader.load("output", name, "cpu"), bundle.load(name))
+    finally:
+        reader.close()
+    entry = bundle.entry(names[2])
+    shard = tmp_path / "b" / entry.shard
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF  # the last byte of the shard: some tensor's data
+    os.chmod(shard, 0o644)
+    shard.write_bytes(bytes(data))
+    reader = ReadAhead(open_bundle(tmp_path / "b"), [(k, n) for n in names for k in ("reference", "output")])
+    try:
+        with pytest.raises(BundleError, match="checksum mismatch"):  # raised by load, as a direct read would
+            for name in names:
+                reader.load("reference", name, None)
+                reader.load("output", name, None)
+    finally:
+        reader.close()

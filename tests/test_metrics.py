@@ -373,3 +373,282 @@ def test_to_dict_is_json_safe_and_round_trips():
     assert data["worst_index"] == [2] and data["ulp_max"] is None
     text = json.dumps(data, allow_nan=False)
     assert LayerMetrics.from_dict(json.loads(text)) == m
+
+
+# --- the chunked scan against a straightforward whole-tensor float64 computation --------------
+
+def _straightforward(out, ref, *, atol=0.0, rtol=0.0, atol_rms=0.0, rel_floor=1e-6, outlier_factor=None):
+    """Every LayerMetrics field the plain way: whole tensors in float64, masks by indexing."""
+    shape = tuple(out.shape)
+    o, r = out.reshape(-1).double(), ref.reshape(-1).double()
+    exact = not out.is_floating_point() and not ref.is_floating_point()
+    out_nan, ref_nan, out_inf, ref_inf = o.isnan(), r.isnan(), o.isinf(), r.isinf()
+    both = o.isfinite() & r.isfinite()
+    disagree = ~(both | (out_nan & ref_nan) | (out_inf & (o == r)))
+    finite_ref = r[r.isfinite()]
+    ref_rms = math.sqrt((finite_ref * finite_ref).sum().item() / max(finite_ref.numel(), 1))
+    absolute = atol + atol_rms * ref_rms
+    where = both.nonzero().flatten()
+    of, rf = o[both], r[both]
+    d, ra = (of - rf).abs(), rf.abs()
+    finite = int(both.sum())
+
+    def largest(values):
+        return max(0.0, values.max().item()) if values.numel() else 0.0
+
+    def index_of(flat):
+        return None if flat is None else tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), shape))
+
+    dot, out_sq, ref_sq, diff_sq = ((a * b).sum().item() for a, b in ((of, rf), (of, of), (rf, rf), (d, d)))
+    if diff_sq == 0:
+        cosine = 1.0
+    elif out_sq == 0 or ref_sq == 0:
+        cosine = 0.0
+    else:
+        cosine = min(1.0, max(-1.0, dot / (math.sqrt(out_sq) * math.sqrt(ref_sq))))
+    rel_l2 = (0.0 if diff_sq == 0 else math.inf) if ref_sq == 0 else math.sqrt(diff_sq) / math.sqrt(ref_sq)
+    bound = absolute + rtol * ra
+    if exact:
+        mismatch = (out.reshape(-1) != ref.reshape(-1))[both]
+        ratio = torch.zeros_like(d)
+    else:
+        mismatch = d > bound
+        ratio = torch.where(mismatch, d / bound, 0.0)
+    worst_flat = int(where[d.argmax()]) if finite else None
+    ratio_flat = int(where[ratio.argmax()]) if finite and ratio.max() > 0 else None
+    excess = d - absolute
+    ulp_max = ulp_over_1 = None
+    if out.dtype == ref.dtype and out.dtype in (torch.float16, torch.bfloat16):
+        def ordered(x):
+            bits = x.reshape(-1).view(torch.int16).to(torch.int64)
+            return torch.where(bits < 0, -(bits & 0x7FFF), bits)[both]
+        ulp = (ordered(out) - ordered(ref)).abs()
+        ulp_max, ulp_over_1 = (int(ulp.max()) if ulp.numel() else 0), int((ulp > 1).sum())
+    first_bad = int(disagree.nonzero()[0, 0]) if disagree.any() else None
+    return {
+        "numel": o.numel(), "finite_count": finite, "cosine": cosine,
+        "max_abs": largest(d), "mean_abs": d.sum().item() / finite if finite else 0.0, "rel_l2": rel_l2,
+        "max_rel": largest(d / ra.clamp_min(rel_floor)), "ref_max_abs": largest(ra), "ref_rms": ref_rms,
+        "effective_atol": absolute, "mismatch_count": int(mismatch.sum()),
+        "mismatch_fraction": int(mismatch.sum()) / finite if finite else 0.0,
+        "needed_atol": largest(d - rtol * ra),
+        "needed_rtol": largest(torch.where(excess > 0, excess / ra, 0.0)),
+        "ulp_max": ulp_max, "ulp_over_1_count": ulp_over_1,
+        "nan_out": int(out_nan.sum()), "nan_ref": int(ref_nan.sum()), "inf_out": int(out_inf.sum()),
+        "inf_ref": int(ref_inf.sum()), "nonfinite_mismatch_count": int(disagree.sum()),
+        "first_nonfinite_mismatch_index": index_of(first_bad),
+        "worst_index": index_of(worst_flat),
+        "worst_out": None if worst_flat is None else o[worst_flat].item(),
+        "worst_ref": None if worst_flat is None else r[worst_flat].item(),
+        "outlier_count": int((ratio > outlier_factor).sum()) if outlier_factor is not None else 0,
+        "worst_bound_ratio": largest(ratio), "worst_bound_index": index_of(ratio_flat),
+        "worst_bound_out": None if ratio_flat is None else o[ratio_flat].item(),
+        "worst_bound_ref": None if ratio_flat is None else r[ratio_flat].item(),
+    }
+
+
+def _random_pair(seed, shape, out_dtype, ref_dtype, nonfinite):
+    gen = torch.Generator().manual_seed(seed)
+    size = math.prod(shape)
+    ref = torch.randn(size, generator=gen, dtype=torch.float64) * 3
+    out = ref + 1e-3 * torch.randn(size, generator=gen, dtype=torch.float64)
+    out[torch.randint(0, size, (max(1, size // 500),), generator=gen)] *= 1.5  # a few real outliers
+    ref[torch.randint(0, size, (3,), generator=gen)] = 0.0
+    if nonfinite:
+        for tensor, count in ((out, 7), (ref, 5)):
+            places = torch.randint(0, size, (count,), generator=gen)
+            tensor[places] = torch.tensor([NAN, INF, -INF, NAN, INF, -INF, NAN], dtype=torch.float64)[:count]
+        shared = torch.randint(0, size, (2,), generator=gen)
+        out[shared], ref[shared] = NAN, NAN  # agreeing NaN positions too
+    return out.to(out_dtype).reshape(shape), ref.to(ref_dtype).reshape(shape)
+
+
+_FAST_PATH_CASES = [
+    # (shape, out dtype, ref dtype, NaN/Inf, tolerances: the built-in policy's, none, others)
+    ((1,), torch.float32, torch.float32, False, {}),
+    ((7,), torch.float16, torch.float16, True, {"atol": 1e-5, "rtol": 2e-3, "atol_rms": 1.2e-2, "outlier_factor": 4.0}),
+    ((7, 11, 13), torch.bfloat16, torch.bfloat16, True,
+     {"atol": 1e-5, "rtol": 1.6e-2, "atol_rms": 0.1, "outlier_factor": 4.0}),
+    ((3, 10923), torch.float32, torch.float32, True,
+     {"atol": 1e-5, "rtol": 1.3e-6, "atol_rms": 8e-5, "outlier_factor": 4.0}),
+    ((7, 10001), torch.float32, torch.float32, False, {"atol": 1e-5, "rtol": 1.3e-6, "atol_rms": 8e-5}),
+    ((7, 10001), torch.float32, torch.float64, True, {}),  # against an fp64 reference, as the budget does
+    ((40003,), torch.bfloat16, torch.float64, False, {}),
+    ((40003,), torch.float16, torch.float16, False, {"atol": 1e-3}),
+    ((5003,), torch.float64, torch.float64, True, {"atol": 1e-4, "rtol": 1e-3, "outlier_factor": 1.0}),
+]
+
+
+@pytest.mark.parametrize("chunk_elements", [None, 1000])
+@pytest.mark.parametrize("shape, out_dtype, ref_dtype, nonfinite, tolerances", _FAST_PATH_CASES,
+                         ids=lambda v: "tol" if isinstance(v, dict) else str(v).removeprefix("torch."))
+def test_chunked_scan_equals_a_straightforward_float64_computation(shape, out_dtype, ref_dtype, nonfinite,
+                                                                   tolerances, chunk_elements):
+    """Every field of LayerMetrics, from the chunked scan (fast chunks without NaN/Inf, masked
+    chunks with them, the tolerance pass over only the chunks that can mismatch), equals the
+    plain whole-tensor computation: counts and indices exactly, floats up to float64 rounding."""
+    out, ref = _random_pair(math.prod(shape), shape, out_dtype, ref_dtype, nonfinite)
+    m = compute_metrics(out, ref, chunk_elements=chunk_elements, **tolerances)
+    expected = _straightforward(out, ref, **tolerances)
+    got = m.to_dict()
+    for name, value in expected.items():
+        other = got[name]
+        other = tuple(other) if isinstance(other, list) else other
+        if isinstance(value, float):
+            other = float(other)
+            assert other == pytest.approx(value, rel=1e-12, abs=1e-300, nan_ok=True), (name, other, value)
+        else:
+            assert other == value, (name, other, value)
+    if nonfinite:
+        assert m.nonfinite_mismatch_count > 0 and m.finite_count < m.numel
+    if tolerances.get("atol_rms") and m.numel >= 1000:
+        assert 0 < m.mismatch_count < m.finite_count, "the case should exercise the tolerance pass"
+
+
+@pytest.mark.parametrize("nonfinite", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_metrics_and_errors_in_one_scan_equal_the_three_separate_calls(dtype, nonfinite):
+    from parity.metrics import compute_metrics_and_errors
+
+    reference, _ = _random_pair(7, (3, 10923), torch.float64, torch.float64, nonfinite)
+    golden = reference.to(dtype)
+    out, _ = _random_pair(8, (3, 10923), dtype, dtype, nonfinite)
+    tolerances = {"atol": 1e-5, "rtol": 1.3e-6, "atol_rms": 8e-5, "outlier_factor": 4.0}
+    for chunk_elements in (None, 1000):
+        together = compute_metrics_and_errors(out, golden, reference, chunk_elements=chunk_elements, **tolerances)
+        apart = (compute_metrics(out, golden, chunk_elements=chunk_elements, **tolerances),
+                 compute_error_vs_reference(out, reference, chunk_elements=chunk_elements),
+                 compute_error_vs_reference(golden, reference, chunk_elements=chunk_elements))
+        assert [m.to_dict() for m in together] == [m.to_dict() for m in apart]
+
+
+def test_metrics_and_errors_refuse_what_the_separate_calls_refuse():
+    from parity.metrics import compute_metrics_and_errors
+
+    x = torch.zeros(4)
+    with pytest.raises(ValueError, match="less precise"):
+        compute_metrics_and_errors(x, x, x.bfloat16())
+    with pytest.raises(ValueError, match="shape mismatch"):
+        compute_metrics_and_errors(x, x, torch.zeros(5, dtype=torch.float64))
+
+
+# --- differential: the fused scan against the per-function results and the plain computation ----
+
+# Unit roundoff of float64. A float64 sum of n terms, in any order or blocking, is within
+# gamma_n * sum|terms| of the exact sum, gamma_n = n*u / (1 - n*u) (Higham, Accuracy and
+# Stability of Numerical Algorithms, 2nd ed., eq. 4.4); the scan and the plain computation each
+# make that error, so two results of a sum of n non-negative terms differ by at most
+# 2 * gamma_n relative, and a cosine (|dot| <= |o| |r| by Cauchy-Schwarz) by 4 * gamma_n absolute.
+_U64 = 2.0**-53
+_EXACT_FIELDS = ("numel", "finite_count", "mismatch_count", "nan_out", "nan_ref", "inf_out", "inf_ref",
+                 "nonfinite_mismatch_count", "first_nonfinite_mismatch_index", "worst_index", "worst_out",
+                 "worst_ref", "max_abs", "ref_max_abs", "max_rel", "needed_atol", "ulp_max", "ulp_over_1_count",
+                 "outlier_count", "worst_bound_ratio", "worst_bound_index", "worst_bound_out", "worst_bound_ref",
+                 "needed_rtol")
+
+
+def _gamma(n: int) -> float:
+    return n * _U64 / (1 - n * _U64)
+
+
+def _differential_case(case_id: str, seed: int, size: int, dtype: torch.dtype, nonfinite: str, golden_kind: str,
+                       chunk: int):
+    """(out, golden, fp64-or-fp32 reference) drawn on the CPU from the case and its seed."""
+    gen = torch.Generator().manual_seed(seed)
+    reference = torch.randn(size, generator=gen, dtype=torch.float64) * 2
+    noise = 10 * torch.finfo(dtype).eps if dtype != torch.float64 else 1e-12
+    out = (reference * (1 + noise * torch.randn(size, generator=gen, dtype=torch.float64))).to(dtype)
+    if golden_kind == "zeros":  # an all-zero golden and reference; this host's output is not zero
+        reference.zero_()
+    golden = reference.to(dtype)
+    if size > 10:
+        out[torch.randint(0, size, (max(1, size // 300),), generator=gen)] *= 1.01  # a few mismatches
+    if nonfinite != "none":
+        # the first and last elements, both sides of every chunk boundary, and random places
+        places = {0, size - 1} | {b for k in range(chunk, size, chunk) for b in (k - 1, k)}
+        places |= set(torch.randint(0, size, (5,), generator=gen).tolist())
+        values = [NAN, INF, -INF]
+        for i, place in enumerate(sorted(places)):
+            value = values[(i + seed) % 3]
+            if nonfinite == "agree" or (i % 3 == 0 and len(places) > 2):
+                out[place] = value
+                golden[place] = value
+                reference[place] = value
+            elif i % 3 == 1:
+                out[place] = value  # only this host
+            else:
+                golden[place] = value  # only the golden (the reference keeps its finite value)
+    ref_dtype = torch.float64 if dtype in (torch.float32, torch.float64) else torch.float32
+    return out, golden, reference.to(ref_dtype)
+
+
+_DIFFERENTIAL_CASES = []
+for _dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16):
+    for _size, _chunk in ((1, 1), (2, 1), (7, 3), (1000, 17), (4099, 1024), (10007, 4096), (65537, None)):
+        for _nonfinite in ("none", "agree", "disagree"):
+            for _golden_kind in ("random", "zeros"):
+                if _golden_kind == "zeros" and _size not in (7, 4099):
+                    continue
+                _name = str(_dtype).removeprefix("torch.")
+                _DIFFERENTIAL_CASES.append(
+                    (f"{_name}-n{_size}-c{_chunk}-{_nonfinite}-{_golden_kind}", _dtype, _size, _chunk,
+                     _nonfinite, _golden_kind))
+
+_DIFFERENTIAL_TOLERANCES = [
+    {},
+    {"atol": 1e-5, "rtol": 1.3e-6, "atol_rms": 8e-5, "outlier_factor": 4.0},
+    {"atol": 0.0, "rtol": 1e-3, "outlier_factor": 1.0},
+]
+
+
+@pytest.mark.parametrize("tolerances", _DIFFERENTIAL_TOLERANCES, ids=["none", "atol-rms", "rtol-only"])
+@pytest.mark.parametrize("case_id, dtype, size, chunk, nonfinite, golden_kind", _DIFFERENTIAL_CASES,
+                         ids=[case[0] for case in _DIFFERENTIAL_CASES])
+def test_fused_scan_equals_the_separate_calls_and_the_plain_computation(case_id, dtype, size, chunk, nonfinite,
+                                                                        golden_kind, tolerances):
+    """compute_metrics_and_errors against compute_metrics + compute_error_vs_reference (identical,
+    field by field: they share the per-chunk work, not the arithmetic order) and against the plain
+    whole-tensor float64 computation (counts, maxima, indices and the values at them exactly; sums
+    within the float64 bound above)."""
+    from parity.metrics import compute_metrics_and_errors
+
+    seed = sum(map(ord, case_id)) + len(tolerances)
+    out, golden, reference = _differential_case(case_id, seed, size, dtype, nonfinite, golden_kind, chunk or size)
+    together = compute_metrics_and_errors(out, golden, reference, chunk_elements=chunk, **tolerances)
+    apart = (compute_metrics(out, golden, chunk_elements=chunk, **tolerances),
+             compute_error_vs_reference(out, reference, chunk_elements=chunk),
+             compute_error_vs_reference(golden, reference, chunk_elements=chunk))
+    for fused, separate in zip(together, apart):
+        assert json.dumps(fused.to_dict(), sort_keys=True) == json.dumps(separate.to_dict(), sort_keys=True)
+
+    bound = _gamma(size)
+    pairs = ((out, golden, tolerances), (out, reference, {}), (golden, reference, {}))
+    for got, (first, second, tol) in zip(together, pairs):
+        expected = _straightforward(first, second, **tol)
+        # The absolute term atol + atol_rms * RMS(ref) holds a sum; the fields that depend on it are
+        # compared exactly given the scan's own term (the term itself within the sum's bound).
+        plain_rms = expected.pop("effective_atol")
+        assert abs(got.effective_atol - plain_rms) <= 4 * bound * plain_rms, (got.effective_atol, plain_rms)
+        exact_tol = {**tol, "atol": got.effective_atol, "atol_rms": 0.0}
+        expected.update({name: value for name, value in _straightforward(first, second, **exact_tol).items()
+                         if name in _EXACT_FIELDS})
+        for name, value in expected.items():
+            other = getattr(got, name)
+            if name in _EXACT_FIELDS:
+                if isinstance(value, float) and math.isnan(value):
+                    assert math.isnan(other), (name, other, value)
+                else:
+                    assert other == value, (name, other, value)
+            elif name == "cosine":
+                assert abs(float(other) - value) <= 4 * bound, (name, other, value)
+            elif name in ("mean_abs", "rel_l2", "ref_rms", "mismatch_fraction"):
+                if math.isinf(value) or value == 0.0:
+                    assert float(other) == value, (name, other, value)
+                else:
+                    assert abs(float(other) - value) <= 4 * bound * abs(value), (name, other, value)
+            else:
+                raise AssertionError(f"field {name} not classified ({other!r}, {value!r})")
+    if golden_kind == "zeros" and nonfinite == "none":
+        assert together[0].rel_l2 == math.inf and together[0].cosine == 0.0
+    if nonfinite == "disagree":
+        assert together[0].nonfinite_mismatch_count > 0
