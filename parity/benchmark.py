@@ -864,17 +864,63 @@ def _host() -> dict[str, Any]:
     return info
 
 
+def _positive_ints(text: str) -> list[int]:
+    """``--multipliers 1,2,4``: comma-separated integers from 1 to 64."""
+    try:
+        values = [int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or any(not 1 <= value <= 64 for value in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: every multiplier must be from 1 to 64")
+    return values
+
+
+def _bounded_int(low: int, high: int) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not from {low} to {high}")
+        return value
+    return convert
+
+
+def _write_json(result: dict[str, Any], path: str) -> None:
+    """The document (``parity-harness-benchmark-report``) to ``path`` ('-': stdout), atomically."""
+    from . import jsonformat
+
+    text = jsonformat.dumps({**jsonformat.envelope(jsonformat.HARNESS_BENCHMARK_REPORT),
+                             **jsonformat.finite(result)}) + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        temporary.write_text(text, encoding="utf-8")
+        os.replace(temporary, target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m parity.benchmark", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .options import OneLineParser
+
+    parser = OneLineParser(prog="python -m parity.benchmark", description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--small", action="store_true", help="the CI preset: tiny sizes, 1x and 2x, one run")
-    parser.add_argument("--multipliers", default=None, help="comma-separated size multipliers (default 1,2,4)")
-    parser.add_argument("--layers", type=int, default=None, help="layers at 1x (default 24)")
-    parser.add_argument("--width", type=int, default=None, help="width of each layer (default 1024)")
-    parser.add_argument("--tokens", type=int, default=None, help="rows of every recorded tensor (default 1536)")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per measurement; medians reported "
-                                                                    "(default 3, --small 1)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--multipliers", type=_positive_ints, default=None,
+                        help="comma-separated size multipliers, each 1-64 (default 1,2,4)")
+    parser.add_argument("--layers", type=_bounded_int(1, 10_000), default=None, help="layers at 1x (default 24)")
+    parser.add_argument("--width", type=_bounded_int(1, 65_536), default=None,
+                        help="width of each layer (default 1024)")
+    parser.add_argument("--tokens", type=_bounded_int(1, 1_048_576), default=None,
+                        help="rows of every recorded tensor (default 1536)")
+    parser.add_argument("--repeats", type=_bounded_int(1, 100), default=None,
+                        help="runs per measurement; medians reported (default 3, --small 1)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu or cuda (default cpu)")
     parser.add_argument("--workdir", default=None, help="where bundles are written (default: a temporary dir)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON ('-': stdout)")
     parser.add_argument("--profile", action="store_true", help="print where the time goes at the first size")
@@ -893,11 +939,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_RESULT_MARK + json.dumps(result), flush=True)
         return 0
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.exit(2, "python -m parity.benchmark: error: --device cuda: torch sees no GPU here\n")
+    if args.json not in (None, "-") and not Path(args.json).resolve().parent.is_dir():
+        parser.exit(2, f"python -m parity.benchmark: error: --json {args.json}: its directory does not exist\n")
+    try:
+        result, text = _run(args)
+    except KeyboardInterrupt:
+        print("python -m parity.benchmark: interrupted", file=sys.stderr)
+        return 130
+    except (RuntimeError, OSError) as err:  # a worker failed, or the work directory could not be written
+        print(f"python -m parity.benchmark: {str(err).splitlines()[0][:2000]}", file=sys.stderr)
+        return 3
+    if args.json != "-":
+        print(text)
+    if args.json:
+        _write_json(result, args.json)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     base = dict(SMALL if args.small else FULL)
     for key in ("layers", "width", "tokens"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
-    multipliers = [int(m) for m in (args.multipliers or ("1,2" if args.small else "1,2,4")).split(",")]
+    multipliers = args.multipliers or ([1, 2] if args.small else [1, 2, 4])
     repeats = args.repeats or (1 if args.small else 3)
     say = (lambda message: None) if args.quiet else (
         lambda message: print(f"parity.benchmark: {message}", file=sys.stderr, flush=True))
@@ -909,25 +975,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "bundle": str(workdir / "profile")}
             say(f"profile at {multipliers[0]}x")
             profile = run_worker(job)
-            result = {"host": _host(), "base": base, "multiplier": multipliers[0], "profile": profile}
-            text = format_profile(profile)
-        else:
-            rows = []
-            for multiplier in multipliers:
-                rows.extend(run_size(base, multiplier, device=args.device, repeats=repeats, workdir=workdir, say=say))
-            result = {"host": _host(), "base": base, "device": args.device, "repeats": repeats,
-                      "targets": TARGETS, "rows": rows}
-            text = format_table(rows)
+            return ({"host": _host(), "base": base, "multiplier": multipliers[0], "profile": profile},
+                    format_profile(profile))
+        rows = []
+        for multiplier in multipliers:
+            rows.extend(run_size(base, multiplier, device=args.device, repeats=repeats, workdir=workdir, say=say))
+        return ({"host": _host(), "base": base, "device": args.device, "repeats": repeats, "targets": TARGETS,
+                 "rows": rows}, format_table(rows))
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
-    if args.json == "-":
-        print(json.dumps(result, indent=1))
-    else:
-        print(text)
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    return 0
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from .errors import (
     debug_from_environment,
     print_traceback,
 )
+from .options import OneLineParser
 
 COMMANDS = ("capture", "compare", "diff", "inspect", "show", "verify")
 
@@ -44,11 +45,8 @@ def version() -> str:
         return __version__
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse's own usage errors: one line, exit 2
-        from .text import printable
-
-        self.exit(EXIT_USAGE, f"parity: error: {printable(message, limit=500)}\n")
+class _Parser(OneLineParser):
+    error_prefix = "parity"  # argparse's own usage errors: one line, exit 2
 
 
 def build_parser() -> argparse.ArgumentParser:

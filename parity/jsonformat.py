@@ -18,6 +18,9 @@ format                        version  written by
 ``parity-benchmark-report``   1        ``python -m parity.kernels.benchmark --json``
 ============================  =======  =========================================================
 
+``parity-harness-benchmark-report`` (version 1) is written by ``python -m parity.benchmark
+--json``: the harness's own speed and memory (``parity/BENCHMARK.md``).
+
 Non-finite numbers: JSON has none, so a float field holds a number or one of the strings
 ``"nan"``, ``"inf"``, ``"-inf"`` (:func:`parity.metrics.json_safe_float` writes them,
 :func:`read_float` reads them back); every schema names this type ``$defs/float``. Documents are
@@ -36,6 +39,7 @@ PYTEST_REPORT = "parity-pytest-report"
 SHOW_REPORT = "parity-show-report"
 INSPECT_REPORT = "parity-inspect-report"
 BENCHMARK_REPORT = "parity-benchmark-report"
+HARNESS_BENCHMARK_REPORT = "parity-harness-benchmark-report"
 
 # format -> (current version, schema file in SCHEMA_DIR)
 FORMATS: dict[str, tuple[int, str]] = {
@@ -44,6 +48,7 @@ FORMATS: dict[str, tuple[int, str]] = {
     SHOW_REPORT: (1, "show-report.schema.json"),
     INSPECT_REPORT: (1, "inspect-report.schema.json"),
     BENCHMARK_REPORT: (1, "benchmark-report.schema.json"),
+    HARNESS_BENCHMARK_REPORT: (1, "harness-benchmark-report.schema.json"),
 }
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
@@ -83,11 +88,27 @@ def read_float(value: Any) -> float | None:
     return float(value)
 
 
+def finite(value: Any) -> Any:
+    """``value`` (nested dicts, lists, tuples) with every non-finite float as its ``$defs/float``
+    string, for documents assembled from raw measurements."""
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        if value in (float("inf"), float("-inf")):
+            return "inf" if value > 0 else "-inf"
+        return value
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(item) for item in value]
+    return value
+
+
 def dumps(document: Any, *, indent: int | None = 1, ensure_ascii: bool = False) -> str:
     """The document as JSON text (a bare NaN or Infinity is a bug: ValueError, never written)."""
     return json.dumps(document, indent=indent, ensure_ascii=ensure_ascii, allow_nan=False)
 
 
-__all__ = ["BENCHMARK_REPORT", "COMPARE_REPORT", "FORMATS", "INSPECT_REPORT", "NON_FINITE", "PYTEST_REPORT",
-           "SCHEMA_DIR", "SHOW_REPORT", "dumps", "envelope", "read_float", "schema_for", "schema_path",
-           "version_of"]
+__all__ = ["BENCHMARK_REPORT", "COMPARE_REPORT", "FORMATS", "HARNESS_BENCHMARK_REPORT", "INSPECT_REPORT",
+           "NON_FINITE", "PYTEST_REPORT", "SCHEMA_DIR", "SHOW_REPORT", "dumps", "envelope", "finite", "read_float",
+           "schema_for", "schema_path", "version_of"]

@@ -32,6 +32,18 @@ from typing import Any
 STDOUT = "-"  # a report FILE of "-" is standard output, in every command
 DEPRECATED_UNTIL = "0.3"
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its usage errors as one line on stderr (``<prefix>: error: ...``, no usage
+    block) and exit status 2. ``error_prefix`` defaults to the parser's ``prog``."""
+
+    error_prefix: str | None = None
+
+    def error(self, message: str):
+        from .text import printable
+
+        self.exit(2, f"{self.error_prefix or self.prog}: error: {printable(message, limit=500)}\n")
+
+
 DEVICE_HELP = "device to run on: cpu, cuda or cuda:N (ROCm GPUs are cuda in PyTorch)"
 AUTO_DEVICE = "auto"
 IMPL_HELP = "implementation to run: one of the subject's impls"

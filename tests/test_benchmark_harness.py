@@ -6,10 +6,11 @@ import math
 import subprocess
 import sys
 
+import jsonschema
 import pytest
 import torch
 
-from parity import benchmark
+from parity import benchmark, jsonformat
 from parity.metrics import compute_metrics
 
 
@@ -20,6 +21,8 @@ def test_small_preset_produces_a_sane_table_and_json(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| size" in done.stdout and "compare" in done.stdout and "write rate" in done.stdout
     result = json.loads(out.read_text())
+    assert (result["format"], result["version"]) == (jsonformat.HARNESS_BENCHMARK_REPORT, 1)
+    jsonschema.Draft202012Validator(jsonformat.schema_for(result["format"])).validate(result)
     rows = {(row["multiplier"], row["what"]): row for row in result["rows"]}
     assert set(rows) == {(m, what) for m in (1, 2) for what in ("compare", "compare vs read", "capture",
                                                                  "write rate")}
@@ -85,3 +88,32 @@ def test_profile_categories_from_a_cprofile_of_the_main_thread():
     categories = benchmark._profile_categories(pstats.Stats(profiler))
     assert categories[key] > alone  # the fused scan is counted as metrics too
     assert "model forward (subject runs minus hooks)" in categories
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--multipliers", "1,x"], "argument --multipliers: '1,x' is not a comma-separated list of integers"),
+    (["--multipliers", "0"], "argument --multipliers: '0': every multiplier must be from 1 to 64"),
+    (["--repeats", "0"], "argument --repeats: 0 is not from 1 to 100"),
+    (["--small", "--json", "/nonexistent-dir/r.json"], "--json /nonexistent-dir/r.json: its directory does not exist"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(argv, message):
+    done = subprocess.run([sys.executable, "-m", "parity.benchmark", *argv], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"python -m parity.benchmark: error: {message}\n"
+
+
+def test_the_document_encodes_non_finite_numbers_as_strings(tmp_path):
+    # a ratio from a zero-second baseline is infinite: written as "inf", never a bare Infinity token
+    path = tmp_path / "r.json"
+    benchmark._write_json({"host": {"python": "3", "torch": "2", "cpus": 2}, "base": {"layers": 1, "width": 1,
+                           "tokens": 1}, "device": "cpu", "repeats": 1, "targets": {}, "rows": [
+                           {"what": "compare", "multiplier": 1, "layers": 1, "bundle_bytes": 0,
+                            "ratio": float("inf"), "cpu_ratio": float("nan"), "parity": {"seconds": 1.0},
+                            "raw": {"seconds": 0.0}}]}, str(path))
+    text = path.read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    document = json.loads(text)
+    assert document["rows"][0]["ratio"] == "inf" and document["rows"][0]["cpu_ratio"] == "nan"
+    jsonschema.Draft202012Validator(jsonformat.schema_for(document["format"])).validate(document)
+    assert not list(tmp_path.glob(".r.json.tmp-*"))
