@@ -896,13 +896,9 @@ def _write_json(result: dict[str, Any], path: str) -> None:
     if path == "-":
         sys.stdout.write(text)
         return
-    target = Path(path)
-    temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        os.replace(temporary, target)
-    finally:
-        temporary.unlink(missing_ok=True)
+    from .files import write_atomically
+
+    write_atomically(path, text, "--json")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

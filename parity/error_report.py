@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
-from pathlib import Path
 from xml.etree import ElementTree as ET
 
 from . import jsonformat
@@ -55,19 +53,13 @@ def error_junit_xml(status: int, kind: str, message: str) -> str:
 
 
 def _write_atomically(path: str | os.PathLike, text: str) -> bool:
-    target = Path(path)
+    """Best effort: the run is already failing, so a report that cannot be written is skipped."""
+    from .errors import UsageError
+    from .files import write_atomically
+
     try:
-        if target.is_dir():
-            return False
-        handle, temporary = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as file:
-                file.write(text)
-            os.replace(temporary, target)
-        except BaseException:
-            os.unlink(temporary)
-            raise
-    except OSError:
+        write_atomically(path, text, "report")
+    except UsageError:
         return False
     return True
 

@@ -26,12 +26,11 @@ from __future__ import annotations
 import html
 import math
 import os
-import secrets
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError
+from .files import check_writable, write_atomically
 from .report import (format_cosine, format_dtype, format_number, format_percent, format_shape, verdict_cell,
                      verdict_from_counts, would_pass_from_checks)
 from .text import printable
@@ -520,35 +519,9 @@ error budget's bound on this host's.</p>
 
 def check_html_path(path: str | os.PathLike) -> Path:
     """UsageError now, before a long comparison, if the page could not be written at ``path``."""
-    file = Path(path)
-    if file.is_dir():
-        raise UsageError(f"--html {file} is a directory; give a file name")
-    if not file.parent.is_dir():
-        raise UsageError(f"--html {file}: directory {file.parent} does not exist")
-    return file
+    return check_writable(path, "--html")
 
 
 def write_html(report: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write :func:`render_html`'s page to ``path`` whole or not at all: a new temporary file in
-    the same directory (created with the user's umask), flushed, then renamed over ``path``."""
-    file = check_html_path(path)
-    text = render_html(report)
-    temporary = file.parent / f".{file.name}.{secrets.token_hex(4)}.tmp"
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as err:
-        raise UsageError(f"--html {file}: cannot write: {err.strerror or err}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, file)
-    except BaseException as err:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        if isinstance(err, OSError):
-            raise UsageError(f"--html {file}: cannot write: {err.strerror or err}") from None
-        raise
+    """Write :func:`render_html`'s page to ``path`` whole or not at all (``parity.files``)."""
+    write_atomically(path, render_html(report), "--html")

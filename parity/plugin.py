@@ -45,7 +45,6 @@ pytest loads this module.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -318,10 +317,10 @@ def pytest_sessionfinish(session, exitstatus):
 
     payload = {**envelope(PYTEST_REPORT), "checked": len(rows), "passed": passed, "not_passed": len(rows) - passed,
                "tensors": rows}
+    from .files import write_atomically
+
     state.report.parent.mkdir(parents=True, exist_ok=True)
-    tmp = state.report.with_name(state.report.name + ".tmp")
-    tmp.write_text(dumps(payload, ensure_ascii=True) + "\n", encoding="utf-8")
-    os.replace(tmp, state.report)
+    write_atomically(state.report, dumps(payload, ensure_ascii=True) + "\n", "--parity-report")
 
 
 def _junit_suite_properties(config, properties: list[tuple[str, Any]]) -> None:

@@ -54,7 +54,6 @@ import os
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
@@ -67,6 +66,7 @@ except ImportError:  # Python < 3.11
 from . import dtypes, jsonformat
 from .results import CompareReport, TensorResult
 from .errors import UsageError
+from .files import check_writable, write_atomically
 from .text import printable
 
 TABLE_FORMAT = "github"
@@ -661,7 +661,7 @@ def format_markdown(report: CompareReport, *, max_rows: int | None = None,
 
 def check_markdown_path(path: str | os.PathLike) -> None:
     """UsageError now, before a long comparison, if ``--markdown`` could not be written at ``path``."""
-    _check_writable(path, "--markdown")
+    check_writable(path, "--markdown")
 
 
 def write_markdown(report: CompareReport, path: str | os.PathLike, *, max_rows: int | None = None) -> None:
@@ -672,29 +672,16 @@ def write_markdown(report: CompareReport, path: str | os.PathLike, *, max_rows: 
 # Files
 
 
-def _check_writable(path: str | os.PathLike, what: str) -> Path:
-    file = Path(path)
-    if file.is_dir():
-        raise UsageError(f"{what} {file} is a directory; give a file name")
-    if not file.parent.is_dir():
-        raise UsageError(f"{what} {file}: directory {file.parent} does not exist")
-    return file
-
-
 def check_report_paths(json_path: str | os.PathLike | None, junit_path: str | os.PathLike | None) -> None:
     """UsageError now, before a long comparison, if a report could not be written where asked."""
     if json_path is not None:
-        _check_writable(json_path, "--json")
+        check_writable(json_path, "--json")
     if junit_path is not None:
-        _check_writable(junit_path, "--junit-xml")
+        check_writable(junit_path, "--junit-xml")
 
 
 def _write(path: str | os.PathLike, text: str, what: str) -> None:
-    file = _check_writable(path, what)
-    try:
-        file.write_text(text, encoding="utf-8")
-    except OSError as err:
-        raise UsageError(f"{what} {file}: cannot write: {err.strerror or err}") from None
+    write_atomically(path, text, what)
 
 
 def to_json(report: CompareReport) -> str:

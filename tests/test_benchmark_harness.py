@@ -116,4 +116,4 @@ def test_the_document_encodes_non_finite_numbers_as_strings(tmp_path):
     document = json.loads(text)
     assert document["rows"][0]["ratio"] == "inf" and document["rows"][0]["cpu_ratio"] == "nan"
     jsonschema.Draft202012Validator(jsonformat.schema_for(document["format"])).validate(document)
-    assert not list(tmp_path.glob(".r.json.tmp-*"))
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left

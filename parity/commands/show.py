@@ -3,11 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 
-from ..errors import UsageError
 from ..options import HelpFormatter, add_cli_options
 
 EPILOG = """\
@@ -36,40 +33,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _check_json_path(path: str) -> str:
-    """The directory ``--json`` writes into; UsageError now, before a long verification, if it cannot."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise UsageError(f"--json {path} is a directory; give a file name")
-    if not os.path.isdir(directory):
-        raise UsageError(f"--json {path}: directory {directory} does not exist")
-    return directory
-
-
 def _write_json(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (temporary file beside it, then rename)."""
-    directory = _check_json_path(path)
-    try:
-        fd, temporary = tempfile.mkstemp(prefix=".parity-show-", suffix=".tmp", dir=directory)
-    except OSError as err:
-        raise UsageError(f"--json {path}: cannot write: {err.strerror or err}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(temporary, path)
-    except OSError as err:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise UsageError(f"--json {path}: cannot write: {err.strerror or err}") from None
+    """Write ``text`` to ``path`` whole or not at all (``parity.files``)."""
+    from ..files import write_atomically
+
+    write_atomically(path, text, "--json")
 
 
 def run(args: argparse.Namespace) -> int:
     from ..show import describe_bundle, render_show
 
     if args.json and args.json != "-":
-        _check_json_path(args.json)
+        from ..files import check_writable
+
+        check_writable(args.json, "--json")  # now, before a long verification
     description = describe_bundle(args.bundle, verify=args.verify)
     if args.json != "-":
         print(render_show(description))
