@@ -22,6 +22,7 @@ from parity.compare import CompareReport, compare_tensors
 from parity.policy import Policy
 from parity.report import to_json, verdict_line
 from test_diff import rewrite_tensor  # the same outside edit of a stored tensor as diff's tests
+from plugin_suite import make_plugin_suite
 
 pytest_plugins = ["pytester"]
 
@@ -199,35 +200,17 @@ def test_committed_compare_reports_still_validate(name):
 # ---- the plugin, show, inspect, the benchmark ----------------------------------------------------------
 
 
-PLUGIN_TESTS = '''
-import os
-
-import torch
-
-X = torch.linspace(-1, 1, 1000).reshape(10, 100)
-
-
-def test_pair(parity_check):
-    y = X.clone()
-    if os.environ.get("BREAK"):
-        y[3, 7] += 0.5
-    parity_check({"out": y, "lse": X[:, 0].clone()}, name="pair")
-'''
 
 
 def test_plugin_report_validates_passing_and_failing(pytester, monkeypatch):
-    from parity.plugin import check_parity
-
-    pytester.makepyfile(test_suite=PLUGIN_TESTS)
-    x = torch.linspace(-1, 1, 1000).reshape(10, 100)
-    check_parity("pair", {"out": x, "lse": x[:, 0].clone()}, golden_dir=pytester.path / "goldens", record=True)
+    make_plugin_suite(pytester)
     report = pytester.path / "report.json"
-    pytester.runpytest("-p", "no:cacheprovider", "--parity-report", str(report)).assert_outcomes(passed=1)
+    pytester.runpytest("-p", "no:cacheprovider", "--parity-report", str(report)).assert_outcomes(passed=2)
     document = validate(strict_loads(report.read_text()))
     assert (document["format"], document["version"], document["checked"], document["passed"]) == (
         "parity-pytest-report", 1, 2, 2)
     monkeypatch.setenv("BREAK", "1")
-    pytester.runpytest("-p", "no:cacheprovider", "--parity-report", str(report)).assert_outcomes(failed=1)
+    pytester.runpytest("-p", "no:cacheprovider", "--parity-report", str(report)).assert_outcomes(passed=1, failed=1)
     document = validate(strict_loads(report.read_text()))
     assert document["not_passed"] == 1
     failing = next(row for row in document["tensors"] if row["status"] == "fail")

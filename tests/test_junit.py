@@ -16,6 +16,7 @@ import xmlschema
 from parity.capture import capture
 from parity.cli import main
 from test_diff import rewrite_tensor  # the same outside edit of a stored tensor as diff's tests
+from plugin_suite import make_plugin_suite
 
 pytest_plugins = ["pytester"]
 
@@ -103,34 +104,11 @@ def test_error_junit_validates(bundles, schema, tmp_path, capsys):
 # ---- pytest's own --junit-xml with the plugin ---------------------------------------------------------
 
 
-PLUGIN_TESTS = '''
-import os
-
-import torch
-
-X = torch.linspace(-1, 1, 1000).reshape(10, 100)
-
-
-def test_pair(parity_check):
-    y = X.clone()
-    if os.environ.get("BREAK"):
-        y[3, 7] += 0.5
-    parity_check({"out": y, "lse": X[:, 0].clone()}, name="pair")
-
-
-def test_plain():
-    assert True
-'''
 
 
 @pytest.fixture
 def plugin_suite(pytester):
-    from parity.plugin import check_parity
-
-    pytester.makepyfile(test_suite=PLUGIN_TESTS)
-    x = torch.linspace(-1, 1, 1000).reshape(10, 100)
-    check_parity("pair", {"out": x, "lse": x[:, 0].clone()}, golden_dir=pytester.path / "goldens", record=True)
-    return pytester
+    return make_plugin_suite(pytester)
 
 
 @pytest.mark.parametrize("broken", [False, True], ids=["passing", "failing"])
