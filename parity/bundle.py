@@ -590,8 +590,8 @@ class BundleWriter:
             for future in (job.written, job.hashed):
                 try:
                     future.result()  # the threads must be done with the directory and the arena first
-                except BaseException:  # noqa: BLE001 - what failed no longer matters: it is all deleted
-                    pass
+                except Exception:  # noqa: BLE001 - its error no longer matters: all of it is deleted
+                    pass  # (an interrupt while waiting still propagates)
         self._stop_threads()  # after the write thread: it may still hand fsyncs to the sync thread
         self._syncs = []
         if self._tmp is not None:
