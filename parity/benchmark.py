@@ -12,8 +12,8 @@ captures it with parity, compares it with parity, and runs the same work the raw
 - capture: parity's ``capture`` (fp64 reference) against *the forward passes it needs (without
   hooks, with hooks copying every output, the fp64 reference run) + a raw
   ``safetensors.torch.save_file`` of the same bytes, shard by shard* (``capture-raw``).
-- write: ``BundleWriter`` (per-tensor and per-shard sha256, fsync per shard) against
-  ``save_file`` of the same tensors in the same shards, as bytes per second.
+- write: ``BundleWriter`` (one sha256 per byte: each tensor's and each shard header's; an fsync
+  per shard) against ``save_file`` of the same tensors in the same shards, in bytes per second.
 
 Every parity measurement runs in a fresh subprocess, so its peak RSS (``ru_maxrss``) is its own;
 the baselines share one subprocess per size. Times are wall seconds of the measured work (after

@@ -17,11 +17,16 @@ objects (subject args, platform, inputs_meta, kernel configs) are bounded in dep
 fields are tolerated (forward compatibility); a known field of the wrong type never is.
 
 Integrity. From schema version 2 the writer seals the manifest: ``manifest_sha256`` is the
-sha256 of the manifest's canonical JSON (:func:`manifest_digest`) without that field, and each
-shard records the sha256 of its whole file. Version 1 bundles (the committed goldens) have
-neither and are still read; a digest that is present is checked whatever the version, so
-changing the version number alone does not switch the check off. Digests detect damage and
-careless edits, not a deliberate forger (nothing is signed).
+sha256 of the manifest's canonical JSON (:func:`manifest_digest`) without that field. Every
+entry records its tensor's sha256. Each shard records, from version 3, ``header_sha256``: the
+sha256 of the file's first ``8 + header length`` bytes (the length and the safetensors header,
+padding included). With the reader's check that the tensors tile the data section exactly
+(no gap, no overlap, nothing after the last), every byte of a shard is covered by exactly one
+digest, so a shard is written and verified hashing each byte once. Version 2 recorded instead
+the sha256 of the whole file (``sha256``): each byte was hashed twice. Version 1 bundles (the
+committed goldens) have neither and are still read; a digest that is present is checked
+whatever the version, so changing the version number alone does not switch the check off.
+Digests detect damage and careless edits, not a deliberate forger (nothing is signed).
 """
 from __future__ import annotations
 
@@ -39,8 +44,8 @@ from .errors import BundleError
 from .text import printable
 
 FORMAT_NAME = "parity-bundle"
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_NAME = "manifest.json"
 DIGEST_FIELD = "manifest_sha256"
 
@@ -122,12 +127,14 @@ class Entry:
 
 @dataclasses.dataclass(frozen=True)
 class Shard:
-    """One shard file: a plain file name inside the bundle, its size, tensor count and (v2) sha256."""
+    """One shard file: a plain file name inside the bundle, its size and tensor count, and its
+    digest: the sha256 of its header (version 3) or of the whole file (version 2)."""
 
     file: str
     bytes: int
     tensors: int
     sha256: str | None
+    header_sha256: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +143,7 @@ class Manifest:
 
     raw: dict[str, Any]
     version: int
-    sealed: bool  # carries manifest_sha256 (and shard sha256s), checked
+    sealed: bool  # carries manifest_sha256 (and shard digests), checked
     subject: dict[str, Any]
     impl: str | None
     device: str | None
@@ -333,7 +340,7 @@ def _check_header(c: _Checker, raw: dict[str, Any]) -> int:
 def _check_digest(c: _Checker, raw: dict[str, Any], version: int) -> bool:
     if DIGEST_FIELD not in raw:
         if version >= 2:
-            raise c.fail(DIGEST_FIELD, "missing (version 2 manifests are sealed)")
+            raise c.fail(DIGEST_FIELD, f"missing (version {version} manifests are sealed)")
         return False
     stored = c.sha256(raw[DIGEST_FIELD], DIGEST_FIELD)
     try:
@@ -427,7 +434,8 @@ def check_plain_file_name(name: Any, where: str, what: str = "shard") -> str:
     return name
 
 
-def _check_shards(c: _Checker, raw: dict[str, Any], sealed: bool) -> list[Shard]:
+def _check_shards(c: _Checker, raw: dict[str, Any], sealed: bool, version: int) -> list[Shard]:
+    """Shards; a sealed manifest must carry its version's shard digest (a present one is always checked)."""
     shards = []
     seen: set[str] = set()
     for number, item in enumerate(c.list(raw.get("shards"), "shards")):
@@ -439,10 +447,12 @@ def _check_shards(c: _Checker, raw: dict[str, Any], sealed: bool) -> list[Shard]
         seen.add(name)
         size = c.int(item.get("bytes"), f"{field}.bytes", minimum=10)  # 8-byte length + at least "{}"
         count = c.int(item.get("tensors"), f"{field}.tensors")
-        digest = item.get("sha256")
-        if digest is not None or sealed:
+        digest, header_digest = item.get("sha256"), item.get("header_sha256")
+        if digest is not None or (sealed and version == 2):
             digest = c.sha256(digest, f"{field}.sha256")
-        shards.append(Shard(name, size, count, digest))
+        if header_digest is not None or (sealed and version >= 3):
+            header_digest = c.sha256(header_digest, f"{field}.header_sha256")
+        shards.append(Shard(name, size, count, digest, header_digest))
     return shards
 
 
@@ -643,7 +653,7 @@ def load_manifest(data: bytes, where: str) -> Manifest:
     version = _check_header(c, raw)
     sealed = _check_digest(c, raw, version)
     subject = _check_subject(c, raw)
-    shards = _check_shards(c, raw, sealed)
+    shards = _check_shards(c, raw, sealed, version)
     entries = _check_entries(c, raw, shards)
     layers = _check_layers(c, raw, "layers", entries)
     reference_layers = _check_layers(c, raw, "reference_layers", entries)

@@ -60,7 +60,8 @@ def describe_bundle(path: str | os.PathLike, *, verify: bool = True) -> dict[str
             totals[entry.kind]["tensors"] += 1
             totals[entry.kind]["bytes"] += entry.nbytes
         totals = {kind: count for kind, count in totals.items() if count["tensors"]}
-        shards = [{"file": shard.file, "bytes": shard.bytes, "tensors": shard.tensors, "sha256": shard.sha256}
+        shards = [{"file": shard.file, "bytes": shard.bytes, "tensors": shard.tensors, "sha256": shard.sha256,
+                   "header_sha256": shard.header_sha256}
                   for shard in bundle.shards]
         return {
             "format": SHOW_FORMAT,

@@ -1,4 +1,5 @@
 """The bundle format: round trips, shard rotation, atomic writes, --force, and every kind of damage."""
+import hashlib
 import json
 import os
 import pickle
@@ -302,7 +303,7 @@ DAMAGE = {
     "deleted shard": r"shard-00000\.safetensors: shard missing",
     "bad json": r"manifest\.json: invalid JSON",
     "deleted manifest": r"manifest\.json: manifest missing",
-    "unknown schema": r"manifest\.json: unknown schema version 43; .* newer parity",
+    "unknown schema": rf"manifest\.json: unknown schema version {SCHEMA_VERSION + 41}; .* newer parity",
     "escaping shard name": r"manifest\.json: shard file '\.\./\.\./outside\.safetensors' points outside the bundle",
     "absolute shard name": r"manifest\.json: shard file '/etc/passwd' points outside the bundle",
     "tensor missing": r"shard-00000\.safetensors: tensor t9999999 \(output 'a'\) missing from the shard",
@@ -385,8 +386,8 @@ def test_new_bundles_are_sealed_and_the_goldens_still_read():
 
 def test_manifest_checksum_catches_hand_edits_and_a_resealed_edit_passes(bundle_path):
     manifest = json.loads((bundle_path / MANIFEST_NAME).read_text())
-    assert manifest["schema_version"] == SCHEMA_VERSION == 2 and len(manifest["manifest_sha256"]) == 64
-    assert all(len(shard["sha256"]) == 64 for shard in manifest["shards"])
+    assert manifest["schema_version"] == SCHEMA_VERSION == 3 and len(manifest["manifest_sha256"]) == 64
+    assert all(len(shard["header_sha256"]) == 64 and "sha256" not in shard for shard in manifest["shards"])
     manifest["platform"] = {"vendor": "nvidia"}
     (bundle_path / MANIFEST_NAME).write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match=r"manifest\.json: manifest checksum mismatch: the manifest was changed"):
@@ -396,11 +397,21 @@ def test_manifest_checksum_catches_hand_edits_and_a_resealed_edit_passes(bundle_
     edit_manifest(bundle_path, lambda m: m.update(schema_version=1))  # a downgrade keeps the digest: checked
     assert open_bundle(bundle_path).schema_version == 1
     (bundle_path / MANIFEST_NAME).write_text((bundle_path / MANIFEST_NAME).read_text().replace('"schema_version": 1',
-                                                                                               '"schema_version": 2'))
+                                                                                               '"schema_version": 3'))
     with pytest.raises(BundleError, match="manifest checksum mismatch"):
         open_bundle(bundle_path)
     edit_manifest(bundle_path, lambda m: m.pop("manifest_sha256"))
-    with pytest.raises(BundleError, match=r"manifest_sha256: missing \(version 2 manifests are sealed\)"):
+    with pytest.raises(BundleError, match=r"manifest_sha256: missing \(version 3 manifests are sealed\)"):
+        open_bundle(bundle_path)
+
+
+def test_a_sealed_manifest_needs_its_versions_shard_digest(bundle_path):
+    edit_manifest(bundle_path, lambda m: m["shards"][1].pop("header_sha256"))
+    with pytest.raises(BundleError, match=r"manifest\.json: invalid manifest: shards\[1\]\.header_sha256: expected 64 "
+                                          r"lowercase hex digits, got None"):
+        open_bundle(bundle_path)
+    edit_manifest(bundle_path, lambda m: m.update(schema_version=2))  # version 2 sealed the whole file instead
+    with pytest.raises(BundleError, match=r"shards\[0\]\.sha256: expected 64 lowercase hex digits, got None"):
         open_bundle(bundle_path)
 
 
@@ -408,10 +419,51 @@ def test_shard_checksum_catches_damage_outside_the_tensors(bundle_path):
     shard = bundle_path / "shard-00000.safetensors"
     data = shard.read_bytes()
     shard.write_bytes(data.replace(b'"format":"pt"', b'"formaT":"pt"'))  # header metadata: no tensor reads it
+    for read in (lambda bundle: bundle.load("a"), lambda bundle: bundle.verify()):  # checked at the header's first read
+        with pytest.raises(BundleError, match=r"shard-00000\.safetensors: shard corrupted: header checksum mismatch"):
+            read(open_bundle(bundle_path))
+
+
+def _as_version_2(bundle_path) -> None:
+    """Rewrite a bundle's manifest as version 2 wrote it: each shard's whole-file sha256, no header digest."""
+    def edit(m):
+        m["schema_version"] = 2
+        for shard in m["shards"]:
+            shard.pop("header_sha256")
+            shard["sha256"] = hashlib.sha256((bundle_path / shard["file"]).read_bytes()).hexdigest()
+    edit_manifest(bundle_path, edit)
+
+
+def test_version_2_bundles_are_verified_by_their_whole_file_sha256(bundle_path):
+    _as_version_2(bundle_path)
     bundle = open_bundle(bundle_path)
-    assert bundle.load("a").shape == (64,)
+    assert bundle.schema_version == 2 and bundle.sealed and bundle.verify() == 3
+    shard = bundle_path / "shard-00000.safetensors"
+    shard.write_bytes(shard.read_bytes().replace(b'"format":"pt"', b'"formaT":"pt"'))
+    bundle = open_bundle(bundle_path)
+    assert bundle.load("a").shape == (64,)  # version 2 has no header digest: only verify reads the whole file
     with pytest.raises(BundleError, match=r"shard-00000\.safetensors: shard checksum mismatch"):
         bundle.verify()
+
+
+@pytest.mark.parametrize("version", [3, 2])
+def test_every_byte_of_every_shard_is_covered_by_a_checksum(bundle_path, version):
+    """Flip each byte of both shard files in turn (length prefix, header, padding, every tensor's
+    bytes): verify must refuse every one. Version 3 hashes each byte once (header digest + tensor
+    digests + the layout check), version 2 twice (tensor digests + the whole file's)."""
+    if version == 2:
+        _as_version_2(bundle_path)
+    for shard in sorted(bundle_path.glob("shard-*.safetensors")):
+        original = shard.read_bytes()
+        for position in range(len(original)):
+            damaged = bytearray(original)
+            damaged[position] ^= 0x01
+            shard.write_bytes(bytes(damaged))
+            with pytest.raises(BundleError) as info:
+                open_bundle(bundle_path).verify()
+            assert str(shard) in str(info.value), (shard.name, position)
+        shard.write_bytes(original)
+    assert open_bundle(bundle_path).verify() == 3
 
 
 def test_manifest_must_be_a_regular_file(bundle_path, tmp_path):
@@ -522,8 +574,13 @@ def test_a_header_that_disagrees_with_the_manifest(bundle_path):
     header["extra"] = {"dtype": "F16", "shape": [0], "data_offsets": [32, 32]}
     text = json.dumps(header).encode()
     text += b" " * (-len(text) % 8)
-    shard.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length:])
+    prefix = struct.pack("<Q", len(text)) + text
+    shard.write_bytes(prefix + data[8 + length:])
     edit_manifest(bundle_path, lambda m: m["shards"][1].update(bytes=shard.stat().st_size))
+    with pytest.raises(BundleError, match=r"shard-00001\.safetensors: shard corrupted: header checksum mismatch"):
+        open_bundle(bundle_path).load("c")
+    # With its digest fixed too (a careful hand edit), the header is still checked against the manifest.
+    edit_manifest(bundle_path, lambda m: m["shards"][1].update(header_sha256=hashlib.sha256(prefix).hexdigest()))
     with pytest.raises(BundleError, match=r"shard corrupted: it holds tensor extra, which the manifest does not list"):
         open_bundle(bundle_path).load("c")
 
@@ -589,7 +646,7 @@ def test_verify_command_summary_and_exit_status(bundle_path, capsys):
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert err == "" and len(lines) == 4 and lines[0] == f"parity verify: {bundle_path}: OK"
-    assert "subject evil\\x1b[31m\\x0aPARITY HOLDS" in lines[1] and "schema 2 (manifest and shard files" in lines[1]
+    assert "subject evil\\x1b[31m\\x0aPARITY HOLDS" in lines[1] and "schema 3 (manifest and shard files" in lines[1]
     assert lines[2] == "  2 shards, 0.0 MiB; 3 tensors, every checksum matches"
     assert lines[3] == "  output 3 (0.0 MiB)"
     _damage(bundle_path, "flipped byte")

@@ -71,12 +71,14 @@ def rewrite_tensor(bundle: Path, kind: str, name: str, change) -> None:
     save_file(tensors, str(shard), metadata=metadata)
     data = shard.read_bytes()
 
+    header = data[:8 + int.from_bytes(data[:8], "little")]
+
     def fix(m):
         import hashlib
 
         for item in m["shards"]:
             if item["file"] == entry["shard"]:
-                item["bytes"], item["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+                item["bytes"], item["header_sha256"] = len(data), hashlib.sha256(header).hexdigest()
         for item in m["entries"]:
             if item["kind"] == kind and item["name"] == name:
                 item["sha256"] = tensor_sha256(tensors[entry["key"]])
