@@ -11,7 +11,10 @@
 # Each step has a time limit and its own log; a failing step does not stop the later ones, and
 # the step's exit status is recorded in status.txt. EXTRA_BENCH (benchmark arguments) adds a
 # second benchmark run, e.g. another head dim; MASKS (document,padding or all) adds the
-# element-mask benchmark; PROPERTY_EXAMPLES sets the property test's cases.
+# element-mask benchmark; PROPERTY_EXAMPLES sets the property test's cases. STEPS (names,
+# space-separated) runs only those of the steps 2-6 (install always runs). HARNESS (arguments of
+# `python -m parity.benchmark`) adds the harness's own benchmark on the GPU (parity/BENCHMARK.md)
+# and its profile at the first size.
 #
 #   EXTRA_BENCH="--head-dim 64 --seq 4096 --config one_loop=1" \
 #       bash kernels/h200_run.sh --config block_n=128 --config one_loop=0
@@ -22,9 +25,12 @@ mkdir -p "$R" "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 
+STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks gpu-tests compare-attention compare-decoder gpu-properties inspect"}
+
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2
     shift 2
+    case " install harness harness-profile $STEPS " in *" $name "*) ;; *) return 0 ;; esac
     local start=$SECONDS
     timeout "$limit" "$@" >"$R/$name.log" 2>&1
     local rc=$?
@@ -57,5 +63,12 @@ step gpu-properties 150 env PARITY_HYPOTHESIS_PROFILE=gpu PARITY_HYPOTHESIS_MAX_
     tests/test_properties.py -k kernel_matches_reference
 step inspect 90 "$PY" -m parity inspect --target sm_90 --dtype bf16 --dtype fp16 --dtype fp32 \
     --head-dim 64 --head-dim 128 --head-dim 256 --json "$R/inspect-sm90.json"
+if [ -n "${HARNESS:-}" ]; then
+    # shellcheck disable=SC2086  # word splitting of the argument string is intended
+    step harness 480 "$PY" -m parity.benchmark --device cuda --workdir /tmp/parity-bench --json "$R/harness.json" $HARNESS
+    # shellcheck disable=SC2086
+    step harness-profile 120 "$PY" -m parity.benchmark --device cuda --profile --workdir /tmp/parity-bench \
+        --json "$R/harness-profile.json" $HARNESS
+fi
 tar czf "$OUT/results.tgz" -C "$(dirname "$R")" r
 cat "$R/status.txt"

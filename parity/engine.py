@@ -324,6 +324,8 @@ class ReadAhead:
     never asked for are dropped. ``pread`` and sha256 release the GIL, so the threads overlap the
     forward and the metrics (one thread on a 2-core machine, whose other core computes). At most
     ``workers + 1`` tensors, and about ``max_bytes``, are held beyond the one being compared.
+    Once a tensor has been asked for on an accelerator, the threads also copy what they read to
+    it, so the host-to-device copies overlap the forward and the metrics too.
     """
 
     def __init__(self, bundle: BundleReader, order: Sequence[tuple[str, str]], *, workers: int | None = None,
@@ -334,12 +336,15 @@ class ReadAhead:
         self.workers = workers or max(1, min(4, (os.cpu_count() or 2) - 1))
         self.max_bytes = max_bytes
         self.next = 0  # index in ``order`` of the next tensor to read ahead
+        self.device: torch.device | None = None  # where the threads put what they read (None: the CPU)
         self.pending: dict[tuple[str, str], Future] = {}
         self.executor: ThreadPoolExecutor | None = None
         self._read_ahead()  # from now: the first tensors are read while the source starts
 
     def load(self, kind: str, name: str, device: torch.device | str | None) -> torch.Tensor:
         key = (kind, name)
+        if device is not None and torch.device(device).type != "cpu":
+            self.device = torch.device(device)
         future = self.pending.pop(key, None)
         index = self.position.get(key)
         if index is not None and index >= self.next:
@@ -365,7 +370,7 @@ class ReadAhead:
                 break
             self.next += 1
             held += nbytes
-            self.pending[key] = self.executor.submit(self.bundle.load, key[1], key[0])
+            self.pending[key] = self.executor.submit(self.bundle.load, key[1], key[0], device=self.device)
 
     def close(self) -> None:
         for future in self.pending.values():
