@@ -491,6 +491,14 @@ def _replaceable(path: Path) -> bool:
         return False
 
 
+def _hash_workers() -> int:
+    """Threads that hash a writer's tensors: one fewer than the cores, at least 2 and at most 4.
+    Measured on the 2-core machine, writing 2 GB: 1.1-1.3 GB/s with one hashing thread, 1.3-1.9
+    with two (parity/BENCHMARK.md); hashlib releases the GIL, so two use both cores when the
+    model leaves one idle."""
+    return max(2, min(4, (os.cpu_count() or 2) - 1))
+
+
 def _align(offset: int) -> int:
     return -(-offset // _ARENA_ALIGN) * _ARENA_ALIGN
 
@@ -662,9 +670,9 @@ class BundleWriter:
 
     def _thread(self, name: str) -> ThreadPoolExecutor:
         if name not in self._threads:
-            # Tensors are hashed independently: several at once where the cores allow (one thread
-            # on a 2-core machine, whose other core runs the model). Shard writes stay in order.
-            workers = max(1, min(4, (os.cpu_count() or 2) - 1)) if name == "hash" else 1
+            # Tensors are hashed independently, several at once (_hash_workers); shard writes
+            # and fsyncs stay in order, one thread each.
+            workers = _hash_workers() if name == "hash" else 1
             self._threads[name] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"parity-{name}")
         return self._threads[name]
 
@@ -672,6 +680,12 @@ class BundleWriter:
         for executor in self._threads.values():
             executor.shutdown(wait=True)  # never cancel: a cancelled fsync would leave its fd open
         self._threads = {}
+
+    @property
+    def busy_threads(self) -> int:
+        """How many of the writer's background threads compute (hashing and writing; the fsync
+        thread mostly waits for the disk): what a caller's own CPU work should leave cores for."""
+        return _hash_workers() + 1
 
     # adding tensors ----------------------------------------------------------------------
     @property

@@ -22,7 +22,7 @@ from . import platform
 from .bundle import DEFAULT_SHARD_BYTES, BundleWriter
 from .errors import UsageError
 from .recorder import Recorder, RecordedTensor, flatten
-from .runtime import Progress, check_device, check_triton_mode, launch_configs
+from .runtime import Progress, check_device, check_triton_mode, cores_left_for, launch_configs
 from .subjects import SubjectRunner, load_subject
 
 REFERENCE_CHOICES = ("fp64", "fp32", "none")
@@ -159,7 +159,10 @@ def capture(
             say(f"{runner.name}: reference run: impl {runner.reference_impl} in {reference} on {ref_device}")
             ref_module = runner.build(runner.reference_impl, state=state, device=ref_device, dtype=ref_dtype)
             recorder = Recorder(ref_module, store, layers=layers, kind="reference", copy=False)
-            with recorder:
+            # The writer hashes and writes what the run records meanwhile: on a many-core host,
+            # torch's threads leave it some cores (the run's own outputs are not the golden).
+            threads = writer.busy_threads if ref_device.type == "cpu" else 0
+            with recorder, cores_left_for(threads):
                 runner.run(ref_module, inputs.to(ref_device, ref_dtype))
             reference_calls = [call.to_json() for call in recorder.calls]
             outputs, references = writer.names("output"), writer.names("reference")

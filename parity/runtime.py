@@ -1,4 +1,5 @@
-"""Running a subject on this host: device checks, the Triton interpreter switch, progress, launch configs.
+"""Running a subject on this host: device checks, the Triton interpreter switch, CPU threads, progress,
+launch configs.
 
 Shared by capture and compare (and the commands in front of them); nothing here judges numbers.
 
@@ -12,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -35,6 +37,27 @@ def check_device(device: torch.device | str) -> torch.device:
         if parsed.index is not None and parsed.index >= torch.cuda.device_count():
             raise UsageError(f"device {device!r} does not exist; this host has {torch.cuda.device_count()} GPU(s)")
     return parsed
+
+
+@contextmanager
+def cores_left_for(threads: int) -> Iterator[int]:
+    """Run torch's CPU operators on fewer threads while ``threads`` background threads (the bundle
+    writer's hashing and writing) need cores too; yields the thread count used, restored after.
+
+    At most a quarter of the cores are given up, so a small machine keeps every thread: measured
+    on the 16-core H200 host, a capture whose fp64 reference run used all 16 threads beside the
+    writer's five took 2.15-2.36 s (20-23 CPU seconds: OpenMP threads waiting at barriers for
+    cores the writer held), 1.73 s with 12 threads and 1.71 s with 8 (parity/BENCHMARK.md).
+    """
+    before = torch.get_num_threads()
+    wanted = max(1, before - min(threads, (os.cpu_count() or 1) // 4))
+    if wanted != before:
+        torch.set_num_threads(wanted)
+    try:
+        yield wanted
+    finally:
+        if wanted != before:
+            torch.set_num_threads(before)
 
 
 def check_triton_mode(impl: str, device: torch.device) -> None:

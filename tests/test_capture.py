@@ -180,6 +180,41 @@ def test_user_subject_capture_with_layer_globs(tmp_path):
     assert bundle.manifest["kernel_configs"]["provided"] == {"note": "pinned"}
 
 
+def test_the_reference_run_leaves_cores_for_the_writer_on_a_many_core_host(tmp_path, monkeypatch):
+    from parity import runtime
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(16)
+        monkeypatch.setattr(runtime.os, "cpu_count", lambda: 16)
+        with runtime.cores_left_for(5) as used:  # at most a quarter of the cores given up
+            assert used == torch.get_num_threads() == 12
+        assert torch.get_num_threads() == 16
+        with runtime.cores_left_for(2) as used:
+            assert used == torch.get_num_threads() == 14
+        monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
+        with runtime.cores_left_for(5) as used:  # a 2-core machine keeps every thread
+            assert used == torch.get_num_threads() == 16
+        with pytest.raises(RuntimeError), runtime.cores_left_for(5):
+            raise RuntimeError("restored on the way out")
+        assert torch.get_num_threads() == 16
+
+        monkeypatch.setattr(runtime.os, "cpu_count", lambda: 16)
+        seen = []
+        real_run = load_subject(EXAMPLE).__class__.run
+
+        def run(self, module, inputs):
+            seen.append((next(module.parameters()).dtype, torch.get_num_threads()))
+            return real_run(self, module, inputs)
+
+        monkeypatch.setattr(load_subject(EXAMPLE).__class__, "run", run)
+        capture(EXAMPLE, tmp_path / "b", reference="fp64")
+        # hooks off and hooks on with every thread (the golden), the fp64 reference beside the writer
+        assert seen == [(torch.float32, 16), (torch.float32, 16), (torch.float64, 12)]
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_hooks_changing_the_result_fails_the_capture(tmp_path):
     with pytest.raises(CaptureError, match=r"recorded run's output differs from the run without hooks"):
         capture("user_subject_example:nondeterministic", tmp_path / "b", reference="none")
