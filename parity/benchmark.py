@@ -454,16 +454,16 @@ def work_write(job: dict[str, Any]) -> dict[str, Any]:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     rates: dict[str, list[float]] = {"parity": [], "raw": [], "raw_fsync": []}
+    cpu: dict[str, list[list[float]]] = {key: [] for key in rates}
 
     def parity_write():
-        with BundleWriter(root / "bundle", force=True, shard_bytes=shard_bytes) as writer:
+        with BundleWriter(root / "bundle", shard_bytes=shard_bytes) as writer:
             for index in range(count):
                 writer.add("output", f"t{index}", pool[index % len(pool)], copy=False)
             writer.commit({"subject": {"spec": SPEC, "name": "write", "args": {}}})
 
     def raw_write(fsync: bool):
         directory = root / "raw"
-        shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir()
         per_shard = max(1, shard_bytes // tensor_bytes)
         for shard, start in enumerate(range(0, count, per_shard)):
@@ -478,12 +478,19 @@ def work_write(job: dict[str, Any]) -> dict[str, Any]:
     for _ in range(job.get("repeats", 1)):
         for key, write in (("raw", lambda: raw_write(False)), ("parity", parity_write),
                            ("raw_fsync", lambda: raw_write(True))):
-            os.sync()  # no writer waits for the writeback of the one before
-            started = time.perf_counter()
+            # Every writer starts from the same state: the previous one's files deleted (their
+            # page cache freed) and everything written back, outside the clock.
+            for old in list(root.iterdir()):
+                shutil.rmtree(old)
+            os.sync()
+            before, started = os.times(), time.perf_counter()
             write()
-            rates[key].append(count * tensor_bytes / (time.perf_counter() - started))
+            seconds, after = time.perf_counter() - started, os.times()
+            rates[key].append(count * tensor_bytes / seconds)
+            cpu[key].append([after.user - before.user, after.system - before.system])
     shutil.rmtree(root, ignore_errors=True)
-    return {"bytes": count * tensor_bytes, "rates": rates, "peak_rss_bytes": _status_bytes("VmHWM")}
+    return {"bytes": count * tensor_bytes, "rates": rates, "cpu_seconds": cpu,
+            "peak_rss_bytes": _status_bytes("VmHWM")}
 
 
 WORKERS = {
@@ -544,6 +551,7 @@ def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int
     common = {"subject": args, "device": device, "bundle": bundle}
     measured: dict[str, list[dict[str, Any]]] = {}
     rates: dict[str, list[float]] = {}
+    write_cpu: dict[str, list[list[float]]] = {}  # [user, system] seconds of each timed write
     for repeat in range(repeats):
         # Three fresh processes per run: parity's capture; compare's raw baselines (which read
         # its bundle); parity's compare, then capture's raw baseline and the write rates (which
@@ -564,6 +572,8 @@ def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int
         measured.setdefault("capture_raw", []).append(second["write_baselines"]["capture_raw"])
         for key, values in second["write_baselines"]["write"]["rates"].items():
             rates.setdefault(key, []).extend(values)
+        for key, values in second["write_baselines"]["write"]["cpu_seconds"].items():
+            write_cpu.setdefault(key, []).extend(values)
     shutil.rmtree(bundle, ignore_errors=True)
 
     s = {name: _summary(runs) for name, runs in measured.items()}
@@ -591,6 +601,7 @@ def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int
     rate = {key: _median(values) for key, values in rates.items()}
     rows.append({**size, "what": "write rate", "parity_rate": rate["parity"], "raw_rate": rate["raw"],
                  "raw_fsync_rate": rate["raw_fsync"], "ratio": rate["parity"] / rate["raw"],
+                 "cpu_seconds": write_cpu,
                  "fsync_ratio": rate["parity"] / rate["raw_fsync"], "target": 0.8, "rates": rates})
     return rows
 
