@@ -117,3 +117,27 @@ def test_the_document_encodes_non_finite_numbers_as_strings(tmp_path):
     assert document["rows"][0]["ratio"] == "inf" and document["rows"][0]["cpu_ratio"] == "nan"
     jsonschema.Draft202012Validator(jsonformat.schema_for(document["format"])).validate(document)
     assert [p.name for p in tmp_path.iterdir()] == ["r.json"]  # no temporary file left
+
+
+def test_the_committed_results_validate_and_the_document_quotes_them():
+    """parity/BENCHMARK.md's target table is the committed JSON of the runs it describes."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "parity" / "benchmark-results"
+    document = (results.parent / "BENCHMARK.md").read_text()
+    validator = jsonschema.Draft202012Validator(jsonformat.schema_for(jsonformat.HARNESS_BENCHMARK_REPORT))
+    for path in sorted(results.glob("*.json")):
+        validator.validate(json.loads(path.read_text()))
+    runs = {"cpu": ["cpu-1x.json", "cpu-2x.json", "cpu-4x.json"], "h200": ["h200-1x-2x.json", "h200-4x.json"]}
+    for host, names in runs.items():
+        rows = {}
+        for name in names:
+            result = json.loads((results / name).read_text())
+            assert result["host"]["cpus"] == (2 if host == "cpu" else 16)
+            rows.update({(row["multiplier"], row["what"]): row for row in result["rows"]})
+        assert {multiplier for multiplier, _ in rows} == {1, 2, 4}
+        for what in ("compare", "capture", "write rate"):
+            quoted = " / ".join(f"{rows[(multiplier, what)]['ratio']:.2f}" for multiplier in (1, 2, 4))
+            assert quoted in document, (host, what, quoted)
+        durable = " / ".join(f"{rows[(multiplier, 'write rate')]['fsync_ratio']:.2f}" for multiplier in (1, 2, 4))
+        assert durable in document, (host, durable)
