@@ -547,6 +547,12 @@ class _Ring:
             self.buffer = torch.empty(self.size, dtype=torch.uint8)
         return start
 
+    def unplace(self) -> None:
+        """Take back the newest copy, placed but never handed over (its caller failed)."""
+        with self._changed:
+            self._spans.pop()
+            self._changed.notify_all()
+
     def hand_over(self, count: int) -> None:
         """The oldest ``count`` copies not yet handed over now belong to the writing thread."""
         with self._changed:
@@ -731,20 +737,26 @@ class BundleWriter:
             data, in_ring = self._copy_in(tensor)
         else:
             data = tensor.to("cpu").contiguous()
+        # Large tensors are hashed on their own thread while the caller goes on (hashlib releases
+        # the GIL); small ones now, where a thread hand-off would cost more than the hash. Before
+        # any state changes: a failure here leaves the writer as it was.
+        try:
+            digest = (self._thread("hash").submit(tensor_sha256, data) if nbytes >= _HASH_IN_THREAD_BYTES
+                      else tensor_sha256(data))
+        except BaseException:
+            if in_ring:
+                self._ring.unplace()
+            raise
         key = f"t{self._key_count():07d}"
         self._names.add((kind, name))
         self._pending[key] = data
         self._pending_bytes += nbytes
         self._pending_in_ring.append(in_ring)
+        self._pending_hashes.append(digest)
         self._pending_meta.append(
             dict(kind=kind, name=name, dtype=dtype, shape=tuple(data.shape), key=key,
                  nbytes=nbytes, layer=layer, module=module, call_index=call_index, path=path)
         )
-        # Large tensors are hashed on their own thread while the caller goes on (hashlib releases
-        # the GIL); small ones now, where a thread hand-off would cost more than the hash.
-        self._pending_hashes.append(
-            self._thread("hash").submit(tensor_sha256, data) if nbytes >= _HASH_IN_THREAD_BYTES
-            else tensor_sha256(data))
 
     def _copy_in(self, tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """A contiguous CPU copy of ``tensor``, in the ring when it has room; (copy, in the ring).
@@ -791,11 +803,23 @@ class BundleWriter:
             raise
         # The shard's bytes are written on one thread while the tensors' own sha256 (taken on
         # another since they were added) finish; the header, a few KiB, is hashed here.
-        chunks = list(_shard_chunks(tensors, metadata))
-        header_sha256 = hashlib.sha256(b"".join(chunks[:2])).hexdigest()
-        self._ring.hand_over(sum(in_ring))
-        written = self._thread("write").submit(self._write_shard, fd, file, chunks, list(zip(hashes, in_ring)),
-                                               self._ring, self._thread("sync"))
+        handed = 0
+        try:
+            chunks = list(_shard_chunks(tensors, metadata))
+            header_sha256 = hashlib.sha256(b"".join(chunks[:2])).hexdigest()
+            handed = sum(in_ring)
+            self._ring.hand_over(handed)
+            written = self._thread("write").submit(self._write_shard, fd, file, chunks,
+                                                   list(zip(hashes, in_ring, strict=True)), self._ring,
+                                                   self._thread("sync"))
+        except BaseException:  # the shard never reached the writing thread: close it, free its copies
+            os.close(fd)
+            if handed:
+                for digest in hashes:
+                    if isinstance(digest, Future):
+                        digest.exception()  # the hashing threads are done with the copies first
+                self._ring.give_back(handed)
+            raise
         self._in_flight = _ShardJob(written, header_sha256, shard, metas, hashes, fd)
 
     @staticmethod
@@ -808,13 +832,14 @@ class BundleWriter:
         owed = sum(in_ring for _, in_ring in tensors)
         try:
             size = _write_all(fd, chunks[0]) + _write_all(fd, chunks[1])
-            for chunk, (digest, in_ring) in zip(chunks[2:], tensors):
+            for chunk, (digest, in_ring) in zip(chunks[2:], tensors, strict=True):
                 size += _write_all(fd, chunk)
                 if in_ring:
                     if isinstance(digest, Future):
                         digest.exception()  # waits: the hashing thread reads the copy too
                     ring.give_back()
                     owed -= 1
+            synced = sync.submit(_sync_and_close, fd, file)  # from here the syncing thread closes fd
         except OSError as err:  # a full disk, a quota: one line naming the file
             os.close(fd)
             raise UsageError(f"cannot write {_show(file)}: {err.strerror or err}") from None
@@ -827,7 +852,7 @@ class BundleWriter:
                     if isinstance(digest, Future):
                         digest.exception()
                 ring.give_back(owed)
-        return size, sync.submit(_sync_and_close, fd, file)
+        return size, synced
 
     def _finish_in_flight(self) -> None:
         """Wait for the shard being written (raising its error) and record it."""

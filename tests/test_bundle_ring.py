@@ -5,6 +5,7 @@ own (placement, wrapping, waiting for space the writing thread owes back, never 
 nothing will free) and through the writer (every copy of a long write lands in the ring, the
 bundle reads back bit for bit, and a failing shard write gives its space back).
 """
+import os
 import threading
 import time
 
@@ -113,3 +114,40 @@ def test_a_failed_shard_write_gives_its_space_back_and_fails_one_line(tmp_path, 
                 writer.add("output", f"t{number}", torch.full((3, 1000), float(number)))
             writer.commit({"subject": {"spec": "test", "name": "ring", "args": {}}})
     assert not (tmp_path / "b").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_an_add_that_fails_leaves_the_writer_as_it_was(tmp_path, monkeypatch):
+    real_hash = B.tensor_sha256
+
+    def failing_once(tensor):
+        if tensor.numel() == 7:  # inline-hashed (small): the failure reaches add()'s caller
+            raise RuntimeError("hash failed")
+        return real_hash(tensor)
+
+    monkeypatch.setattr(B, "tensor_sha256", failing_once)
+    with BundleWriter(tmp_path / "b", shard_bytes=40_000) as writer:
+        writer.add("output", "a", torch.ones(3, 1000))
+        with pytest.raises(RuntimeError, match="hash failed"):
+            writer.add("output", "bad", torch.ones(7))
+        assert writer._ring._spans and len(writer._ring._spans) == 1  # its ring copy was taken back
+        for number in range(8):  # fills and writes shards: nothing out of step, nothing waits forever
+            writer.add("output", f"t{number}", torch.full((3, 1000), float(number)))
+        writer.commit({"subject": {"spec": "test", "name": "ring", "args": {}}})
+    bundle = open_bundle(tmp_path / "b")
+    assert bundle.verify() == 9 and not bundle.has("bad")
+    assert torch.equal(bundle.load("t7"), torch.full((3, 1000), 7.0))
+
+
+def test_a_shard_that_cannot_be_handed_to_the_writing_thread_closes_its_file(tmp_path, monkeypatch):
+    def broken(tensors, metadata):
+        raise RuntimeError("cannot lay out the shard")
+
+    fds_before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(RuntimeError, match="cannot lay out the shard"):
+        with BundleWriter(tmp_path / "b", shard_bytes=40_000) as writer:
+            for number in range(3):
+                writer.add("output", f"t{number}", torch.full((3, 1000), float(number)))
+            monkeypatch.setattr(B, "_shard_chunks", broken)
+            writer.add("output", "t3", torch.zeros(3, 1000))  # fills the first shard: its flush fails
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # the shard's file was closed
+    assert list(tmp_path.iterdir()) == []  # and everything written was deleted
