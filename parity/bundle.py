@@ -547,6 +547,13 @@ class _Ring:
             self.buffer = torch.empty(self.size, dtype=torch.uint8)
         return start
 
+    def give_back_after(self, digests: list[str | Future], count: int) -> None:
+        """Give back ``count`` copies once every hash among ``digests`` is done reading them."""
+        for digest in digests:
+            if isinstance(digest, Future):
+                digest.exception()  # waits; its error, if any, is the caller's to report
+        self.give_back(count)
+
     def unplace(self) -> None:
         """Take back the newest copy, placed but never handed over (its caller failed)."""
         with self._changed:
@@ -815,10 +822,7 @@ class BundleWriter:
         except BaseException:  # the shard never reached the writing thread: close it, free its copies
             os.close(fd)
             if handed:
-                for digest in hashes:
-                    if isinstance(digest, Future):
-                        digest.exception()  # the hashing threads are done with the copies first
-                self._ring.give_back(handed)
+                self._ring.give_back_after(hashes, handed)
             raise
         self._in_flight = _ShardJob(written, header_sha256, shard, metas, hashes, fd)
 
@@ -847,11 +851,8 @@ class BundleWriter:
             os.close(fd)
             raise
         finally:
-            if owed:  # the hashes must be done with the copies before they are reused
-                for digest, _ in tensors:
-                    if isinstance(digest, Future):
-                        digest.exception()
-                ring.give_back(owed)
+            if owed:
+                ring.give_back_after([digest for digest, _ in tensors], owed)
         return size, synced
 
     def _finish_in_flight(self) -> None:
