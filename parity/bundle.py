@@ -14,8 +14,9 @@ Reading never executes code: the manifest is JSON, checked against the schema in
 :mod:`parity.manifest` before any field is used, and tensors are read from the safetensors
 files by this module (the 8-byte header length is checked against the file size, the header
 against the manifest, then the bytes are read with ``pread``: no pickle, no ``torch.load``, no
-memory map that a truncated file could turn into SIGBUS). A shard's header sha256 is checked when
-its header is first read, every tensor's sha256 when it is read; :meth:`BundleReader.verify`
+memory map that a truncated file could turn into SIGBUS). A shard's header digest is checked when
+its header is first read, every tensor's digest when it is read (BLAKE3 from schema 4, sha256
+before: :mod:`parity.checksums`); :meth:`BundleReader.verify`
 checks every shard and every tensor in one pass, hashing each byte once (:mod:`parity.manifest`).
 Any damage is one :class:`~parity.errors.BundleError` line naming the file.
 
@@ -56,7 +57,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from . import __version__
+from . import __version__, checksums
 from .errors import BundleError, UsageError
 from .manifest import (
     DTYPES,
@@ -78,7 +79,7 @@ from .text import printable
 
 __all__ = [
     "BundleReader", "BundleWriter", "Entry", "KINDS", "MANIFEST_NAME", "SCHEMA_VERSION", "FORMAT_NAME",
-    "DEFAULT_SHARD_BYTES", "check_target", "dtype_name", "edit_manifest", "open_bundle", "tensor_sha256",
+    "DEFAULT_SHARD_BYTES", "check_target", "dtype_name", "edit_manifest", "open_bundle",
 ]
 
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
@@ -101,6 +102,10 @@ _MAX_ARENA_BYTES = 512 * 2**20
 _ARENA_ALIGN = 64
 
 
+# What a new bundle's tensors and shard headers are hashed with (schema 4: BLAKE3, parity.checksums).
+WRITE_CHECKSUM = checksums.ALGORITHM_OF_VERSION[SCHEMA_VERSION]
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """The manifest's name for a torch dtype (``"bfloat16"``)."""
     try:
@@ -109,10 +114,9 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise UsageError(f"tensors of dtype {dtype} cannot be stored in a bundle") from None
 
 
-def tensor_sha256(tensor: torch.Tensor) -> str:
-    """sha256 of a tensor's bytes in C order (native little-endian), independent of its strides."""
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()  # hashes the buffer, no copy
+def _tensor_checksum(tensor: torch.Tensor) -> str:
+    """The digest a new bundle records for a tensor (:data:`WRITE_CHECKSUM`)."""
+    return checksums.of_tensor(WRITE_CHECKSUM, tensor)
 
 
 def _show(path: object) -> str:
@@ -360,14 +364,9 @@ def _create_new_file(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
 
 
-def _write_chunks(fd: int, chunks: Iterator[Any]) -> tuple[int, str]:
-    """Write ``chunks`` to ``fd``, hashing as it goes; (size, sha256)."""
-    digest = hashlib.sha256()
-    size = 0
-    for chunk in chunks:
-        digest.update(chunk)
-        size += _write_all(fd, chunk)
-    return size, digest.hexdigest()
+def _write_chunks(fd: int, chunks: Iterator[Any]) -> int:
+    """Write ``chunks`` to ``fd``; the size written."""
+    return sum(_write_all(fd, chunk) for chunk in chunks)
 
 
 def _write_all(fd: int, chunk: Any) -> int:
@@ -379,14 +378,19 @@ def _write_all(fd: int, chunk: Any) -> int:
     return len(view)
 
 
-def _write_to_fd(fd: int, chunks: Iterator[Any]) -> tuple[int, str]:
-    """Write ``chunks`` to ``fd`` and fsync it; (size, sha256). Closes ``fd``."""
+def _write_to_fd(fd: int, chunks: Iterator[Any], durable: bool = True) -> int:
+    """Write ``chunks`` to ``fd`` and fsync it (unless not ``durable``); the size. Closes ``fd``."""
     try:
-        result = _write_chunks(fd, chunks)
-        os.fsync(fd)
+        size = _write_chunks(fd, chunks)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
-    return result
+    return size
+
+
+def _close(fd: int, file: Path) -> None:
+    os.close(fd)
 
 
 def _sync_and_close(fd: int, file: Path) -> None:
@@ -398,9 +402,10 @@ def _sync_and_close(fd: int, file: Path) -> None:
         os.close(fd)
 
 
-def _write_new_file(path: Path, chunks: Iterator[Any]) -> tuple[int, str]:
-    """Create ``path`` (never an existing one) with the umask's permissions, write, fsync; (size, sha256)."""
-    return _write_to_fd(_create_new_file(path), chunks)
+def _write_new_file(path: Path, chunks: Iterator[Any], durable: bool = True) -> int:
+    """Create ``path`` (never an existing one) with the umask's permissions, write, fsync (unless
+    not ``durable``); the size."""
+    return _write_to_fd(_create_new_file(path), chunks, durable)
 
 
 def _shard_chunks(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> Iterator[Any]:
@@ -493,9 +498,9 @@ def _replaceable(path: Path) -> bool:
 
 def _hash_workers() -> int:
     """Threads that hash a writer's tensors: one fewer than the cores, at least 2 and at most 4.
-    Measured on the 2-core machine, writing 2 GB: 1.1-1.3 GB/s with one hashing thread, 1.3-1.9
-    with two (parity/BENCHMARK.md); hashlib releases the GIL, so two use both cores when the
-    model leaves one idle."""
+    Measured on the 2-core machine with sha256, writing 2 GB: 1.1-1.3 GB/s with one hashing
+    thread, 1.3-1.9 with two (parity/BENCHMARK.md); hashlib and blake3 release the GIL, so two
+    use both cores when the model leaves one idle."""
     return max(2, min(4, (os.cpu_count() or 2) - 1))
 
 
@@ -575,11 +580,11 @@ class _Ring:
 
 
 class _ShardJob(NamedTuple):
-    """A shard handed to the threads: its write (size, fsync future), its header's sha256, its file
-    name, entry fields and tensors' sha256 (strings or futures), and its open fd."""
+    """A shard handed to the threads: its write (size, fsync future), its header's digest, its file
+    name, entry fields and tensors' digests (strings or futures), and its open fd."""
 
     written: Future
-    header_sha256: str
+    header_checksum: str
     shard: str
     metas: list[dict[str, Any]]
     hashes: list[str | Future]
@@ -595,10 +600,13 @@ class BundleWriter:
 
     Tensors are buffered (copied to CPU, into a ring of one shard's bytes, :class:`_Ring`) until
     the current shard reaches ``shard_bytes``, then written. Writing runs on background threads, so
-    the caller goes on producing tensors while a shard goes to disk: each tensor's sha256 is
-    computed on one thread as it is added (the only hash of its bytes: the shard records its
-    header's sha256, :mod:`parity.manifest`), another writes the shard file, and a third fsyncs
+    the caller goes on producing tensors while a shard goes to disk: each tensor's BLAKE3 digest
+    is computed on one thread as it is added (the only hash of its bytes: the shard records its
+    header's digest, :mod:`parity.manifest`), another writes the shard file, and a third fsyncs
     it (once per shard) while the next shard is written.
+    ``durable=False`` skips the fsyncs of the shards and the manifest (the directory renames are
+    still synced): as fast as the page cache takes the bytes, but a crash of the machine (power
+    loss, kernel panic; not of parity) can leave a bundle whose shards fail their checksums.
     At most one shard is written while the next one fills the ring space the written tensors
     give back, so the copies held are bounded by about one shard's bytes (plus any tensor larger
     than the ring, or placed while the ring was full of the filling shard's own copies). A write error surfaces at the next :meth:`add` that fills a shard, or at
@@ -617,6 +625,7 @@ class BundleWriter:
         force: bool = False,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         progress: Callable[[str], None] | None = None,
+        durable: bool = True,
     ):
         if shard_bytes <= 0:
             raise UsageError(f"shard size must be positive, got {shard_bytes} bytes")
@@ -624,6 +633,7 @@ class BundleWriter:
         self.target = check_target(path, force=force)
         self.force = force
         self.shard_bytes = int(shard_bytes)
+        self.durable = durable
         self._progress = progress
         self._tmp: Path | None = None
         self._entries: list[Entry] = []
@@ -744,12 +754,12 @@ class BundleWriter:
             data, in_ring = self._copy_in(tensor)
         else:
             data = tensor.to("cpu").contiguous()
-        # Large tensors are hashed on their own thread while the caller goes on (hashlib releases
+        # Large tensors are hashed on their own thread while the caller goes on (blake3 releases
         # the GIL); small ones now, where a thread hand-off would cost more than the hash. Before
         # any state changes: a failure here leaves the writer as it was.
         try:
-            digest = (self._thread("hash").submit(tensor_sha256, data) if nbytes >= _HASH_IN_THREAD_BYTES
-                      else tensor_sha256(data))
+            digest = (self._thread("hash").submit(_tensor_checksum, data) if nbytes >= _HASH_IN_THREAD_BYTES
+                      else _tensor_checksum(data))
         except BaseException:
             if in_ring:
                 self._ring.unplace()
@@ -808,31 +818,32 @@ class BundleWriter:
         except BaseException:
             os.close(fd)
             raise
-        # The shard's bytes are written on one thread while the tensors' own sha256 (taken on
-        # another since they were added) finish; the header, a few KiB, is hashed here.
+        # The shard's bytes are written on one thread while the tensors' own digests (taken on
+        # others since they were added) finish; the header, a few KiB, is hashed here.
         handed = 0
         try:
             chunks = list(_shard_chunks(tensors, metadata))
-            header_sha256 = hashlib.sha256(b"".join(chunks[:2])).hexdigest()
+            header_checksum = checksums.of_buffer(WRITE_CHECKSUM, b"".join(chunks[:2]))
             handed = sum(in_ring)
             self._ring.hand_over(handed)
             written = self._thread("write").submit(self._write_shard, fd, file, chunks,
                                                    list(zip(hashes, in_ring, strict=True)), self._ring,
-                                                   self._thread("sync"))
+                                                   self._thread("sync"), self.durable)
         except BaseException:  # the shard never reached the writing thread: close it, free its copies
             os.close(fd)
             if handed:
                 self._ring.give_back_after(hashes, handed)
             raise
-        self._in_flight = _ShardJob(written, header_sha256, shard, metas, hashes, fd)
+        self._in_flight = _ShardJob(written, header_checksum, shard, metas, hashes, fd)
 
     @staticmethod
     def _write_shard(fd: int, file: Path, chunks: list[Any], tensors: list[tuple[str | Future, bool]], ring: _Ring,
-                     sync: ThreadPoolExecutor) -> tuple[int, Future]:
+                     sync: ThreadPoolExecutor, durable: bool) -> tuple[int, Future]:
         """On the writing thread: write the shard's bytes (the length and header, then each tensor's,
-        giving its ring space back once it is written and hashed), then hand its fsync (and close)
-        to the syncing thread, so the disk catches up while the next shard is written; (size, the
-        fsync). Whatever happens, every ring copy of the shard is given back."""
+        giving its ring space back once it is written and hashed), then hand its fsync (and close;
+        only the close where not ``durable``) to the syncing thread, so the disk catches up while
+        the next shard is written; (size, the fsync). Whatever happens, every ring copy of the
+        shard is given back."""
         owed = sum(in_ring for _, in_ring in tensors)
         try:
             size = _write_all(fd, chunks[0]) + _write_all(fd, chunks[1])
@@ -843,7 +854,7 @@ class BundleWriter:
                         digest.exception()  # waits: the hashing thread reads the copy too
                     ring.give_back()
                     owed -= 1
-            synced = sync.submit(_sync_and_close, fd, file)  # from here the syncing thread closes fd
+            synced = sync.submit(_sync_and_close if durable else _close, fd, file)  # from here it closes fd
         except OSError as err:  # a full disk, a quota: one line naming the file
             os.close(fd)
             raise UsageError(f"cannot write {_show(file)}: {err.strerror or err}") from None
@@ -866,9 +877,9 @@ class BundleWriter:
             tensor_digests = [value if isinstance(value, str) else value.result() for value in job.hashes]
         self._syncs.append(synced)
         self._shards.append({"file": job.shard, "bytes": size, "tensors": len(job.metas),
-                             "header_sha256": job.header_sha256})
-        self._entries.extend(Entry(shard=job.shard, sha256=sha, **meta)
-                             for meta, sha in zip(job.metas, tensor_digests))
+                             f"header_{WRITE_CHECKSUM}": job.header_checksum})
+        self._entries.extend(Entry(shard=job.shard, checksum=digest, **meta)
+                             for meta, digest in zip(job.metas, tensor_digests, strict=True))
         self.bytes_written += size
         if self._progress is not None:
             self._progress(
@@ -904,7 +915,7 @@ class BundleWriter:
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **fields,
             "shards": self._shards,
-            "entries": [entry.to_json() for entry in self._entries],
+            "entries": [entry.to_json(WRITE_CHECKSUM) for entry in self._entries],
         }
         try:
             canonical_json(manifest)  # what the digest is taken of must be plain JSON
@@ -912,7 +923,7 @@ class BundleWriter:
         except (TypeError, ValueError) as err:
             raise UsageError(f"bundle manifest is not JSON-safe: {err}") from None
         _step("write", self._tmp / MANIFEST_NAME)
-        self._write(self._tmp / MANIFEST_NAME, iter([(text + "\n").encode("utf-8")]))
+        self._write(self._tmp / MANIFEST_NAME, iter([(text + "\n").encode("utf-8")]), self.durable)
         _step("fsync", self._tmp)
         _fsync_dir(self._tmp)
         try:
@@ -927,9 +938,9 @@ class BundleWriter:
         return self.target
 
     @staticmethod
-    def _write(file: Path, chunks: Iterator[Any]) -> tuple[int, str]:
+    def _write(file: Path, chunks: Iterator[Any], durable: bool) -> int:
         try:
-            return _write_new_file(file, chunks)
+            return _write_new_file(file, chunks, durable)
         except OSError as err:  # a full disk, a quota: one line naming the file
             raise UsageError(f"cannot write {_show(file)}: {err.strerror or err}") from None
 
@@ -1243,8 +1254,8 @@ class BundleReader:
                               f"{size}-byte file")
         header_bytes = bytearray(8 + length)
         _read_exact(fd, 0, memoryview(header_bytes), file)
-        expected = self._shards[file.name].header_sha256
-        if expected is not None and hashlib.sha256(header_bytes).hexdigest() != expected:
+        expected = self._shards[file.name].header_checksum
+        if expected is not None and checksums.of_buffer(self._manifest.checksum, header_bytes) != expected:
             raise BundleError(f"{_show(file)}: shard corrupted: header checksum mismatch (the header changed "
                               "after it was written)")
         header = parse_json(bytes(header_bytes[8:]), _show(file), "shard corrupted: invalid header")
@@ -1306,6 +1317,11 @@ class BundleReader:
     @property
     def schema_version(self) -> int:
         return self._manifest.version
+
+    @property
+    def checksum(self) -> str:
+        """The algorithm of this bundle's tensor and shard header digests (``"blake3"``, ``"sha256"``)."""
+        return self._manifest.checksum
 
     @property
     def sealed(self) -> bool:
@@ -1418,7 +1434,7 @@ class BundleReader:
             _read_exact(fd, begin, view, file)
         finally:
             os.close(fd)
-        if hashlib.sha256(view).hexdigest() != entry.sha256:
+        if checksums.of_buffer(self._manifest.checksum, view) != entry.checksum:
             raise self._checksum_error(file, entry)
         self.verified.add((entry.kind, entry.name))
         tensor = data.view(entry.torch_dtype).reshape(entry.shape)
@@ -1439,7 +1455,7 @@ class BundleReader:
         return {entry.name: tensor for entry, tensor in self.iter_tensors(kind, device=device)}
 
     def verify(self) -> int:
-        """Check every shard (header and its sha256, layout, the whole file's sha256 where a version 2
+        """Check every shard (header and its digest, layout, the whole file's sha256 where a version 2
         manifest recorded it) and every tensor's checksum, reading each file once; return how many
         tensors were checked."""
         for shard in self._manifest.shards:
@@ -1466,7 +1482,7 @@ class BundleReader:
         fd, file = self._open_shard(shard.file)
         try:
             for key, (begin, end) in sorted(layout.offsets.items(), key=lambda item: item[1]):
-                digest = hashlib.sha256()
+                digest = checksums.new(self._manifest.checksum)
                 for start in range(begin, end, _READ_CHUNK):
                     part = buffer[: min(_READ_CHUNK, end - start)]
                     _read_exact(fd, start, part, file)
@@ -1474,7 +1490,7 @@ class BundleReader:
                     if whole is not None:
                         whole.update(part)
                 entry = by_key[key]
-                if digest.hexdigest() != entry.sha256:
+                if digest.hexdigest() != entry.checksum:
                     raise self._checksum_error(file, entry)
                 self.verified.add((entry.kind, entry.name))
         finally:

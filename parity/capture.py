@@ -91,6 +91,7 @@ def capture(
     force: bool = False,
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: Callable[[str], None] | None = None,
+    durable: bool = True,
 ) -> CaptureResult:
     """Capture ``subject`` (a SubjectRunner, or a spec with ``subject_args``) into a bundle at ``out``.
 
@@ -98,8 +99,9 @@ def capture(
     ``record_inputs``: also store each recorded module's inputs, so compare can replay one layer.
     ``reference``: ``"fp64"`` (impl reference, fp64, CPU), ``"fp32"`` (impl reference, fp32,
     ``device``) or ``None``/``"none"``. ``kernel_configs``: launch configs to record next to the
-    ones the modules report. Raises UsageError for bad arguments and CaptureError when the
-    hooks-on run differs from the hooks-off run; on any error nothing is left at ``out``.
+    ones the modules report. ``durable=False`` skips the fsync of every shard and the manifest
+    (:class:`~parity.bundle.BundleWriter`). Raises UsageError for bad arguments and CaptureError
+    when the hooks-on run differs from the hooks-off run; on any error nothing is left at ``out``.
     """
     runner = subject if isinstance(subject, SubjectRunner) else load_subject(subject, subject_args)
     runner.check_impl(impl)
@@ -110,7 +112,7 @@ def capture(
         runner.check_impl(runner.reference_impl)
     say = Progress(progress)
 
-    with BundleWriter(out, force=force, shard_bytes=shard_bytes, progress=say.emit) as writer:
+    with BundleWriter(out, force=force, shard_bytes=shard_bytes, progress=say.emit, durable=durable) as writer:
         state = runner.make_state(impl)
         module = runner.build(impl, state=state, device=device)
 
@@ -182,6 +184,7 @@ def capture(
                 "record_inputs": record_inputs,
                 "reference": reference_info,
                 "shard_bytes": shard_bytes,
+                "durable": durable,
             },
             "platform": platform.fingerprint(device),
             "kernel_configs": {"used": used_configs, "provided": dict(kernel_configs) if kernel_configs else None},

@@ -7,7 +7,7 @@ report (:class:`parity.results.CompareReport`, with ``candidate`` set) and exit 
 golden is the expected side; the candidate's tensors are read one at a time and judged.
 
 Refused (UsageError, exit 2): a damaged bundle (BundleError, from the reader), bundles of
-different subjects or subject arguments, different inputs or weights (by the manifests' sha256
+different subjects or subject arguments, different inputs or weights (by the manifests'
 checksums), and bundles with no recorded tensor in common. Bundles are data: nothing named in
 either manifest is imported or run.
 
@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from . import checksums
 from .bundle import BundleReader, open_bundle
 from .engine import Judge, bundle_outputs, fused_warning, integrity, notes_as_warnings
 from .errors import UsageError
@@ -109,7 +110,9 @@ def diff_bundles(
 
 def check_same_run(golden: BundleReader, candidate: BundleReader) -> None:
     """UsageError unless both bundles captured the same subject spec and arguments on the same
-    inputs and weights (the manifests' sha256 of every ``input`` and ``state`` tensor)."""
+    inputs and weights (the manifests' checksums of every ``input`` and ``state`` tensor; where the
+    two bundles use different checksum algorithms, the candidate's tensors are read and hashed
+    with the golden's)."""
     first, second = golden.subject, candidate.subject
     prefix = f"cannot diff {_show(golden)} and {_show(candidate)}"
     if first.get("spec") != second.get("spec"):
@@ -121,12 +124,12 @@ def check_same_run(golden: BundleReader, candidate: BundleReader) -> None:
         raise UsageError(f"{prefix}: their subject arguments differ (first at {printable(where)}: "
                          f"{_brief(value_a)} vs {_brief(value_b)})")
     for kind, what in (("input", "inputs"), ("state", "weights")):
-        sums_a, sums_b = _checksums(golden, kind), _checksums(candidate, kind)
+        sums_a, sums_b = _checksums(golden, kind, golden.checksum), _checksums(candidate, kind, golden.checksum)
         if sums_a != sums_b:
             names = sorted(name for name in set(sums_a) | set(sums_b) if sums_a.get(name) != sums_b.get(name))
             shown = ", ".join(printable(name) for name in names[:3]) + (
                 f" and {len(names) - 3} more" if len(names) > 3 else "")
-            raise UsageError(f"{prefix}: their {what} differ (sha256 checksums of {shown}); diff compares captures "
+            raise UsageError(f"{prefix}: their {what} differ ({golden.checksum} checksums of {shown}); diff compares captures "
                              f"of the same {what}")
 
 
@@ -158,8 +161,13 @@ def _first_difference(first: Any, second: Any, where: str) -> tuple[str, Any, An
     return where or "arguments", first, second
 
 
-def _checksums(bundle: BundleReader, kind: str) -> dict[str, tuple[str, str, tuple[int, ...]]]:
-    return {entry.name: (entry.sha256, entry.dtype, tuple(entry.shape)) for entry in bundle.entries_of(kind)}
+def _checksums(bundle: BundleReader, kind: str, algorithm: str) -> dict[str, tuple[str, str, tuple[int, ...]]]:
+    """Each ``kind`` tensor's (checksum by ``algorithm``, dtype, shape): from the manifest where the
+    bundle records that algorithm, else read (and verified) and hashed."""
+    if bundle.checksum == algorithm:
+        return {entry.name: (entry.checksum, entry.dtype, tuple(entry.shape)) for entry in bundle.entries_of(kind)}
+    return {entry.name: (checksums.of_tensor(algorithm, tensor), entry.dtype, tuple(entry.shape))
+            for entry, tensor in bundle.iter_tensors(kind)}
 
 
 def _brief(value: Any) -> str:

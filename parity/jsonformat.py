@@ -13,7 +13,7 @@ format                        version  written by
                                        and in their place, when they end with exit status 2 or
                                        3, the error report (``error`` set, no results)
 ``parity-pytest-report``      1        the pytest plugin's ``--parity-report``
-``parity-show-report``        1        ``show --json``
+``parity-show-report``        2        ``show --json`` (version 1 named the digests ``sha256``)
 ``parity-inspect-report``     1        ``inspect --json``
 ``parity-benchmark-report``   1        ``python -m parity.kernels.benchmark --json``
 ============================  =======  =========================================================
@@ -45,7 +45,7 @@ HARNESS_BENCHMARK_REPORT = "parity-harness-benchmark-report"
 FORMATS: dict[str, tuple[int, str]] = {
     COMPARE_REPORT: (1, "compare-report.schema.json"),
     PYTEST_REPORT: (1, "pytest-report.schema.json"),
-    SHOW_REPORT: (1, "show-report.schema.json"),
+    SHOW_REPORT: (2, "show-report.schema.json"),
     INSPECT_REPORT: (1, "inspect-report.schema.json"),
     BENCHMARK_REPORT: (1, "benchmark-report.schema.json"),
     HARNESS_BENCHMARK_REPORT: (1, "harness-benchmark-report.schema.json"),

@@ -18,15 +18,17 @@ fields are tolerated (forward compatibility); a known field of the wrong type ne
 
 Integrity. From schema version 2 the writer seals the manifest: ``manifest_sha256`` is the
 sha256 of the manifest's canonical JSON (:func:`manifest_digest`) without that field. Every
-entry records its tensor's sha256. Each shard records, from version 3, ``header_sha256``: the
-sha256 of the file's first ``8 + header length`` bytes (the length and the safetensors header,
-padding included). With the reader's check that the tensors tile the data section exactly
-(no gap, no overlap, nothing after the last), every byte of a shard is covered by exactly one
-digest, so a shard is written and verified hashing each byte once. Version 2 recorded instead
-the sha256 of the whole file (``sha256``): each byte was hashed twice. Version 1 bundles (the
-committed goldens) have neither and are still read; a digest that is present is checked
-whatever the version, so changing the version number alone does not switch the check off.
-Digests detect damage and careless edits, not a deliberate forger (nothing is signed).
+entry records its tensor's digest. Each shard records, from version 3, its header's digest: of
+the file's first ``8 + header length`` bytes (the length and the safetensors header, padding
+included). With the reader's check that the tensors tile the data section exactly (no gap, no
+overlap, nothing after the last), every byte of a shard is covered by exactly one digest, so a
+shard is written and verified hashing each byte once. The digests are BLAKE3 from version 4
+(fields ``blake3`` and ``header_blake3``) and sha256 before (``sha256``, ``header_sha256``;
+:mod:`parity.checksums`). Version 2 recorded instead of the header's digest the sha256 of the
+whole file (``sha256``): each byte was hashed twice. Version 1 bundles (the committed goldens)
+have neither and are still read; a digest that is present is checked whatever the version, so
+changing the version number alone does not switch the check off. Digests detect damage and
+careless edits, not a deliberate forger (nothing is signed).
 """
 from __future__ import annotations
 
@@ -40,12 +42,13 @@ from typing import Any
 
 import torch
 
+from .checksums import ALGORITHM_OF_VERSION
 from .errors import BundleError
 from .text import printable
 
 FORMAT_NAME = "parity-bundle"
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 MANIFEST_NAME = "manifest.json"
 DIGEST_FIELD = "manifest_sha256"
 
@@ -108,7 +111,7 @@ class Entry:
     shape: tuple[int, ...]
     shard: str
     key: str
-    sha256: str
+    checksum: str  # hex digest of the tensor's bytes, by the manifest's algorithm (Manifest.checksum)
     nbytes: int
     layer: str | None = None
     module: str | None = None
@@ -119,22 +122,25 @@ class Entry:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, algorithm: str) -> dict[str, Any]:
+        """The manifest's JSON of this entry, its checksum under the ``algorithm`` field."""
         data = dataclasses.asdict(self)
         data["shape"] = list(self.shape)
+        data[algorithm] = data.pop("checksum")
         return data
 
 
 @dataclasses.dataclass(frozen=True)
 class Shard:
     """One shard file: a plain file name inside the bundle, its size and tensor count, and its
-    digest: the sha256 of its header (version 3) or of the whole file (version 2)."""
+    digest: of its header (version 3 and later, by the manifest's algorithm) or the sha256 of the
+    whole file (version 2)."""
 
     file: str
     bytes: int
     tensors: int
     sha256: str | None
-    header_sha256: str | None = None
+    header_checksum: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +162,11 @@ class Manifest:
     reference_layers: list[dict[str, Any]]
     shards: list[Shard]
     entries: list[Entry]
+
+    @property
+    def checksum(self) -> str:
+        """The algorithm of the entries' and shard headers' digests (``"blake3"``, ``"sha256"``)."""
+        return ALGORITHM_OF_VERSION[self.version]
 
     @property
     def capture_layers(self) -> list[str] | None:
@@ -277,7 +288,8 @@ class _Checker:
             raise self.fail(field, f"expected true or false, got {_type(value)}")
         return value
 
-    def sha256(self, value: Any, field: str) -> str:
+    def hex256(self, value: Any, field: str) -> str:
+        """A 256-bit digest (sha256 or BLAKE3): 64 lowercase hex digits."""
         if not isinstance(value, str) or not _HEX64.fullmatch(value):
             raise self.fail(field, f"expected 64 lowercase hex digits, got {_short(value)}")
         return value
@@ -342,7 +354,7 @@ def _check_digest(c: _Checker, raw: dict[str, Any], version: int) -> bool:
         if version >= 2:
             raise c.fail(DIGEST_FIELD, f"missing (version {version} manifests are sealed)")
         return False
-    stored = c.sha256(raw[DIGEST_FIELD], DIGEST_FIELD)
+    stored = c.hex256(raw[DIGEST_FIELD], DIGEST_FIELD)
     try:
         actual = manifest_digest(raw)
     except (TypeError, ValueError) as err:  # cannot happen after a strict parse; kept one line anyway
@@ -379,6 +391,7 @@ def _check_capture(c: _Checker, value: Any) -> dict[str, Any] | None:
             c.str(pattern, f"capture.layers[{number}]", limit=10000)
     c.bool(info.get("record_inputs", False), "capture.record_inputs")
     c.opt_int(info.get("shard_bytes"), "capture.shard_bytes", minimum=1)
+    c.bool(info.get("durable", True), "capture.durable")
     reference = c.opt_obj(info.get("reference"), "capture.reference")
     if reference is not None:
         for key in ("precision", "impl", "device", "dtype"):
@@ -447,19 +460,20 @@ def _check_shards(c: _Checker, raw: dict[str, Any], sealed: bool, version: int) 
         seen.add(name)
         size = c.int(item.get("bytes"), f"{field}.bytes", minimum=10)  # 8-byte length + at least "{}"
         count = c.int(item.get("tensors"), f"{field}.tensors")
-        digest, header_digest = item.get("sha256"), item.get("header_sha256")
+        header_key = f"header_{ALGORITHM_OF_VERSION[version]}"
+        digest, header_digest = item.get("sha256"), item.get(header_key)
         if digest is not None or (sealed and version == 2):
-            digest = c.sha256(digest, f"{field}.sha256")
+            digest = c.hex256(digest, f"{field}.sha256")
         if header_digest is not None or (sealed and version >= 3):
-            header_digest = c.sha256(header_digest, f"{field}.header_sha256")
+            header_digest = c.hex256(header_digest, f"{field}.{header_key}")
         shards.append(Shard(name, size, count, digest, header_digest))
     return shards
 
 
-def _check_entry(c: _Checker, number: int, item: Any, shards: Mapping[str, Shard]) -> Entry:
+def _check_entry(c: _Checker, number: int, item: Any, shards: Mapping[str, Shard], algorithm: str) -> Entry:
     field = f"entries[{number}]"
     item = c.obj(item, field)
-    missing = [key for key in ("kind", "name", "dtype", "shape", "shard", "key", "sha256", "nbytes") if key not in item]
+    missing = [key for key in ("kind", "name", "dtype", "shape", "shard", "key", algorithm, "nbytes") if key not in item]
     if missing:
         raise c.fail(field, f"lacks {', '.join(missing)}")
     kind = item["kind"]
@@ -484,7 +498,7 @@ def _check_entry(c: _Checker, number: int, item: Any, shards: Mapping[str, Shard
         check_plain_file_name(shard, c.where)  # an escaping name is reported as such
         raise c.fail(label, f"is in unlisted shard '{printable(shard, limit=120)}'")
     key = c.str(item["key"], f"{label}.key", nonempty=True, limit=1000)
-    sha = c.sha256(item["sha256"], f"{label}.sha256")
+    checksum = c.hex256(item[algorithm], f"{label}.{algorithm}")
     nbytes = c.int(item["nbytes"], f"{label}.nbytes")
     if nbytes != numel * ITEMSIZE[dtype]:
         raise c.fail(label, f"nbytes {nbytes} is not {numel} elements x {ITEMSIZE[dtype]} bytes of {dtype}")
@@ -494,12 +508,14 @@ def _check_entry(c: _Checker, number: int, item: Any, shards: Mapping[str, Shard
     path = c.opt_str(item.get("path"), f"{label}.path")
     if layer is not None and path is not None and name != (f"{layer}/{path}" if path else layer):
         raise c.fail(label, "name is not its layer and path joined by '/'")
-    return Entry(kind, name, dtype, tuple(shape), shard, key, sha, nbytes, layer, module, call_index, path)
+    return Entry(kind, name, dtype, tuple(shape), shard, key, checksum, nbytes, layer, module, call_index, path)
 
 
-def _check_entries(c: _Checker, raw: dict[str, Any], shards: list[Shard]) -> list[Entry]:
+def _check_entries(c: _Checker, raw: dict[str, Any], shards: list[Shard], version: int) -> list[Entry]:
     by_file = {shard.file: shard for shard in shards}
-    entries = [_check_entry(c, number, item, by_file) for number, item in enumerate(c.list(raw.get("entries"), "entries"))]
+    algorithm = ALGORITHM_OF_VERSION[version]
+    entries = [_check_entry(c, number, item, by_file, algorithm)
+               for number, item in enumerate(c.list(raw.get("entries"), "entries"))]
     names: set[tuple[str, str]] = set()
     keys: set[tuple[str, str]] = set()
     counts = {shard.file: 0 for shard in shards}
@@ -654,7 +670,7 @@ def load_manifest(data: bytes, where: str) -> Manifest:
     sealed = _check_digest(c, raw, version)
     subject = _check_subject(c, raw)
     shards = _check_shards(c, raw, sealed, version)
-    entries = _check_entries(c, raw, shards)
+    entries = _check_entries(c, raw, shards, version)
     layers = _check_layers(c, raw, "layers", entries)
     reference_layers = _check_layers(c, raw, "reference_layers", entries)
     _check_plugin_golden(c, raw.get("parity_golden"))

@@ -49,7 +49,7 @@ def describe_bundle(path: str | os.PathLike, *, verify: bool = True) -> dict[str
             item = {
                 "kind": entry.kind, "name": entry.name, "dtype": entry.dtype, "shape": list(entry.shape),
                 "bytes": entry.nbytes, "layer": entry.layer, "module": entry.module,
-                "call_index": entry.call_index, "path": entry.path, "shard": entry.shard, "sha256": entry.sha256,
+                "call_index": entry.call_index, "path": entry.path, "shard": entry.shard, "checksum": entry.checksum,
             }
             if entry.kind == "output":
                 item["has_reference"] = entry.name in references
@@ -61,7 +61,7 @@ def describe_bundle(path: str | os.PathLike, *, verify: bool = True) -> dict[str
             totals[entry.kind]["bytes"] += entry.nbytes
         totals = {kind: count for kind, count in totals.items() if count["tensors"]}
         shards = [{"file": shard.file, "bytes": shard.bytes, "tensors": shard.tensors, "sha256": shard.sha256,
-                   "header_sha256": shard.header_sha256}
+                   "header_checksum": shard.header_checksum}
                   for shard in bundle.shards]
         return {
             "format": SHOW_FORMAT,
@@ -84,7 +84,7 @@ def describe_bundle(path: str | os.PathLike, *, verify: bool = True) -> dict[str
             "totals": totals,
             "total_bytes": sum(entry.nbytes for entry in bundle.entries),
             "shards": shards,
-            "checksums": {"verified": checked is not None, "tensors": len(bundle.entries),
+            "checksums": {"algorithm": bundle.checksum, "verified": checked is not None, "tensors": len(bundle.entries),
                           "ok": True if checked is not None else None},
             "tensors": tensors,
         }
@@ -152,10 +152,11 @@ def render_show(description: dict[str, Any]) -> str:
     lines += _platform_lines(d.get("platform") or {})
     checksums = d["checksums"]
     if checksums["verified"]:
-        lines.append(f"  checksums: verified, all {checksums['tensors']} tensors and {len(d['shards'])} "
-                     f"shard{'s' if len(d['shards']) != 1 else ''} match")
+        lines.append(f"  checksums ({checksums['algorithm']}): verified, all {checksums['tensors']} tensors and "
+                     f"{len(d['shards'])} shard{'s' if len(d['shards']) != 1 else ''} match")
     else:
-        lines.append("  checksums: not verified (--no-verify; python -m parity verify checks them)")
+        lines.append(f"  checksums ({checksums['algorithm']}): not verified (--no-verify; python -m parity verify "
+                     "checks them)")
     totals = ", ".join(f"{kind.replace('_', ' ')} {t['tensors']} ({_size(t['bytes'])})"
                        for kind, t in d["totals"].items())
     lines.append(f"  totals: {len(d['tensors'])} tensors, {_size(d['total_bytes'])} in {len(d['shards'])} "

@@ -5,6 +5,7 @@ import os
 import pickle
 import struct
 
+import blake3
 import pytest
 import torch
 from safetensors import safe_open
@@ -18,6 +19,8 @@ from parity.bundle import (
     open_bundle,
 )
 from parity.errors import BundleError, UsageError
+
+from bundle_versions import as_version
 
 
 def _all_dtype_tensors():
@@ -289,9 +292,9 @@ def _damage(path, how):
     elif how == "dtype disagrees":
         _edit_manifest(path, lambda m: m["entries"][0].update(dtype="int32"))
     elif how == "checksum disagrees":
-        _edit_manifest(path, lambda m: m["entries"][0].update(sha256="0" * 64))
+        _edit_manifest(path, lambda m: m["entries"][0].update(blake3="0" * 64))
     elif how == "entry lacks field":
-        _edit_manifest(path, lambda m: m["entries"][0].pop("sha256"))
+        _edit_manifest(path, lambda m: m["entries"][0].pop("blake3"))
     else:
         raise AssertionError(how)
 
@@ -310,7 +313,7 @@ DAMAGE = {
     "shape disagrees": r"shard-00000\.safetensors: output 'a' is float32\[64\] in the shard but float32\[8, 8\]",
     "dtype disagrees": r"shard-00000\.safetensors: output 'a' is float32\[64\] in the shard but int32\[64\]",
     "checksum disagrees": r"checksum mismatch for output 'a'",
-    "entry lacks field": r"manifest\.json: invalid manifest: entries\[0\]: lacks sha256",
+    "entry lacks field": r"manifest\.json: invalid manifest: entries\[0\]: lacks blake3",
 }
 
 
@@ -386,17 +389,23 @@ def test_new_bundles_are_sealed_and_the_goldens_still_read():
 
 def test_manifest_checksum_catches_hand_edits_and_a_resealed_edit_passes(bundle_path):
     manifest = json.loads((bundle_path / MANIFEST_NAME).read_text())
-    assert manifest["schema_version"] == SCHEMA_VERSION == 3 and len(manifest["manifest_sha256"]) == 64
-    assert all(len(shard["header_sha256"]) == 64 and "sha256" not in shard for shard in manifest["shards"])
+    assert manifest["schema_version"] == SCHEMA_VERSION == 4 and len(manifest["manifest_sha256"]) == 64
+    assert all(len(shard["header_blake3"]) == 64 and "sha256" not in shard for shard in manifest["shards"])
+    assert all(len(entry["blake3"]) == 64 and "sha256" not in entry for entry in manifest["entries"])
     manifest["platform"] = {"vendor": "nvidia"}
     (bundle_path / MANIFEST_NAME).write_text(json.dumps(manifest))
     with pytest.raises(BundleError, match=r"manifest\.json: manifest checksum mismatch: the manifest was changed"):
         open_bundle(bundle_path)
     edit_manifest(bundle_path, lambda m: None)  # reseals
     assert open_bundle(bundle_path).platform == {"vendor": "nvidia"}
-    edit_manifest(bundle_path, lambda m: m.update(schema_version=1))  # a downgrade keeps the digest: checked
-    assert open_bundle(bundle_path).schema_version == 1
-    (bundle_path / MANIFEST_NAME).write_text((bundle_path / MANIFEST_NAME).read_text().replace('"schema_version": 1',
+    # A resealed downgrade does not switch the checks off: version 3 reads sha256 digests, which a
+    # version 4 manifest does not have.
+    edit_manifest(bundle_path, lambda m: m.update(schema_version=3))
+    with pytest.raises(BundleError, match=r"invalid manifest: shards\[0\]\.header_sha256: expected 64 lowercase hex"):
+        open_bundle(bundle_path)
+    edit_manifest(bundle_path, lambda m: m.update(schema_version=4))
+    assert open_bundle(bundle_path).verify() == 3
+    (bundle_path / MANIFEST_NAME).write_text((bundle_path / MANIFEST_NAME).read_text().replace('"schema_version": 4',
                                                                                                '"schema_version": 3'))
     with pytest.raises(BundleError, match="manifest checksum mismatch"):
         open_bundle(bundle_path)
@@ -406,9 +415,12 @@ def test_manifest_checksum_catches_hand_edits_and_a_resealed_edit_passes(bundle_
 
 
 def test_a_sealed_manifest_needs_its_versions_shard_digest(bundle_path):
-    edit_manifest(bundle_path, lambda m: m["shards"][1].pop("header_sha256"))
-    with pytest.raises(BundleError, match=r"manifest\.json: invalid manifest: shards\[1\]\.header_sha256: expected 64 "
+    edit_manifest(bundle_path, lambda m: m["shards"][1].pop("header_blake3"))
+    with pytest.raises(BundleError, match=r"manifest\.json: invalid manifest: shards\[1\]\.header_blake3: expected 64 "
                                           r"lowercase hex digits, got None"):
+        open_bundle(bundle_path)
+    edit_manifest(bundle_path, lambda m: m.update(schema_version=3))  # version 3: the same digests, by sha256
+    with pytest.raises(BundleError, match=r"shards\[0\]\.header_sha256: expected 64 lowercase hex digits, got None"):
         open_bundle(bundle_path)
     edit_manifest(bundle_path, lambda m: m.update(schema_version=2))  # version 2 sealed the whole file instead
     with pytest.raises(BundleError, match=r"shards\[0\]\.sha256: expected 64 lowercase hex digits, got None"):
@@ -424,18 +436,33 @@ def test_shard_checksum_catches_damage_outside_the_tensors(bundle_path):
             read(open_bundle(bundle_path))
 
 
-def _as_version_2(bundle_path) -> None:
-    """Rewrite a bundle's manifest as version 2 wrote it: each shard's whole-file sha256, no header digest."""
-    def edit(m):
-        m["schema_version"] = 2
-        for shard in m["shards"]:
-            shard.pop("header_sha256")
-            shard["sha256"] = hashlib.sha256((bundle_path / shard["file"]).read_bytes()).hexdigest()
-    edit_manifest(bundle_path, edit)
+def test_blake3_digests_are_of_the_bytes_on_disk(bundle_path):
+    """The recorded digests are BLAKE3 of exactly the bytes a safetensors reader sees, computed
+    here with the blake3 package directly, not through parity.checksums."""
+    import blake3
+
+    manifest = json.loads((bundle_path / MANIFEST_NAME).read_text())
+    for shard in manifest["shards"]:
+        data = (bundle_path / shard["file"]).read_bytes()
+        assert shard["header_blake3"] == blake3.blake3(data[:8 + struct.unpack("<Q", data[:8])[0]]).hexdigest()
+        with safe_open(str(bundle_path / shard["file"]), "pt") as handle:
+            for entry in (e for e in manifest["entries"] if e["shard"] == shard["file"]):
+                raw = handle.get_tensor(entry["key"]).contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+                assert entry["blake3"] == blake3.blake3(raw).hexdigest()
+
+
+def test_version_3_bundles_are_read_with_their_sha256_digests(bundle_path):
+    as_version(bundle_path, 3)
+    bundle = open_bundle(bundle_path)
+    assert bundle.schema_version == 3 and bundle.checksum == "sha256" and bundle.verify() == 3
+    assert torch.equal(bundle.load("a"), torch.arange(64, dtype=torch.float32))
+    edit_manifest(bundle_path, lambda m: m["entries"][0].update(sha256=hashlib.sha256(b"other").hexdigest()))
+    with pytest.raises(BundleError, match=r"shard-00000\.safetensors: checksum mismatch for output 'a'"):
+        open_bundle(bundle_path).load("a")
 
 
 def test_version_2_bundles_are_verified_by_their_whole_file_sha256(bundle_path):
-    _as_version_2(bundle_path)
+    as_version(bundle_path, 2)
     bundle = open_bundle(bundle_path)
     assert bundle.schema_version == 2 and bundle.sealed and bundle.verify() == 3
     shard = bundle_path / "shard-00000.safetensors"
@@ -446,13 +473,14 @@ def test_version_2_bundles_are_verified_by_their_whole_file_sha256(bundle_path):
         bundle.verify()
 
 
-@pytest.mark.parametrize("version", [3, 2])
+@pytest.mark.parametrize("version", [4, 3, 2])
 def test_every_byte_of_every_shard_is_covered_by_a_checksum(bundle_path, version):
     """Flip each byte of both shard files in turn (length prefix, header, padding, every tensor's
-    bytes): verify must refuse every one. Version 3 hashes each byte once (header digest + tensor
-    digests + the layout check), version 2 twice (tensor digests + the whole file's)."""
-    if version == 2:
-        _as_version_2(bundle_path)
+    bytes): verify must refuse every one. Versions 4 (BLAKE3) and 3 (sha256) hash each byte once
+    (header digest + tensor digests + the layout check), version 2 twice (tensor digests + the
+    whole file's)."""
+    if version < 4:
+        as_version(bundle_path, version)
     for shard in sorted(bundle_path.glob("shard-*.safetensors")):
         original = shard.read_bytes()
         for position in range(len(original)):
@@ -580,7 +608,7 @@ def test_a_header_that_disagrees_with_the_manifest(bundle_path):
     with pytest.raises(BundleError, match=r"shard-00001\.safetensors: shard corrupted: header checksum mismatch"):
         open_bundle(bundle_path).load("c")
     # With its digest fixed too (a careful hand edit), the header is still checked against the manifest.
-    edit_manifest(bundle_path, lambda m: m["shards"][1].update(header_sha256=hashlib.sha256(prefix).hexdigest()))
+    edit_manifest(bundle_path, lambda m: m["shards"][1].update(header_blake3=blake3.blake3(prefix).hexdigest()))
     with pytest.raises(BundleError, match=r"shard corrupted: it holds tensor extra, which the manifest does not list"):
         open_bundle(bundle_path).load("c")
 
@@ -619,7 +647,7 @@ def test_verify_refuses_files_the_manifest_does_not_list(bundle_path):
     (lambda m: m.update(capture={"layers": None, "record_inputs": "yes"}), r"capture\.record_inputs: expected true"),
     (lambda m: m["entries"][0].update(nbytes=255), r"nbytes 255 is not 64 elements x 4 bytes of float32"),
     (lambda m: m["entries"][0].update(shape=[-1]), r"entries\[0\] \(output 'a'\)\.shape: -1 is out of range"),
-    (lambda m: m["entries"][0].update(sha256="A" * 64), r"sha256: expected 64 lowercase hex digits"),
+    (lambda m: m["entries"][0].update(blake3="A" * 64), r"blake3: expected 64 lowercase hex digits"),
     (lambda m: m["entries"][1].update(name="a", layer="a"), r"two output entries share the name 'a'"),
     (lambda m: m["entries"][1].update(key="t0000000"), r"two entries share key 't0000000' in shard"),
     (lambda m: m["shards"][0].update(tensors=5), r"lists 5 tensors but 2 entries are in it"),
@@ -646,7 +674,7 @@ def test_verify_command_summary_and_exit_status(bundle_path, capsys):
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert err == "" and len(lines) == 4 and lines[0] == f"parity verify: {bundle_path}: OK"
-    assert "subject evil\\x1b[31m\\x0aPARITY HOLDS" in lines[1] and "schema 3 (manifest and shard files" in lines[1]
+    assert "subject evil\\x1b[31m\\x0aPARITY HOLDS" in lines[1] and "schema 4 (manifest and shard files" in lines[1]
     assert lines[2] == "  2 shards, 0.0 MiB; 3 tensors, every checksum matches"
     assert lines[3] == "  output 3 (0.0 MiB)"
     _damage(bundle_path, "flipped byte")

@@ -431,3 +431,33 @@ def _reaped_pid() -> int:
     process = subprocess.Popen(["true"])
     process.wait()
     return process.pid
+
+
+def _fsynced_files(monkeypatch) -> list[str]:
+    """Record the name of every regular file the bundle module fsyncs (directories left out)."""
+    synced: list[str] = []
+    real = os.fsync
+
+    def recording(fd):
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        return real(fd)
+
+    monkeypatch.setattr(B.os, "fsync", recording)
+    return synced
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_every_file_is_fsynced_unless_not_durable(tmp_path, monkeypatch, durable):
+    """The default writer fsyncs every shard and the manifest before the bundle is moved into
+    place; ``durable=False`` (capture --no-fsync) fsyncs none of them, and the bundle is the same."""
+    synced = _fsynced_files(monkeypatch)
+    with BundleWriter(tmp_path / "b", shard_bytes=4096, durable=durable) as writer:
+        for number in range(6):
+            writer.add("output", f"t{number}", torch.full((512,), float(number)))
+        writer.commit({"subject": {"spec": "test", "name": "durable", "args": {}}})
+    bundle = open_bundle(tmp_path / "b")
+    assert bundle.verify() == 6 and torch.equal(bundle.load("t5"), torch.full((512,), 5.0))
+    shards = sorted(shard.file for shard in bundle.shards)
+    assert len(shards) == 3
+    assert sorted(synced) == (sorted([*shards, "manifest.json"]) if durable else [])

@@ -428,12 +428,12 @@ def _typed_fields(manifest: dict[str, Any]) -> list[tuple[tuple, tuple]]:
     for i in range(len(manifest["shards"])):
         fields += [(("shards", i), (dict,)), (("shards", i, "file"), ("shardname",)),
                    (("shards", i, "bytes"), ("nonneg",)), (("shards", i, "tensors"), ("nonneg",)),
-                   (("shards", i, "sha256"), ("hex",))]
+                   (("shards", i, "sha256"), ("hex",)), (("shards", i, "header_blake3"), ("hex",))]
     for i, entry in enumerate(manifest["entries"]):
         fields += [(("entries", i), (dict,)), (("entries", i, "kind"), ("kind",)), (("entries", i, "name"), (str,)),
                    (("entries", i, "dtype"), ("dtype",)), (("entries", i, "shape"), (list,)),
                    (("entries", i, "shard"), ("shardname",)), (("entries", i, "key"), ("nonempty",)),
-                   (("entries", i, "sha256"), ("hex",)), (("entries", i, "nbytes"), ("nonneg",)),
+                   (("entries", i, "blake3"), ("hex",)), (("entries", i, "nbytes"), ("nonneg",)),
                    (("entries", i, "module"), (str, None)), (("entries", i, "call_index"), ("nonneg", None))]
         fields += [(("entries", i, "shape", j), ("nonneg",)) for j in range(len(entry["shape"]))]
         if entry["kind"] in ("output", "module_input", "reference"):
@@ -480,9 +480,9 @@ REQUIRED = ("format", "schema_version", "subject", "shards", "entries")
 def m_schema_deleted(base, path, rng):
     manifest = _manifest(path)
     candidates = [(key,) for key in REQUIRED] + [("subject", "spec")]
-    candidates += [("shards", i, key) for i in range(len(manifest["shards"])) for key in ("file", "bytes", "tensors", "sha256")]
+    candidates += [("shards", i, key) for i in range(len(manifest["shards"])) for key in ("file", "bytes", "tensors", "header_blake3")]
     candidates += [("entries", i, key) for i in range(len(manifest["entries"]))
-                   for key in ("kind", "name", "dtype", "shape", "shard", "key", "sha256", "nbytes", "layer")
+                   for key in ("kind", "name", "dtype", "shape", "shard", "key", "blake3", "nbytes", "layer")
                    if key in manifest["entries"][i] and (key != "layer" or manifest["entries"][i]["layer"] is not None)]
     candidates += [(group, i, key) for group in ("layers", "reference_layers") for i in range(len(manifest[group]))
                    for key in ("name", "module", "call_index", "outputs")]
@@ -561,7 +561,8 @@ def m_schema_unknown(base, path, rng):
         manifest["entries"][i]["kind"] = rng.choice(["weights", "", "Output", "outputs"])
         detail = f"entries[{i}].kind {manifest['entries'][i]['kind']!r}"
     elif choice == "version":
-        manifest["schema_version"] = rng.choice([0, 3, 4, 99, 1000])
+        # 1-3 are known versions, but their digests are sha256 fields this (version 4) manifest lacks
+        manifest["schema_version"] = rng.choice([0, 1, 2, 3, 5, 99, 1000])
         detail = f"schema_version {manifest['schema_version']}"
     else:
         manifest["format"] = rng.choice(["parity-bundle-v2", "", "safetensors"])
@@ -657,10 +658,10 @@ def m_entry_consistent(base, path, rng):
     entries = manifest["entries"]
     i = rng.randrange(len(entries))
     entry = entries[i]
-    choice = rng.choice(["sha256", "shape", "dtype", "key swap"])
+    choice = rng.choice(["blake3", "shape", "dtype", "key swap"])
     touched = {(entry["kind"], entry["name"])}
-    if choice == "sha256":
-        entry["sha256"] = hashlib.sha256(rng.randbytes(8)).hexdigest()
+    if choice == "blake3":
+        entry["blake3"] = hashlib.sha256(rng.randbytes(8)).hexdigest()  # any other 64 hex digits
     elif choice == "shape":
         entry["shape"] = [_numel(base, entry)] if len(entry["shape"]) > 1 else [1, *entry["shape"]]
     elif choice == "dtype":
@@ -668,7 +669,7 @@ def m_entry_consistent(base, path, rng):
                      "float64": "int64", "int64": "float64", "uint8": "int8", "int8": "uint8", "bool": "uint8"}
         entry["dtype"] = same_size[entry["dtype"]]
     else:  # with a tensor of other contents (swapping two identical tensors changes nothing read)
-        partners = [j for j, e in enumerate(entries) if e["shard"] == entry["shard"] and e["sha256"] != entry["sha256"]]
+        partners = [j for j, e in enumerate(entries) if e["shard"] == entry["shard"] and e["blake3"] != entry["blake3"]]
         j = rng.choice(partners)
         entry["key"], entries[j]["key"] = entries[j]["key"], entry["key"]
         touched.add((entries[j]["kind"], entries[j]["name"]))

@@ -117,14 +117,14 @@ def test_a_failed_shard_write_gives_its_space_back_and_fails_one_line(tmp_path, 
 
 
 def test_an_add_that_fails_leaves_the_writer_as_it_was(tmp_path, monkeypatch):
-    real_hash = B.tensor_sha256
+    real_hash = B._tensor_checksum
 
     def failing_once(tensor):
         if tensor.numel() == 7:  # inline-hashed (small): the failure reaches add()'s caller
             raise RuntimeError("hash failed")
         return real_hash(tensor)
 
-    monkeypatch.setattr(B, "tensor_sha256", failing_once)
+    monkeypatch.setattr(B, "_tensor_checksum", failing_once)
     with BundleWriter(tmp_path / "b", shard_bytes=40_000) as writer:
         writer.add("output", "a", torch.ones(3, 1000))
         with pytest.raises(RuntimeError, match="hash failed"):

@@ -4,6 +4,7 @@ interpreter (in a subprocess with TRITON_INTERPRET=1)."""
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -335,6 +336,25 @@ def test_cli_capture_and_force(tmp_path, cli):
     bundle = open_bundle(out)
     assert bundle.subject["args"]["seed"] == 3 and bundle.manifest["capture"]["record_inputs"] is True
     assert [e.name for e in bundle.entries_of("output")] == ["head"]
+
+
+def test_cli_no_fsync_writes_the_same_bundle_without_syncing_its_files(tmp_path, cli, monkeypatch):
+    from parity import bundle as bundle_module
+
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(bundle_module.os, "fsync",
+                        lambda fd: (synced.append(stat.S_ISREG(os.fstat(fd).st_mode)), real(fd))[1])
+    for flags, name in (([], "durable"), (["--no-fsync"], "fast")):
+        synced.clear()
+        code, _, stderr = cli(["--subject", EXAMPLE, "--bundle", str(tmp_path / name), "--quiet", *flags])
+        assert code == 0, stderr
+        files_synced = sum(synced)
+        assert files_synced == (len(open_bundle(tmp_path / name).shards) + 1 if not flags else 0)
+    durable, fast = open_bundle(tmp_path / "durable"), open_bundle(tmp_path / "fast")
+    assert durable.manifest["capture"]["durable"] is True and fast.manifest["capture"]["durable"] is False
+    assert fast.verify() == durable.verify()
+    assert [(e.name, e.checksum) for e in fast.entries] == [(e.name, e.checksum) for e in durable.entries]
 
 
 def test_cli_creates_the_parent_directories_of_out(tmp_path, cli):

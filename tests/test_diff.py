@@ -19,11 +19,14 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from parity.bundle import edit_manifest, open_bundle, tensor_sha256
+from parity import checksums
+from parity.bundle import edit_manifest, open_bundle
 from parity.capture import capture
 from parity.cli import main
 from parity.diff import diff_bundles, same_arguments
 from parity.policy import Policy
+
+from bundle_versions import as_version
 
 REPO = Path(__file__).resolve().parents[1]
 H200_ATTENTION = REPO / "golden" / "h200-attention"
@@ -74,14 +77,13 @@ def rewrite_tensor(bundle: Path, kind: str, name: str, change) -> None:
     header = data[:8 + int.from_bytes(data[:8], "little")]
 
     def fix(m):
-        import hashlib
-
+        algorithm = checksums.ALGORITHM_OF_VERSION[m["schema_version"]]
         for item in m["shards"]:
             if item["file"] == entry["shard"]:
-                item["bytes"], item["header_sha256"] = len(data), hashlib.sha256(header).hexdigest()
+                item["bytes"], item[f"header_{algorithm}"] = len(data), checksums.of_buffer(algorithm, header)
         for item in m["entries"]:
             if item["kind"] == kind and item["name"] == name:
-                item["sha256"] = tensor_sha256(tensors[entry["key"]])
+                item[algorithm] = checksums.of_tensor(algorithm, tensors[entry["key"]])
 
     edit_manifest(bundle, fix)
 
@@ -152,7 +154,28 @@ def test_other_inputs_or_weights_are_refused(bundles, cli, tmp_path, kind, name,
     rewrite_tensor(other, kind, name, lambda t: t + 1)
     code, out, err = cli(source, other)
     assert code == 2 and out == "" and len(err.splitlines()) == 1
-    assert f"their {what} differ (sha256 checksums of {name})" in err
+    assert f"their {what} differ (blake3 checksums of {name})" in err
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_inputs_are_compared_across_checksum_algorithms(bundles, cli, tmp_path, changed):
+    """A golden written by an older parity (schema 3: sha256) against a capture of this one
+    (BLAKE3): the candidate's inputs are read and hashed with the golden's algorithm, so equal
+    inputs pass and changed ones are still refused."""
+    old = tmp_path / "old"
+    shutil.copytree(bundles / "att-b", old)
+    as_version(old, 3)
+    name = f"{FIRST_OUT.rsplit('/', 1)[0]}/q"
+    candidate = bundles / "att-a"
+    if changed:
+        candidate = tmp_path / "changed"
+        shutil.copytree(bundles / "att-a", candidate)
+        rewrite_tensor(candidate, "input", name, lambda t: t + 1)
+    code, out, err = cli(old, candidate, "--quiet")
+    if changed:
+        assert code == 2 and f"their inputs differ (sha256 checksums of {name})" in err
+    else:
+        assert code == 0 and err == "", err
 
 
 def test_damaged_bundles_are_refused_in_one_line(bundles, cli, tmp_path):

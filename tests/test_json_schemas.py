@@ -231,7 +231,7 @@ def test_show_json_validates(small_bundle, capsys):
     code, out, _ = cli(capsys, "show", small_bundle, "--json", "-")
     assert code == 0
     document = validate(strict_loads(out))
-    assert (document["format"], document["version"]) == ("parity-show-report", 1)
+    assert (document["format"], document["version"]) == ("parity-show-report", 2)
     assert document["checksums"]["verified"] is True and document["outputs"] == 4
     document["tensors"][0]["shape"] = "64x32"
     with pytest.raises(ValidationError):

@@ -46,9 +46,9 @@ def test_description_matches_the_bundle(captured):
         for entry in bundle.entries_of("module_input"):
             inputs_of[entry.layer] = inputs_of.get(entry.layer, 0) + 1
         platform = bundle.platform
-    assert description["checksums"] == {"verified": True, "tensors": len(entries), "ok": True}
-    assert [(t["kind"], t["name"], t["dtype"], t["shape"], t["bytes"]) for t in description["tensors"]] == [
-        (e.kind, e.name, e.dtype, list(e.shape), e.nbytes) for e in entries]
+    assert description["checksums"] == {"algorithm": "blake3", "verified": True, "tensors": len(entries), "ok": True}
+    assert [(t["kind"], t["name"], t["dtype"], t["shape"], t["bytes"], t["checksum"]) for t in description["tensors"]] == [
+        (e.kind, e.name, e.dtype, list(e.shape), e.nbytes, e.checksum) for e in entries]
     shown_outputs = [t for t in description["tensors"] if t["kind"] == "output"]
     assert [t["name"] for t in shown_outputs] == outputs and len(outputs) > 10
     assert all(t["has_reference"] == (t["name"] in references) for t in shown_outputs)
@@ -67,7 +67,7 @@ def test_text_lists_every_tensor_and_the_checksums(captured, capsys):
     assert _show([str(captured)]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"parity show: {captured}\n")
-    assert "checksums: verified, all " in out
+    assert "checksums (blake3): verified, all " in out
     description = describe_bundle(captured, verify=False)
     rows = [line for line in out.splitlines() if line.startswith("| ") and not line.startswith("| #")]
     assert len(rows) == len(description["tensors"])
@@ -84,11 +84,11 @@ def test_json_file_and_stdout(captured, tmp_path, capsys):
     target = tmp_path / "show.json"
     assert _show([str(captured), "--json", str(target), "--no-verify"]) == 0
     printed = capsys.readouterr().out
-    assert "checksums: not verified" in printed
+    assert "checksums (blake3): not verified" in printed
     assert json.loads(target.read_text()) == json.loads(json.dumps(describe_bundle(captured, verify=False)))
     assert _show([str(captured), "--json", "-"]) == 0
     data = json.loads(capsys.readouterr().out)  # stdout holds the JSON alone
-    assert (data["format"], data["version"]) == ("parity-show-report", 1) and data["checksums"]["verified"] is True
+    assert (data["format"], data["version"]) == ("parity-show-report", 2) and data["checksums"]["verified"] is True
 
 
 @pytest.mark.parametrize("name", GOLDENS)
@@ -96,6 +96,8 @@ def test_committed_goldens(name, capsys):
     description = describe_bundle(GOLDEN / name)
     manifest = json.loads((GOLDEN / name / "manifest.json").read_text())
     assert description["checksums"]["verified"] and description["checksums"]["tensors"] == len(manifest["entries"])
+    assert description["checksums"]["algorithm"] == "sha256"  # schema 1 and 2 goldens
+    assert [t["checksum"] for t in description["tensors"]] == [e["sha256"] for e in manifest["entries"]]
     assert [t["name"] for t in description["tensors"]] == [e["name"] for e in manifest["entries"]]
     assert description["platform"]["device_name"] == "NVIDIA H200"
     assert description["shards"][0]["bytes"] == (GOLDEN / name / manifest["shards"][0]["file"]).stat().st_size
@@ -123,7 +125,7 @@ def test_damaged_bundle_is_one_line_exit_2(captured, tmp_path, capsys):
     assert not target.exists()  # nothing half-written
     # without verification the manifest is still shown, and says the checksums were not checked
     assert _show([str(damaged), "--no-verify"]) == 0
-    assert "checksums: not verified" in capsys.readouterr().out
+    assert "checksums (blake3): not verified" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -15,7 +15,7 @@ EPILOG = """\
 Reads both bundles (never imports or runs what they name) and judges every tensor B recorded
 against A's: the same metrics, tolerance policy, error budget and report as compare. Refused
 (exit 2, one line): a damaged bundle, bundles of different subjects, arguments, inputs or
-weights (sha256 checksums in the manifests), bundles with no recorded tensor in common.
+weights (checksums in the manifests), bundles with no recorded tensor in common.
 Exit status: 0 parity holds, 1 it fails, 2 unusable input, 3 internal error.
 
 "This host" in the options above is B. A tensor only in A is missing (or fused, inside a

@@ -10,8 +10,8 @@ EPILOG = """\
 Checks, without running anything: the manifest against its schema (and its own checksum, for
 bundles written since schema 2); every shard file (a plain file of the recorded size, a
 safetensors header that lists exactly the manifest's tensors for it, contiguous and without
-overlap, and its header's sha256 (schema 3) or the whole file's (schema 2)); every tensor's dtype,
-shape and sha256.
+overlap, and its header's checksum (BLAKE3 from schema 4, sha256 in schema 3) or the whole file's
+sha256 (schema 2)); every tensor's dtype, shape and checksum.
 Each shard is read once. Exit status: 0 intact (a short summary on stdout), 2 damaged or
 unusable (one line on stderr naming the file and the first problem).
 """
