@@ -15,6 +15,11 @@
 # space-separated) runs only those of the steps 2-6 (install always runs). HARNESS (arguments of
 # `python -m parity.benchmark`) adds the harness's own benchmark on the GPU (parity/BENCHMARK.md)
 # and its profile at the first size (HARNESS_PROFILE=0: not the profile; HARNESS_LIMIT: seconds).
+# The host has no network and no `blake3` (a dependency since bundle schema 4): WHEELS (default
+# .device-wheels) is a folder of wheels for the host's Python, installed from there without an
+# index when blake3 is missing, e.g. made beforehand with
+#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#       -d .device-wheels blake3
 #
 #   EXTRA_BENCH="--head-dim 64 --seq 4096 --config one_loop=1" \
 #       bash kernels/h200_run.sh --config block_n=128 --config one_loop=0
@@ -39,6 +44,8 @@ step() {  # step NAME LIMIT_S COMMAND...
 }
 
 # An editable install: a plain install would be shadowed by the checkout's own parity/ package.
+"$PY" -c 'import blake3' 2>/dev/null || "$PY" -m pip install -q --no-index --find-links "${WHEELS:-.device-wheels}" \
+    blake3 >"$R/wheels.log" 2>&1
 step install 120 "$PY" -m pip install -q --no-deps --no-build-isolation -e .
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu \
     --format=csv >"$R/gpu.csv" 2>&1

@@ -11,9 +11,14 @@ captures it with parity, compares it with parity, and runs the same work the raw
   alone (``read-raw``).
 - capture: parity's ``capture`` (fp64 reference) against *the forward passes it needs (without
   hooks, with hooks copying every output, the fp64 reference run) + a raw
-  ``safetensors.torch.save_file`` of the same bytes, shard by shard* (``capture-raw``).
-- write: ``BundleWriter`` (one sha256 per byte: each tensor's and each shard header's; an fsync
-  per shard) against ``save_file`` of the same tensors in the same shards, in bytes per second.
+  ``safetensors.torch.save_file`` of the same bytes, shard by shard* (``capture-raw``). Like for
+  like: the default capture, which fsyncs every shard before the manifest names it, against the
+  baseline with an fsync after each ``save_file``; ``capture --no-fsync`` against the baseline
+  without.
+- write: ``BundleWriter`` (one BLAKE3 digest per byte: each tensor's and each shard header's) in
+  bytes per second against ``save_file`` of the same tensors in the same shards, like for like:
+  with an fsync per shard against ``save_file`` + fsync, and ``durable=False`` against plain
+  ``save_file`` (the page cache). Each row also keeps the durable writer's ratio to the page cache.
 
 Every parity measurement runs in a fresh subprocess, so its peak RSS (``ru_maxrss``) is its own;
 the baselines share one subprocess per size. Times are wall seconds of the measured work (after
@@ -24,7 +29,7 @@ and the targets go into ``parity/BENCHMARK.md`` with the command that reproduced
 ``--small`` is the CI preset (tiny sizes, about 10 s). ``--device cuda`` runs the forwards and
 the metrics on the GPU (the fp64 reference of a capture is a CPU run, as in parity itself).
 ``--profile`` prints where the time goes instead (cProfile of compare and capture, and rates
-of the primitives: sha256, fp32 -> fp64 conversion, fresh allocations, pread, write, fsync).
+of the primitives: sha256, BLAKE3, fp32 -> fp64 conversion, fresh allocations, pread, write, fsync).
 """
 from __future__ import annotations
 
@@ -47,6 +52,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import checksums
+
 SPEC = "parity.benchmark:make_subject"
 _RESULT_MARK = "PARITY-BENCH-RESULT "
 
@@ -58,8 +65,8 @@ SMALL = {"layers": 2, "width": 64, "tokens": 64}
 
 TARGETS = {
     "compare": "parity <= 2.0 x (forward + raw read + bare metrics)",
-    "capture": "parity <= 1.3 x (forwards + raw save_file + reference run)",
-    "write": "BundleWriter >= 0.8 x raw save_file rate",
+    "capture": "parity <= 1.3 x (forwards + raw save_file + reference run), each with fsync or each without",
+    "write": "BundleWriter >= 0.8 x raw save_file rate, each with fsync or each without",
     "memory": "peak RSS - model bytes independent of the bundle size",
 }
 
@@ -253,7 +260,8 @@ def work_capture(job: dict[str, Any]) -> dict[str, Any]:
     def work():
         with sampler:
             result = capture(runner, job["bundle"], impl="reference", device=job["device"],
-                             reference=job["reference"], force=True, progress=sampler.progress("recorded run"))
+                             reference=job["reference"], force=True, progress=sampler.progress("recorded run"),
+                             durable=job.get("durable", True))
         return {"bytes": result.bytes, "tensors": result.tensors, **sampler.result()}
 
     return measure(work, job["device"])
@@ -309,7 +317,8 @@ def bare_metrics(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float, float]
 
 
 def work_capture_raw(job: dict[str, Any]) -> dict[str, Any]:
-    """The forwards capture needs and a raw save_file of the same bytes, shard by shard."""
+    """The forwards capture needs and a raw save_file of the same bytes, shard by shard (each file
+    fsynced after it is saved where ``job["fsync"]``)."""
     from safetensors.torch import save_file
 
     from .subjects import load_subject
@@ -329,7 +338,10 @@ def work_capture_raw(job: dict[str, Any]) -> dict[str, Any]:
         def flush():
             if pending:
                 started = time.perf_counter()
-                save_file(pending, str(out_dir / f"shard-{shards[0]:05d}.safetensors"))
+                file = out_dir / f"shard-{shards[0]:05d}.safetensors"
+                save_file(pending, str(file))
+                if job.get("fsync"):
+                    _fsync_file(file)
                 times["save_seconds"] += time.perf_counter() - started
                 shards[0] += 1
                 pending.clear()
@@ -439,6 +451,14 @@ def _pool(args: dict[str, int], shard_bytes: int) -> list[torch.Tensor]:
     return [torch.randn(size, generator=gen).reshape(args["tokens"], args["width"]) for _ in range(count)]
 
 
+def _fsync_file(file: Path) -> None:
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def work_write(job: dict[str, Any]) -> dict[str, Any]:
     """BundleWriter vs save_file on the same tensors and shards, alternating, bytes per second."""
     from safetensors.torch import save_file
@@ -453,11 +473,11 @@ def work_write(job: dict[str, Any]) -> dict[str, Any]:
     root = Path(job["out"])
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    rates: dict[str, list[float]] = {"parity": [], "raw": [], "raw_fsync": []}
+    rates: dict[str, list[float]] = {"parity": [], "raw": [], "raw_fsync": [], "parity_nofsync": []}
     cpu: dict[str, list[list[float]]] = {key: [] for key in rates}
 
-    def parity_write():
-        with BundleWriter(root / "bundle", shard_bytes=shard_bytes) as writer:
+    def parity_write(durable: bool):
+        with BundleWriter(root / "bundle", shard_bytes=shard_bytes, durable=durable) as writer:
             for index in range(count):
                 writer.add("output", f"t{index}", pool[index % len(pool)], copy=False)
             writer.commit({"subject": {"spec": SPEC, "name": "write", "args": {}}})
@@ -471,13 +491,11 @@ def work_write(job: dict[str, Any]) -> dict[str, Any]:
             file = directory / f"shard-{shard:05d}.safetensors"
             save_file(tensors, str(file))
             if fsync:
-                fd = os.open(file, os.O_RDONLY)
-                os.fsync(fd)
-                os.close(fd)
+                _fsync_file(file)
 
     for _ in range(job.get("repeats", 1)):
-        for key, write in (("raw", lambda: raw_write(False)), ("parity", parity_write),
-                           ("raw_fsync", lambda: raw_write(True))):
+        for key, write in (("raw", lambda: raw_write(False)), ("parity", lambda: parity_write(True)),
+                           ("raw_fsync", lambda: raw_write(True)), ("parity_nofsync", lambda: parity_write(False))):
             # Every writer starts from the same state: the previous one's files deleted (their
             # page cache freed) and everything written back, outside the clock.
             for old in list(root.iterdir()):
@@ -537,15 +555,19 @@ def work_read_baselines(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def work_write_baselines(job: dict[str, Any]) -> dict[str, Any]:
-    """Capture's raw baseline (forwards + save_file) and the write rates, in one process. They
-    run after compare: writing as many bytes again evicts the bundle from the page cache."""
+    """Capture's raw baselines (forwards + save_file, without and with an fsync per file) and the
+    write rates, in one process. They run after compare: writing as many bytes again evicts the
+    bundle from the page cache."""
     return {"capture_raw": work_capture_raw({**job, "out": job["out"] + "-capture"}),
-            "write": work_write({**job, "bytes": job["write_bytes"], "out": job["out"] + "-write", "repeats": 1})}
+            "capture_raw_fsync": work_capture_raw({**job, "out": job["out"] + "-capture", "fsync": True}),
+            "write": work_write({**job, "bytes": job["write_bytes"], "out": job["out"] + "-write",
+                                 "repeats": job.get("write_repeats", 1)})}
 
 
 def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int, workdir: Path,
-             say: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Every measurement at one size, ``repeats`` times, parity and raw runs interleaved."""
+             say: Callable[[str], None], write_repeats: int = 1) -> list[dict[str, Any]]:
+    """Every measurement at one size, ``repeats`` times, parity and raw runs interleaved; the
+    write rates ``write_repeats`` times in each (single writes are the noisiest measurement)."""
     args = subject_args(base, multiplier)
     bundle = str(workdir / f"bench-{multiplier}x")
     common = {"subject": args, "device": device, "bundle": bundle}
@@ -559,17 +581,22 @@ def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int
         # Each parity measurement and the compare baseline start cold after their imports, and
         # parity's come first in their process, so their peak RSS is their own. The capture
         # baseline runs warm, after compare: if anything, that favours the baseline.
-        say(f"{multiplier}x ({args['layers']} layers), run {repeat + 1} of {repeats}: parity capture")
+        say(f"{multiplier}x ({args['layers']} layers), run {repeat + 1} of {repeats}: parity capture, "
+            "then capture --no-fsync")
         captured = run_worker({"work": "capture", **common, "reference": "fp64"})
         measured.setdefault("capture", []).append(captured)
+        measured.setdefault("capture_nofsync", []).append(
+            run_worker({"work": "capture", **common, "reference": "fp64", "durable": False}))
         say(f"{multiplier}x: raw forward + read + bare metrics, and forward + read")
         for name, value in run_worker({"work": "read_baselines", **common}).items():
             measured.setdefault(name, []).append(value)
         say(f"{multiplier}x: parity compare, then raw forwards + save_file and the write rates")
         second = run_worker({"work": ["compare", "write_baselines"], **common, "reference": "fp64",
-                             "out": str(workdir / "raw"), "write_bytes": captured["bytes"]})
+                             "out": str(workdir / "raw"), "write_bytes": captured["bytes"],
+                             "write_repeats": write_repeats})
         measured.setdefault("compare", []).append(second["compare"])
         measured.setdefault("capture_raw", []).append(second["write_baselines"]["capture_raw"])
+        measured.setdefault("capture_raw_fsync", []).append(second["write_baselines"]["capture_raw_fsync"])
         for key, values in second["write_baselines"]["write"]["rates"].items():
             rates.setdefault(key, []).extend(values)
         for key, values in second["write_baselines"]["write"]["cpu_seconds"].items():
@@ -589,8 +616,11 @@ def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int
          "compared": measured["compare"][0].get("tensors")},
         {**size, "what": "compare vs read", "parity": s["compare"], "raw": s["compare_raw/read"], "target": None,
          "streaming_model_bytes": 0},
-        {**size, "what": "capture", "parity": s["capture"], "raw": s["capture_raw"], "target": 1.3,
-         "streaming_model_bytes": 2 * model},
+        {**size, "what": "capture", "parity": s["capture"], "raw": s["capture_raw_fsync"], "target": 1.3,
+         "baseline": "forwards + save_file + fsync per file + reference run", "streaming_model_bytes": 2 * model,
+         "page_cache_ratio": s["capture"]["seconds"] / s["capture_raw"]["seconds"]},
+        {**size, "what": "capture --no-fsync", "parity": s["capture_nofsync"], "raw": s["capture_raw"],
+         "target": 1.3, "baseline": "forwards + save_file + reference run", "streaming_model_bytes": 2 * model},
     ]
     for row in rows:
         row["ratio"] = row["parity"]["seconds"] / row["raw"]["seconds"]
@@ -599,10 +629,13 @@ def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int
         # What streaming added to the RSS, less the model it builds meanwhile: the constant part.
         row["streaming_growth_bytes"] = None if start is None else peak - start - row["streaming_model_bytes"]
     rate = {key: _median(values) for key, values in rates.items()}
-    rows.append({**size, "what": "write rate", "parity_rate": rate["parity"], "raw_rate": rate["raw"],
-                 "raw_fsync_rate": rate["raw_fsync"], "ratio": rate["parity"] / rate["raw"],
-                 "cpu_seconds": write_cpu,
-                 "fsync_ratio": rate["parity"] / rate["raw_fsync"], "target": 0.8, "rates": rates})
+    rows.append({**size, "what": "write rate", "parity_rate": rate["parity"], "raw_rate": rate["raw_fsync"],
+                 "baseline": "save_file + fsync", "ratio": rate["parity"] / rate["raw_fsync"],
+                 "page_cache_ratio": rate["parity"] / rate["raw"], "target": 0.8, "cpu_seconds": write_cpu,
+                 "rates": rates})
+    rows.append({**size, "what": "write rate --no-fsync", "parity_rate": rate["parity_nofsync"],
+                 "raw_rate": rate["raw"], "baseline": "save_file", "ratio": rate["parity_nofsync"] / rate["raw"],
+                 "target": 0.8})
     return rows
 
 
@@ -617,11 +650,12 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     table = []
     for row in rows:
         size = f"{row['multiplier']}x"
-        if row["what"] == "write rate":
+        if row["what"].startswith("write rate"):
+            notes = f"raw: {row['baseline']}"
+            if "page_cache_ratio" in row:
+                notes += f"; {row['page_cache_ratio']:.2f} x save_file without fsync"
             table.append([size, row["what"], f"{row['parity_rate'] / 1e9:.2f} GB/s", f"{row['raw_rate'] / 1e9:.2f} GB/s",
-                          f"{row['ratio']:.2f}", f">= {row['target']}", "-", "-",
-                          f"raw save_file + fsync {row['raw_fsync_rate'] / 1e9:.2f} GB/s "
-                          f"(ratio {row['fsync_ratio']:.2f})"])
+                          f"{row['ratio']:.2f}", f">= {row['target']}", "-", "-", notes])
             continue
         parity, raw = row["parity"], row["raw"]
         target = "-" if row["target"] is None else f"<= {row['target']}"
@@ -633,6 +667,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                 notes += " + the fp64 model"
         if row["what"] == "compare":
             notes += f"; {row['compared']} tensors compared, {_gb(row['bundle_bytes'])} bundle"
+        if "page_cache_ratio" in row:
+            notes += f"; raw: {row['baseline']}; {row['page_cache_ratio']:.2f} x without fsync"
         table.append([size, row["what"], f"{parity['seconds']:.2f} s", f"{raw['seconds']:.2f} s",
                       f"{row['ratio']:.2f}", target, f"{parity['cpu_seconds']:.1f} / {raw['cpu_seconds']:.1f}",
                       _gb(peak), notes])
@@ -666,6 +702,7 @@ def primitive_rates(device: str = "cpu", megabytes: int = 256) -> dict[str, floa
 
     raw = data.view(torch.uint8).numpy()
     rates["sha256"] = _rate(nbytes, best(lambda: hashlib.sha256(raw).hexdigest()))
+    rates["blake3"] = _rate(nbytes, best(lambda: checksums.of_buffer(checksums.BLAKE3, raw)))
     rates["fp32->fp64 whole tensor (fresh allocation)"] = _rate(nbytes, best(lambda: data.double()))
     scratch = torch.empty(2**15, dtype=torch.float64)
 
@@ -705,7 +742,8 @@ def primitive_rates(device: str = "cpu", megabytes: int = 256) -> dict[str, floa
 
 # Leaf functions by what they do: their own time (tottime) in the profile of the main thread.
 _LEAVES = {
-    "sha256 on the main thread": ("_hashlib.openssl_sha256", "'update' of '_hashlib.HASH'", "'hexdigest' of"),
+    "checksums on the main thread (sha256, BLAKE3)": ("_hashlib.openssl_sha256", "'update' of '_hashlib.HASH'",
+                                                      "'hexdigest' of", "'update' of 'blake3", "blake3.blake3"),
     "pread on the main thread": ("posix.preadv", "posix.pread"),
     "file writes on the main thread": ("posix.write", "'write' of '_io.BufferedWriter'"),
     "fsync on the main thread": ("posix.fsync",),
@@ -927,6 +965,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="rows of every recorded tensor (default 1536)")
     parser.add_argument("--repeats", type=_bounded_int(1, 100), default=None,
                         help="runs per measurement; medians reported (default 3, --small 1)")
+    parser.add_argument("--write-repeats", type=_bounded_int(1, 100), default=None,
+                        help="write-rate runs of each writer per run (default 3, --small 1)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu or cuda (default cpu)")
     parser.add_argument("--workdir", default=None, help="where bundles are written (default: a temporary dir)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON ('-': stdout)")
@@ -972,6 +1012,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             base[key] = getattr(args, key)
     multipliers = args.multipliers or ([1, 2] if args.small else [1, 2, 4])
     repeats = args.repeats or (1 if args.small else 3)
+    write_repeats = args.write_repeats or (1 if args.small else 3)
     say = (lambda message: None) if args.quiet else (
         lambda message: print(f"parity.benchmark: {message}", file=sys.stderr, flush=True))
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="parity-bench-"))
@@ -986,8 +1027,10 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                     format_profile(profile))
         rows = []
         for multiplier in multipliers:
-            rows.extend(run_size(base, multiplier, device=args.device, repeats=repeats, workdir=workdir, say=say))
-        return ({"host": _host(), "base": base, "device": args.device, "repeats": repeats, "targets": TARGETS,
+            rows.extend(run_size(base, multiplier, device=args.device, repeats=repeats, workdir=workdir, say=say,
+                                 write_repeats=write_repeats))
+        return ({"host": _host(), "base": base, "device": args.device, "repeats": repeats,
+                 "write_repeats": write_repeats, "targets": TARGETS,
                  "rows": rows}, format_table(rows))
     finally:
         if not args.workdir:

@@ -18,7 +18,7 @@ format                        version  written by
 ``parity-benchmark-report``   1        ``python -m parity.kernels.benchmark --json``
 ============================  =======  =========================================================
 
-``parity-harness-benchmark-report`` (version 1) is written by ``python -m parity.benchmark
+``parity-harness-benchmark-report`` (version 2) is written by ``python -m parity.benchmark
 --json``: the harness's own speed and memory (``parity/BENCHMARK.md``).
 
 Non-finite numbers: JSON has none, so a float field holds a number or one of the strings
@@ -48,7 +48,7 @@ FORMATS: dict[str, tuple[int, str]] = {
     SHOW_REPORT: (2, "show-report.schema.json"),
     INSPECT_REPORT: (1, "inspect-report.schema.json"),
     BENCHMARK_REPORT: (1, "benchmark-report.schema.json"),
-    HARNESS_BENCHMARK_REPORT: (1, "harness-benchmark-report.schema.json"),
+    HARNESS_BENCHMARK_REPORT: (2, "harness-benchmark-report.schema.json"),
 }
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")

@@ -3,6 +3,7 @@ numbers, its subject round-trips through capture and compare, and its baseline c
 parity's metrics compute. Timing ratios are never asserted: they go into parity/BENCHMARK.md."""
 import json
 import math
+import statistics
 import subprocess
 import sys
 
@@ -21,23 +22,33 @@ def test_small_preset_produces_a_sane_table_and_json(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| size" in done.stdout and "compare" in done.stdout and "write rate" in done.stdout
     result = json.loads(out.read_text())
-    assert (result["format"], result["version"]) == (jsonformat.HARNESS_BENCHMARK_REPORT, 1)
+    assert (result["format"], result["version"]) == (jsonformat.HARNESS_BENCHMARK_REPORT, 2)
     jsonschema.Draft202012Validator(jsonformat.schema_for(result["format"])).validate(result)
     rows = {(row["multiplier"], row["what"]): row for row in result["rows"]}
     assert set(rows) == {(m, what) for m in (1, 2) for what in ("compare", "compare vs read", "capture",
-                                                                 "write rate")}
+                                                                 "capture --no-fsync", "write rate",
+                                                                 "write rate --no-fsync")}
     for multiplier in (1, 2):
         compare, capture = rows[(multiplier, "compare")], rows[(multiplier, "capture")]
+        fast = rows[(multiplier, "capture --no-fsync")]
         assert compare["passed"], "the bundle's own impl must hold against its golden"
         assert compare["compared"] == 4 * compare["layers"] + 1
-        for row in (compare, capture):
+        # like for like: the durable capture against the baseline with fsync, --no-fsync without
+        assert capture["raw"]["seconds"] != fast["raw"]["seconds"]
+        assert capture["page_cache_ratio"] == pytest.approx(capture["parity"]["seconds"] / fast["raw"]["seconds"])
+        for row in (compare, capture, fast):
             for side in ("parity", "raw"):
                 assert row[side]["seconds"] > 0 and row[side]["cpu_seconds"] >= 0
             assert row["parity"]["peak_rss_bytes"] >= row["parity"]["streaming_peak_rss_bytes"] > 0
             assert row["streaming_growth_bytes"] is not None
             assert math.isfinite(row["ratio"]) and row["ratio"] > 0
-        write = rows[(multiplier, "write rate")]
-        assert write["parity_rate"] > 0 and write["raw_rate"] > 0 and write["raw_fsync_rate"] > 0
+        write, fast_write = rows[(multiplier, "write rate")], rows[(multiplier, "write rate --no-fsync")]
+        rates = write["rates"]
+        assert set(rates) == {"parity", "parity_nofsync", "raw", "raw_fsync"} and all(rates.values())
+        assert write["raw_rate"] == statistics.median(rates["raw_fsync"])
+        assert fast_write["raw_rate"] == statistics.median(rates["raw"])
+        assert fast_write["parity_rate"] == statistics.median(rates["parity_nofsync"])
+        assert write["ratio"] == pytest.approx(write["parity_rate"] / write["raw_rate"])
     assert rows[(2, "compare")]["bundle_bytes"] > rows[(1, "compare")]["bundle_bytes"]
     assert rows[(2, "compare")]["layers"] == 2 * rows[(1, "compare")]["layers"]
     assert not list(tmp_path.glob("parity-bench-*")), "the temporary work directory is removed"
@@ -136,8 +147,9 @@ def test_the_committed_results_validate_and_the_document_quotes_them():
             assert result["host"]["cpus"] == (2 if host == "cpu" else 16)
             rows.update({(row["multiplier"], row["what"]): row for row in result["rows"]})
         assert {multiplier for multiplier, _ in rows} == {1, 2, 4}
-        for what in ("compare", "capture", "write rate"):
+        for what in ("compare", "capture", "capture --no-fsync", "write rate", "write rate --no-fsync"):
             quoted = " / ".join(f"{rows[(multiplier, what)]['ratio']:.2f}" for multiplier in (1, 2, 4))
             assert quoted in document, (host, what, quoted)
-        durable = " / ".join(f"{rows[(multiplier, 'write rate')]['fsync_ratio']:.2f}" for multiplier in (1, 2, 4))
-        assert durable in document, (host, durable)
+        for what in ("capture", "write rate"):  # the durable runs against the page cache, quoted too
+            quoted = " / ".join(f"{rows[(multiplier, what)]['page_cache_ratio']:.2f}" for multiplier in (1, 2, 4))
+            assert quoted in document, (host, what, "page cache", quoted)
