@@ -459,6 +459,40 @@ def _fsync_file(file: Path) -> None:
         os.close(fd)
 
 
+# Free page reporting (virtio-balloon) in a VM guest: memory the guest frees is handed back to
+# the host in the background, from about 2 s after it is freed, and the host faults it in again
+# on its next use. On the 2-core CPU machine a write that overlaps the hand-back takes 2-10x the
+# system time, for save_file and BundleWriter alike (parity/BENCHMARK.md, "The write rate on a VM").
+PAGE_REPORTING_COUNTER = "/sys/module/page_reporting/parameters/reported_kib"
+
+
+def reported_bytes(counter: str = PAGE_REPORTING_COUNTER) -> int | None:
+    """Bytes this guest has handed back to its host so far; None without free page reporting."""
+    try:
+        return int(Path(counter).read_text()) * 1024
+    except (OSError, ValueError):
+        return None
+
+
+def settle(quiet_s: float, *, limit_s: float = 300.0, poll_s: float = 0.1,
+           counter: str = PAGE_REPORTING_COUNTER) -> float:
+    """Write every dirty page back, then wait until the host has taken back the memory freed so far:
+    until the page-reporting counter has not moved for ``quiet_s`` seconds (at most ``limit_s``).
+    The seconds waited; no wait where the counter does not exist or ``quiet_s`` is 0."""
+    os.sync()
+    started = time.monotonic()
+    last = reported_bytes(counter)
+    if last is None or quiet_s <= 0:
+        return 0.0
+    still = started
+    while (now := time.monotonic()) - still < quiet_s and now - started < limit_s:
+        time.sleep(poll_s)
+        value = reported_bytes(counter)
+        if value != last:
+            last, still = value, time.monotonic()
+    return time.monotonic() - started
+
+
 def work_write(job: dict[str, Any]) -> dict[str, Any]:
     """BundleWriter vs save_file on the same tensors and shards, alternating, bytes per second."""
     from safetensors.torch import save_file
@@ -475,6 +509,8 @@ def work_write(job: dict[str, Any]) -> dict[str, Any]:
     root.mkdir(parents=True)
     rates: dict[str, list[float]] = {"parity": [], "raw": [], "raw_fsync": [], "parity_nofsync": []}
     cpu: dict[str, list[list[float]]] = {key: [] for key in rates}
+    handed_back: dict[str, list[int | None]] = {key: [] for key in rates}
+    settled: dict[str, list[float]] = {key: [] for key in rates}
 
     def parity_write(durable: bool):
         with BundleWriter(root / "bundle", shard_bytes=shard_bytes, durable=durable) as writer:
@@ -496,19 +532,24 @@ def work_write(job: dict[str, Any]) -> dict[str, Any]:
     for _ in range(job.get("repeats", 1)):
         for key, write in (("raw", lambda: raw_write(False)), ("parity", lambda: parity_write(True)),
                            ("raw_fsync", lambda: raw_write(True)), ("parity_nofsync", lambda: parity_write(False))):
-            # Every writer starts from the same state: the previous one's files deleted (their
-            # page cache freed) and everything written back, outside the clock.
+            # Every writer starts from the same state, outside the clock: the previous one's files
+            # deleted (their page cache freed), everything written back, and on a VM guest the
+            # freed memory handed back to the host (a write that overlaps the hand-back is slowed
+            # by it, whichever writer it is). What was handed back during the write is recorded.
             for old in list(root.iterdir()):
                 shutil.rmtree(old)
-            os.sync()
+            settled[key].append(settle(job.get("settle_s", 0.0)))
+            reported = reported_bytes()
             before, started = os.times(), time.perf_counter()
             write()
             seconds, after = time.perf_counter() - started, os.times()
+            reported_after = reported_bytes()
             rates[key].append(count * tensor_bytes / seconds)
             cpu[key].append([after.user - before.user, after.system - before.system])
+            handed_back[key].append(None if reported is None or reported_after is None else reported_after - reported)
     shutil.rmtree(root, ignore_errors=True)
-    return {"bytes": count * tensor_bytes, "rates": rates, "cpu_seconds": cpu,
-            "peak_rss_bytes": _status_bytes("VmHWM")}
+    return {"bytes": count * tensor_bytes, "rates": rates, "cpu_seconds": cpu, "handed_back_bytes": handed_back,
+            "settle_seconds": settled, "peak_rss_bytes": _status_bytes("VmHWM")}
 
 
 WORKERS = {
@@ -561,19 +602,21 @@ def work_write_baselines(job: dict[str, Any]) -> dict[str, Any]:
     return {"capture_raw": work_capture_raw({**job, "out": job["out"] + "-capture"}),
             "capture_raw_fsync": work_capture_raw({**job, "out": job["out"] + "-capture", "fsync": True}),
             "write": work_write({**job, "bytes": job["write_bytes"], "out": job["out"] + "-write",
-                                 "repeats": job.get("write_repeats", 1)})}
+                                 "repeats": job.get("write_repeats", 1), "settle_s": job.get("settle_s", 0.0)})}
 
 
 def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int, workdir: Path,
-             say: Callable[[str], None], write_repeats: int = 1) -> list[dict[str, Any]]:
+             say: Callable[[str], None], write_repeats: int = 1, settle_s: float = 0.0) -> list[dict[str, Any]]:
     """Every measurement at one size, ``repeats`` times, parity and raw runs interleaved; the
-    write rates ``write_repeats`` times in each (single writes are the noisiest measurement)."""
+    write rates ``write_repeats`` times in each (single writes are the noisiest measurement), each
+    write after :func:`settle` with ``settle_s``."""
     args = subject_args(base, multiplier)
     bundle = str(workdir / f"bench-{multiplier}x")
     common = {"subject": args, "device": device, "bundle": bundle}
     measured: dict[str, list[dict[str, Any]]] = {}
     rates: dict[str, list[float]] = {}
     write_cpu: dict[str, list[list[float]]] = {}  # [user, system] seconds of each timed write
+    write_state: dict[str, dict[str, list[Any]]] = {"handed_back_bytes": {}, "settle_seconds": {}}
     for repeat in range(repeats):
         # Three fresh processes per run: parity's capture; compare's raw baselines (which read
         # its bundle); parity's compare, then capture's raw baseline and the write rates (which
@@ -593,7 +636,7 @@ def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int
         say(f"{multiplier}x: parity compare, then raw forwards + save_file and the write rates")
         second = run_worker({"work": ["compare", "write_baselines"], **common, "reference": "fp64",
                              "out": str(workdir / "raw"), "write_bytes": captured["bytes"],
-                             "write_repeats": write_repeats})
+                             "write_repeats": write_repeats, "settle_s": settle_s})
         measured.setdefault("compare", []).append(second["compare"])
         measured.setdefault("capture_raw", []).append(second["write_baselines"]["capture_raw"])
         measured.setdefault("capture_raw_fsync", []).append(second["write_baselines"]["capture_raw_fsync"])
@@ -601,6 +644,9 @@ def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int
             rates.setdefault(key, []).extend(values)
         for key, values in second["write_baselines"]["write"]["cpu_seconds"].items():
             write_cpu.setdefault(key, []).extend(values)
+        for field, per_writer in write_state.items():
+            for key, values in second["write_baselines"]["write"][field].items():
+                per_writer.setdefault(key, []).extend(values)
     shutil.rmtree(bundle, ignore_errors=True)
 
     s = {name: _summary(runs) for name, runs in measured.items()}
@@ -632,7 +678,7 @@ def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int
     rows.append({**size, "what": "write rate", "parity_rate": rate["parity"], "raw_rate": rate["raw_fsync"],
                  "baseline": "save_file + fsync", "ratio": rate["parity"] / rate["raw_fsync"],
                  "page_cache_ratio": rate["parity"] / rate["raw"], "target": 0.8, "cpu_seconds": write_cpu,
-                 "rates": rates})
+                 "rates": rates, **write_state})
     rows.append({**size, "what": "write rate --no-fsync", "parity_rate": rate["parity_nofsync"],
                  "raw_rate": rate["raw"], "baseline": "save_file", "ratio": rate["parity_nofsync"] / rate["raw"],
                  "target": 0.8})
@@ -654,6 +700,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             notes = f"raw: {row['baseline']}"
             if "page_cache_ratio" in row:
                 notes += f"; {row['page_cache_ratio']:.2f} x save_file without fsync"
+                overlapped = [moved for values in row["handed_back_bytes"].values() for moved in values]
+                if None not in overlapped:
+                    notes += (f"; {sum(1 for moved in overlapped if moved)} of {len(overlapped)} writes"
+                              " overlapped page reporting")
             table.append([size, row["what"], f"{row['parity_rate'] / 1e9:.2f} GB/s", f"{row['raw_rate'] / 1e9:.2f} GB/s",
                           f"{row['ratio']:.2f}", f">= {row['target']}", "-", "-", notes])
             continue
@@ -936,6 +986,17 @@ def _bounded_int(low: int, high: int) -> Callable[[str], int]:
     return convert
 
 
+def _settle_seconds(text: str) -> float:
+    """``--settle``: seconds from 0 to 60."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 60:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text} is not from 0 to 60 seconds")
+    return value
+
+
 def _write_json(result: dict[str, Any], path: str) -> None:
     """The document (``parity-harness-benchmark-report``) to ``path`` ('-': stdout), atomically."""
     from . import jsonformat
@@ -967,6 +1028,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="runs per measurement; medians reported (default 3, --small 1)")
     parser.add_argument("--write-repeats", type=_bounded_int(1, 100), default=None,
                         help="write-rate runs of each writer per run (default 3, --small 1)")
+    parser.add_argument("--settle", type=_settle_seconds, default=None, metavar="SECONDS",
+                        help="before each timed write, wait until the VM's free page reporting has been "
+                             "still this long (default 3, --small 0; no wait where the host has none)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu or cuda (default cpu)")
     parser.add_argument("--workdir", default=None, help="where bundles are written (default: a temporary dir)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON ('-': stdout)")
@@ -1013,6 +1077,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     multipliers = args.multipliers or ([1, 2] if args.small else [1, 2, 4])
     repeats = args.repeats or (1 if args.small else 3)
     write_repeats = args.write_repeats or (1 if args.small else 3)
+    settle_s = args.settle if args.settle is not None else (0.0 if args.small else 3.0)
     say = (lambda message: None) if args.quiet else (
         lambda message: print(f"parity.benchmark: {message}", file=sys.stderr, flush=True))
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="parity-bench-"))
@@ -1028,9 +1093,10 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         rows = []
         for multiplier in multipliers:
             rows.extend(run_size(base, multiplier, device=args.device, repeats=repeats, workdir=workdir, say=say,
-                                 write_repeats=write_repeats))
+                                 write_repeats=write_repeats, settle_s=settle_s))
         return ({"host": _host(), "base": base, "device": args.device, "repeats": repeats,
-                 "write_repeats": write_repeats, "targets": TARGETS,
+                 "write_repeats": write_repeats, "settle_s": settle_s,
+                 "page_reporting": reported_bytes() is not None, "targets": TARGETS,
                  "rows": rows}, format_table(rows))
     finally:
         if not args.workdir:

@@ -49,6 +49,10 @@ def test_small_preset_produces_a_sane_table_and_json(tmp_path):
         assert fast_write["raw_rate"] == statistics.median(rates["raw"])
         assert fast_write["parity_rate"] == statistics.median(rates["parity_nofsync"])
         assert write["ratio"] == pytest.approx(write["parity_rate"] / write["raw_rate"])
+        for field in ("handed_back_bytes", "settle_seconds"):  # one value per timed write of each writer
+            assert {key: len(values) for key, values in write[field].items()} == {key: 1 for key in rates}
+        assert all(seconds == 0 for seconds in write["settle_seconds"]["parity"])  # --small: --settle 0
+    assert result["settle_s"] == 0 and result["page_reporting"] == (benchmark.reported_bytes() is not None)
     assert rows[(2, "compare")]["bundle_bytes"] > rows[(1, "compare")]["bundle_bytes"]
     assert rows[(2, "compare")]["layers"] == 2 * rows[(1, "compare")]["layers"]
     assert not list(tmp_path.glob("parity-bench-*")), "the temporary work directory is removed"
@@ -105,6 +109,9 @@ def test_profile_categories_from_a_cprofile_of_the_main_thread():
     (["--multipliers", "1,x"], "argument --multipliers: '1,x' is not a comma-separated list of integers"),
     (["--multipliers", "0"], "argument --multipliers: '0': every multiplier must be from 1 to 64"),
     (["--repeats", "0"], "argument --repeats: 0 is not from 1 to 100"),
+    (["--settle", "-1"], "argument --settle: -1 is not from 0 to 60 seconds"),
+    (["--settle", "nan"], "argument --settle: nan is not from 0 to 60 seconds"),
+    (["--settle", "soon"], "argument --settle: 'soon' is not a number of seconds"),
     (["--small", "--json", "/nonexistent-dir/r.json"], "--json /nonexistent-dir/r.json: its directory does not exist"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(argv, message):
@@ -112,6 +119,50 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, message):
                           timeout=120, check=False)
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == f"python -m parity.benchmark: error: {message}\n"
+
+
+def test_reported_bytes_reads_the_page_reporting_counter_or_says_there_is_none(tmp_path):
+    counter = tmp_path / "reported_kib"
+    assert benchmark.reported_bytes(str(counter)) is None  # a host without free page reporting
+    counter.write_text("1536\n")
+    assert benchmark.reported_bytes(str(counter)) == 1536 * 1024
+    counter.write_text("garbled")
+    assert benchmark.reported_bytes(str(counter)) is None
+
+
+class _MovingCounter:
+    """A page-reporting counter that moves on each of its first ``moves`` reads, then stays."""
+
+    def __init__(self, path, moves):
+        self.path, self.moves, self.reads = path, moves, 0
+        path.write_text("0")
+
+    def read(self, counter):
+        self.reads += 1
+        if self.reads <= self.moves:
+            self.path.write_text(str(self.reads * 100))
+        return int(self.path.read_text()) * 1024
+
+
+def test_settle_waits_until_the_counter_has_been_still_for_the_quiet_time(tmp_path, monkeypatch):
+    counter = _MovingCounter(tmp_path / "reported_kib", moves=5)
+    monkeypatch.setattr(benchmark, "reported_bytes", counter.read)
+    waited = benchmark.settle(0.05, poll_s=0.01, counter=str(counter.path))
+    # five moves, each restarting the quiet time, then one quiet time of still reads
+    assert counter.reads >= 5 + 5 and counter.path.read_text() == "500"
+    assert 0.05 <= waited < 5
+
+
+def test_settle_gives_up_at_its_limit_and_does_not_wait_without_a_counter(tmp_path, monkeypatch):
+    counter = _MovingCounter(tmp_path / "reported_kib", moves=10**9)  # never still
+    monkeypatch.setattr(benchmark, "reported_bytes", counter.read)
+    waited = benchmark.settle(10, limit_s=0.2, poll_s=0.01, counter=str(counter.path))
+    assert 0.2 <= waited < 5
+    monkeypatch.setattr(benchmark, "reported_bytes", lambda counter: None)
+    assert benchmark.settle(10) == 0.0
+    counter = _MovingCounter(tmp_path / "still", moves=0)
+    monkeypatch.setattr(benchmark, "reported_bytes", counter.read)
+    assert benchmark.settle(0) == 0.0 and counter.reads == 1  # --settle 0: no wait
 
 
 def test_the_document_encodes_non_finite_numbers_as_strings(tmp_path):
