@@ -111,6 +111,7 @@ def capture(
     if plan is not None:
         runner.check_impl(runner.reference_impl)
     say = Progress(progress)
+    importing = platform.prefetch_imports()  # overlaps the runs; the fingerprint is taken after them
 
     with BundleWriter(out, force=force, shard_bytes=shard_bytes, progress=say.emit, durable=durable) as writer:
         state = runner.make_state(impl)
@@ -175,6 +176,7 @@ def capture(
             }
             del ref_module, recorder
 
+        importing.join()
         manifest = {
             "subject": runner.describe(),
             "impl": impl,

@@ -3,6 +3,8 @@ numerics environment): present everywhere, null where they do not apply, read th
 functions on CUDA and ROCm (monkeypatched here), and warned about by compare when they differ."""
 import json
 import os
+import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -149,3 +151,24 @@ def test_old_bundles_without_the_fields_are_unknown_not_different():
                 numerics_env={"PYTORCH_TUNABLEOP_ENABLED": "1"})
     keys = {d.key for d in fingerprint_differences(golden, here)}
     assert not keys & set(LIBRARY_KEYS)
+
+
+def test_prefetch_imports_imports_triton_on_a_thread_and_leaves_failures_to_fingerprint(monkeypatch):
+    thread = platform.prefetch_imports()
+    thread.join(timeout=120)
+    assert not thread.is_alive() and thread.daemon
+    assert "triton" in sys.modules and platform.fingerprint("cpu")["triton"] == sys.modules["triton"].__version__
+    # A Triton that fails to import: the thread says nothing (no traceback from threading's hook)
+    # and fingerprint meets the same error itself.
+    hooked = []
+    monkeypatch.setattr(threading, "excepthook", hooked.append)
+
+    def broken():
+        raise RuntimeError("triton is broken")
+
+    monkeypatch.setattr(platform, "triton_version", broken)
+    thread = platform.prefetch_imports()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and hooked == []
+    with pytest.raises(RuntimeError, match="triton is broken"):
+        platform.fingerprint("cpu")
