@@ -23,7 +23,11 @@ captures it with parity, compares it with parity, and runs the same work the raw
 Every parity measurement runs in a fresh subprocess, so its peak RSS (``ru_maxrss``) is its own;
 the baselines share one subprocess per size. Times are wall seconds of the measured work (after
 imports), medians over ``--repeats``; CPU seconds (user + system) are reported beside them,
-because on a shared machine the wall time is noisy. Nothing here asserts a timing: the ratios
+because on a shared machine the wall time is noisy. Every measurement and every timed write
+starts from the same state, outside the clock: what an earlier run wrote where it writes removed,
+dirty pages written back, and on a VM guest with free page reporting the freed memory handed back
+to the host (``--settle``; a write that overlaps the hand-back is several times slower, whoever
+writes). Nothing here asserts a timing: the ratios
 and the targets go into ``parity/BENCHMARK.md`` with the command that reproduced them.
 
 ``--small`` is the CI preset (tiny sizes, about 10 s). ``--device cuda`` runs the forwards and
@@ -208,26 +212,34 @@ class RssSampler:
                 "streaming_peak_rss_bytes": self.peak_after_mark if self.marked_rss is not None else None}
 
 
-def measure(work: Callable[[], dict[str, Any] | None], device: str = "cpu") -> dict[str, Any]:
+def measure(work: Callable[[], dict[str, Any] | None], device: str = "cpu", *, settle_s: float = 0.0,
+            remove: Sequence[str] = ()) -> dict[str, Any]:
     """Run ``work`` once; wall and CPU seconds, minor page faults, peak RSS of this process.
 
-    Dirty pages that earlier measurements left (a raw ``save_file`` does not fsync) are written
-    back first, outside the clock, so no measurement waits for another's writeback.
+    Outside the clock, first: ``remove`` (what an earlier run wrote where this one writes: parity's
+    capture and the raw one alike start without it, so neither times the deletion of the other's
+    files), then :func:`settle` with ``settle_s``, which also writes back the dirty pages that
+    earlier measurements left (a raw ``save_file`` does not fsync), so no measurement waits for
+    another's writeback.
     """
     cuda = device.startswith("cuda")
     if cuda:  # the CUDA context is made before the clock starts, in every process alike
         torch.empty(1, device=device)
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    os.sync()
-    rss_before = _status_bytes("VmRSS")
+    for path in remove:
+        shutil.rmtree(path, ignore_errors=True)
+    settled = settle(settle_s)
+    rss_before, reported = _status_bytes("VmRSS"), reported_bytes()
     before, started = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     extra = work() or {}
     if cuda:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_SELF)
+    after, reported_after = resource.getrusage(resource.RUSAGE_SELF), reported_bytes()
     result = {
+        "settle_seconds": settled,
+        "handed_back_bytes": None if reported is None or reported_after is None else reported_after - reported,
         "seconds": seconds,
         "user_seconds": after.ru_utime - before.ru_utime,
         "system_seconds": after.ru_stime - before.ru_stime,
@@ -264,7 +276,7 @@ def work_capture(job: dict[str, Any]) -> dict[str, Any]:
                              durable=job.get("durable", True))
         return {"bytes": result.bytes, "tensors": result.tensors, **sampler.result()}
 
-    return measure(work, job["device"])
+    return measure(work, job["device"], settle_s=job.get("settle_s", 0.0), remove=[job["bundle"]])
 
 
 def work_compare(job: dict[str, Any]) -> dict[str, Any]:
@@ -280,7 +292,7 @@ def work_compare(job: dict[str, Any]) -> dict[str, Any]:
         return {"passed": report.passed, "tensors": len(report.layers),
                 "budget_checked": report.budget_checked, **sampler.result()}
 
-    return measure(work, job["device"])
+    return measure(work, job["device"], settle_s=job.get("settle_s", 0.0))
 
 
 # --- raw baselines --------------------------------------------------------------------------
@@ -329,7 +341,6 @@ def work_capture_raw(job: dict[str, Any]) -> dict[str, Any]:
     times = {"save_seconds": 0.0, "bytes": 0}
 
     def work():
-        shutil.rmtree(out_dir, ignore_errors=True)
         out_dir.mkdir(parents=True)
         pending: dict[str, torch.Tensor] = {}
         pending_bytes = [0]
@@ -378,7 +389,7 @@ def work_capture_raw(job: dict[str, Any]) -> dict[str, Any]:
         flush()
         return times
 
-    result = measure(work, device)
+    result = measure(work, device, settle_s=job.get("settle_s", 0.0), remove=[str(out_dir)])
     shutil.rmtree(out_dir, ignore_errors=True)
     return result
 
@@ -440,7 +451,7 @@ def work_compare_raw(job: dict[str, Any]) -> dict[str, Any]:
             handle.remove()
         return counts
 
-    return measure(work, device)
+    return measure(work, device, settle_s=job.get("settle_s", 0.0))
 
 
 def _pool(args: dict[str, int], shard_bytes: int) -> list[torch.Tensor]:
@@ -585,6 +596,8 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "rss_at_streaming_start_bytes", "streaming_peak_rss_bytes")
     summary = {key: _median([run[key] for run in runs]) for key in keys if all(key in run for run in runs)}
     summary["runs"] = [run["seconds"] for run in runs]
+    for key in ("settle_seconds", "handed_back_bytes"):  # per run, as the runs
+        summary[key] = [run.get(key) for run in runs]
     return summary
 
 
@@ -612,7 +625,7 @@ def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int
     write after :func:`settle` with ``settle_s``."""
     args = subject_args(base, multiplier)
     bundle = str(workdir / f"bench-{multiplier}x")
-    common = {"subject": args, "device": device, "bundle": bundle}
+    common = {"subject": args, "device": device, "bundle": bundle, "settle_s": settle_s}
     measured: dict[str, list[dict[str, Any]]] = {}
     rates: dict[str, list[float]] = {}
     write_cpu: dict[str, list[list[float]]] = {}  # [user, system] seconds of each timed write
@@ -636,7 +649,7 @@ def run_size(base: dict[str, int], multiplier: int, *, device: str, repeats: int
         say(f"{multiplier}x: parity compare, then raw forwards + save_file and the write rates")
         second = run_worker({"work": ["compare", "write_baselines"], **common, "reference": "fp64",
                              "out": str(workdir / "raw"), "write_bytes": captured["bytes"],
-                             "write_repeats": write_repeats, "settle_s": settle_s})
+                             "write_repeats": write_repeats})
         measured.setdefault("compare", []).append(second["compare"])
         measured.setdefault("capture_raw", []).append(second["write_baselines"]["capture_raw"])
         measured.setdefault("capture_raw_fsync", []).append(second["write_baselines"]["capture_raw_fsync"])
@@ -689,6 +702,13 @@ def _gb(nbytes: float | None) -> str:
     return "-" if nbytes is None else f"{nbytes / 1e9:.2f} GB"
 
 
+def _overlap_note(handed_back: list[int | None], what: str) -> str:
+    """'; k of n <what> overlapped page reporting', or nothing where the host has none."""
+    if not handed_back or None in handed_back:
+        return ""
+    return f"; {sum(1 for moved in handed_back if moved)} of {len(handed_back)} {what} overlapped page reporting"
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The results as a Markdown table: one row per size and measurement."""
     from tabulate import tabulate
@@ -700,10 +720,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             notes = f"raw: {row['baseline']}"
             if "page_cache_ratio" in row:
                 notes += f"; {row['page_cache_ratio']:.2f} x save_file without fsync"
-                overlapped = [moved for values in row["handed_back_bytes"].values() for moved in values]
-                if None not in overlapped:
-                    notes += (f"; {sum(1 for moved in overlapped if moved)} of {len(overlapped)} writes"
-                              " overlapped page reporting")
+                notes += _overlap_note([moved for values in row["handed_back_bytes"].values() for moved in values],
+                                       "writes")
             table.append([size, row["what"], f"{row['parity_rate'] / 1e9:.2f} GB/s", f"{row['raw_rate'] / 1e9:.2f} GB/s",
                           f"{row['ratio']:.2f}", f">= {row['target']}", "-", "-", notes])
             continue
@@ -719,6 +737,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             notes += f"; {row['compared']} tensors compared, {_gb(row['bundle_bytes'])} bundle"
         if "page_cache_ratio" in row:
             notes += f"; raw: {row['baseline']}; {row['page_cache_ratio']:.2f} x without fsync"
+        notes += _overlap_note([*parity.get("handed_back_bytes", [None]), *raw.get("handed_back_bytes", [None])],
+                               "runs")
         table.append([size, row["what"], f"{parity['seconds']:.2f} s", f"{raw['seconds']:.2f} s",
                       f"{row['ratio']:.2f}", target, f"{parity['cpu_seconds']:.1f} / {raw['cpu_seconds']:.1f}",
                       _gb(peak), notes])
@@ -1029,7 +1049,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-repeats", type=_bounded_int(1, 100), default=None,
                         help="write-rate runs of each writer per run (default 3, --small 1)")
     parser.add_argument("--settle", type=_settle_seconds, default=None, metavar="SECONDS",
-                        help="before each timed write, wait until the VM's free page reporting has been "
+                        help="before each timed measurement and write, wait until the VM's free page reporting has been "
                              "still this long (default 3, --small 0; no wait where the host has none)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cpu or cuda (default cpu)")
     parser.add_argument("--workdir", default=None, help="where bundles are written (default: a temporary dir)")

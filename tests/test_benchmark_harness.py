@@ -6,6 +6,7 @@ import math
 import statistics
 import subprocess
 import sys
+import time
 
 import jsonschema
 import pytest
@@ -42,6 +43,8 @@ def test_small_preset_produces_a_sane_table_and_json(tmp_path):
             assert row["parity"]["peak_rss_bytes"] >= row["parity"]["streaming_peak_rss_bytes"] > 0
             assert row["streaming_growth_bytes"] is not None
             assert math.isfinite(row["ratio"]) and row["ratio"] > 0
+            for side in ("parity", "raw"):  # per run, as the runs; --small: --settle 0
+                assert row[side]["settle_seconds"] == [0.0] and len(row[side]["handed_back_bytes"]) == 1
         write, fast_write = rows[(multiplier, "write rate")], rows[(multiplier, "write rate --no-fsync")]
         rates = write["rates"]
         assert set(rates) == {"parity", "parity_nofsync", "raw", "raw_fsync"} and all(rates.values())
@@ -151,6 +154,28 @@ def test_settle_waits_until_the_counter_has_been_still_for_the_quiet_time(tmp_pa
     # five moves, each restarting the quiet time, then one quiet time of still reads
     assert counter.reads >= 5 + 5 and counter.path.read_text() == "500"
     assert 0.05 <= waited < 5
+
+
+def test_measure_removes_and_settles_before_the_clock_and_records_both(tmp_path, monkeypatch):
+    left = tmp_path / "bundle"
+    (left / "shards").mkdir(parents=True)
+    (left / "shards" / "old.safetensors").write_bytes(b"x" * 4096)
+    settled = []
+
+    def slow_settle(quiet_s):
+        settled.append((quiet_s, left.exists()))
+        time.sleep(0.3)
+        return 0.3
+
+    monkeypatch.setattr(benchmark, "settle", slow_settle)
+    seen = {}
+    result = benchmark.measure(lambda: seen.setdefault("left", left.exists()) and None, settle_s=2.5,
+                               remove=[str(left), str(tmp_path / "never-there")])
+    # removed first, then settled (after the removal), and neither inside the clock
+    assert settled == [(2.5, False)] and seen == {"left": False}
+    assert result["settle_seconds"] == 0.3 and result["seconds"] < 0.3
+    reported = benchmark.reported_bytes()
+    assert (result["handed_back_bytes"] is None) == (reported is None)
 
 
 def test_settle_gives_up_at_its_limit_and_does_not_wait_without_a_counter(tmp_path, monkeypatch):
