@@ -239,7 +239,7 @@ def measure(work: Callable[[], dict[str, Any] | None], device: str = "cpu", *, s
     after, reported_after = resource.getrusage(resource.RUSAGE_SELF), reported_bytes()
     result = {
         "settle_seconds": settled,
-        "handed_back_bytes": None if reported is None or reported_after is None else reported_after - reported,
+        "handed_back_bytes": _handed_back(reported, reported_after),
         "seconds": seconds,
         "user_seconds": after.ru_utime - before.ru_utime,
         "system_seconds": after.ru_stime - before.ru_stime,
@@ -485,6 +485,11 @@ def reported_bytes(counter: str = PAGE_REPORTING_COUNTER) -> int | None:
         return None
 
 
+def _handed_back(before: int | None, after: int | None) -> int | None:
+    """Bytes handed back between two :func:`reported_bytes` readings; None without reporting."""
+    return None if before is None or after is None else after - before
+
+
 def settle(quiet_s: float, *, limit_s: float = 300.0, poll_s: float = 0.1,
            counter: str = PAGE_REPORTING_COUNTER) -> float:
     """Write every dirty page back, then wait until the host has taken back the memory freed so far:
@@ -557,7 +562,7 @@ def work_write(job: dict[str, Any]) -> dict[str, Any]:
             reported_after = reported_bytes()
             rates[key].append(count * tensor_bytes / seconds)
             cpu[key].append([after.user - before.user, after.system - before.system])
-            handed_back[key].append(None if reported is None or reported_after is None else reported_after - reported)
+            handed_back[key].append(_handed_back(reported, reported_after))
     shutil.rmtree(root, ignore_errors=True)
     return {"bytes": count * tensor_bytes, "rates": rates, "cpu_seconds": cpu, "handed_back_bytes": handed_back,
             "settle_seconds": settled, "peak_rss_bytes": _status_bytes("VmHWM")}
