@@ -13,10 +13,11 @@ import torch
 from parity import dtypes, platform
 
 from . import configs
+from .decode import MAX_ROWS, build_decode_launch, compute_units, decode_eligible, run_decode
 from .launch import build_launch, element_mask_arguments, tma_fits
 from .layout import BlockLayout, LayoutError
 
-__all__ = ["block_sparse_attention", "check_inputs", "launch_config", "element_mask_arguments"]
+__all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_config", "element_mask_arguments"]
 
 SUPPORTED_DTYPES = tuple(dtypes.torch_dtype(name) for name in dtypes.KERNEL_DTYPES)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 96, 128, 256)
@@ -54,11 +55,29 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Bloc
         raise LayoutError(f"layout batch/head dims {lb}x{lh} must be 1 or match q's {batch}x{heads_q}")
 
 
+def _arch(device: torch.device) -> str:
+    return "cpu" if platform.triton_interpreter_enabled() or device.type == "cpu" else platform.arch_of(device)
+
+
 def launch_config(device: torch.device, head_dim: int, dtype: torch.dtype = torch.bfloat16,
-                  layout: BlockLayout | None = None) -> configs.LaunchConfig:
+                  layout: BlockLayout | None = None) -> configs.LaunchConfig | configs.DecodeConfig:
     """The pinned config the launcher uses on this device (recorded in bundles); with ``layout``,
-    the one for that layout (element-mask layouts have their own rows), clamped to its blocks."""
-    arch = "cpu" if platform.triton_interpreter_enabled() or device.type == "cpu" else platform.arch_of(device)
+    the one for that layout (element-mask layouts have their own rows; a layout of at most
+    ``configs.DECODE_MAX_SEQ_Q`` query rows in one block takes the decode path and its
+    ``DecodeConfig``), clamped to its blocks."""
+    if layout is not None and decode_eligible(layout.seq_q, layout):
+        return decode_config(device, head_dim, dtype).clamp(layout.block_n)
+    return _prefill_config(device, head_dim, dtype, layout)
+
+
+def decode_config(device: torch.device, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> configs.DecodeConfig:
+    """The pinned decode-path config on this device (before clamping to a layout's blocks)."""
+    return configs.decode_config_for(_arch(device), head_dim, dtype)
+
+
+def _prefill_config(device: torch.device, head_dim: int, dtype: torch.dtype,
+                    layout: BlockLayout | None) -> configs.LaunchConfig:
+    arch = _arch(device)
     if layout is None:
         return configs.config_for(arch, head_dim, dtype)
     irregular = layout.has_doc or layout.has_bits
@@ -76,6 +95,8 @@ def block_sparse_attention(
     config: configs.LaunchConfig | str | None = None,
     out: torch.Tensor | None = None,
     lse_out: torch.Tensor | None = None,
+    decode: bool | None = None,
+    num_splits: int | None = None,
 ):
     """Forward block-sparse attention with the Triton kernel.
 
@@ -83,7 +104,12 @@ def block_sparse_attention(
     D in {16, 32, 64, 96, 128, 256}; fp16, bf16 or fp32 (fp32 uses IEEE dot precision, not TF32).
     layout: a BlockLayout for (Sq, Sk), broadcast over batch and heads where its dims are 1.
     sm_scale: defaults to D ** -0.5.
-    config: None (the pinned config for this architecture), a LaunchConfig, or "autotune".
+    config: None (the pinned config for this architecture), a LaunchConfig (the prefill path),
+    a DecodeConfig (the decode path), or "autotune" (prefill).
+    decode: None picks the split-KV decode path for short queries (Sq <= DECODE_MAX_SEQ_Q, all in
+    the layout's first query block; ``kernels.decode``); True asks for it (a ValueError where it
+    does not apply), False for the prefill path. num_splits: the decode path's key-range splits
+    (None: chosen from the shape and the device; tests pin every count).
     out: optional preallocated [B, Hq, Sq, D] output (tests pass a NaN-poisoned one).
     lse_out: optional preallocated [B, Hq, Sq] fp32 LSE buffer (with ``return_lse``).
     Returns out [B, Hq, Sq, D] in q's dtype, and with ``return_lse`` the natural-log LSE
@@ -116,9 +142,7 @@ def block_sparse_attention(
     scale = head_dim ** -0.5 if sm_scale is None else float(sm_scale)
     if not scale > 0 or math.isinf(scale):
         raise ValueError(f"sm_scale must be a positive finite number, got {sm_scale}")
-    cfg = _resolve_config(config, q, k, v, layout, scale)
-    cfg = cfg.clamp(layout.block_m, layout.block_n)
-
+    use_decode = _use_decode(decode, config, num_splits, layout)
     emulate_bf16 = interpreter and q.dtype == torch.bfloat16
     result = out if out is not None else torch.empty_like(q)
     # Interpreter + bf16: the kernel stores fp32 and torch does the final round-to-nearest-even
@@ -128,12 +152,38 @@ def block_sparse_attention(
            else torch.empty(batch, heads_q, seq_q, dtype=torch.float32, device=q.device) if return_lse
            else None)
 
-    launch = build_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
-                          use_tma=_tma_usable(cfg, q, k, v))
-    block_sparse_attn_fwd[launch.grid](**launch.args, **launch.constexprs, **launch.options)
+    if use_decode:
+        cfg = config if isinstance(config, configs.DecodeConfig) else decode_config(q.device, head_dim, q.dtype)
+        run_decode(build_decode_launch(q, k, v, staging, lse, layout, cfg.clamp(layout.block_n), sm_scale=scale,
+                                       num_splits=num_splits, units=compute_units(q.device),
+                                       emulate_bf16=emulate_bf16))
+    else:
+        cfg = _resolve_config(config, q, k, v, layout, scale).clamp(layout.block_m, layout.block_n)
+        launch = build_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
+                              use_tma=_tma_usable(cfg, q, k, v))
+        block_sparse_attn_fwd[launch.grid](**launch.args, **launch.constexprs, **launch.options)
     if emulate_bf16:
         result.copy_(staging)
     return (result, lse) if return_lse else result
+
+
+def _use_decode(decode: bool | None, config, num_splits: int | None, layout: BlockLayout) -> bool:
+    """Which path runs: the caller's choice, else the decode path where it applies and no
+    prefill config was given. A request that cannot be met is a ValueError."""
+    if decode is None:
+        decode = isinstance(config, configs.DecodeConfig) or (config is None and decode_eligible(layout.seq_q, layout))
+    if decode and not decode_eligible(layout.seq_q, layout, max_seq_q=MAX_ROWS):
+        raise ValueError(f"the decode path needs 1..{MAX_ROWS} query rows in the layout's first query block; "
+                         f"got seq_q={layout.seq_q} with block_m={layout.block_m}")
+    if decode and isinstance(config, (configs.LaunchConfig, str)):
+        raise ValueError(f"config {config!r} is a prefill config; the decode path takes a DecodeConfig")
+    if not decode and isinstance(config, configs.DecodeConfig):
+        raise ValueError("a DecodeConfig needs the decode path (decode=True or None)")
+    if num_splits is not None and (not decode or isinstance(num_splits, bool) or not isinstance(num_splits, int)
+                                   or num_splits < 1):
+        raise ValueError(f"num_splits must be an int >= 1 on the decode path, got {num_splits!r}"
+                         + ("" if decode else " (this call takes the prefill path)"))
+    return bool(decode)
 
 
 def _tma_usable(cfg: configs.LaunchConfig, q, k, v) -> bool:
@@ -167,7 +217,7 @@ def _resolve_config(config, q, k, v, layout, scale) -> configs.LaunchConfig:
     if isinstance(config, configs.LaunchConfig):
         return config
     if config is None:
-        return launch_config(q.device, q.shape[-1], q.dtype, layout)
+        return _prefill_config(q.device, q.shape[-1], q.dtype, layout)
     if config != "autotune":
         raise ValueError(f"config must be None, a LaunchConfig or 'autotune', got {config!r}")
     key = (platform.arch_of(q.device), tuple(q.shape), tuple(k.shape), q.dtype, layout.block_m, layout.block_n)

@@ -16,7 +16,7 @@ from typing import Any
 
 from parity import dtypes, overrides
 
-__all__ = ["LaunchConfig", "CONFIGS", "OVERRIDE_KEYS", "config_for", "candidates", "known_archs", "with_overrides"]
+__all__ = ["LaunchConfig", "DecodeConfig", "DECODE_CONFIGS", "DECODE_MAX_SEQ_Q", "decode_config_for", "CONFIGS", "OVERRIDE_KEYS", "config_for", "candidates", "known_archs", "with_overrides"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +131,77 @@ FP32_CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
 IRREGULAR_CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
     "sm_90": ((128, LaunchConfig(64, 64, 4, 3)),),
 }
+
+
+# ---- decode (split-KV) path --------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Launch settings of the decode path (``kernels.decode``): the key tile, warps and pipeline
+    stages of the split kernel, and how many splits to aim for. The query tile is not a setting:
+    it is the rows of one GQA group (heads x query positions) padded to a power of two >= 16.
+
+    ``programs_per_unit``: splits are added until the launch has about this many programs per
+    multiprocessor / compute unit; ``min_tiles_per_split``: but no split gets fewer key tiles
+    than this (a split's fixed cost is its prologue, epilogue and partial write)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    amd: tuple[tuple[str, int], ...] = ()
+    programs_per_unit: int = 4
+    min_tiles_per_split: int = 4
+    max_splits: int = 128
+
+    def launch_kwargs(self) -> dict[str, Any]:
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages, **dict(self.amd)}
+
+    def clamp(self, sparse_block_n: int) -> "DecodeConfig":
+        return dataclasses.replace(self, block_n=min(self.block_n, sparse_block_n))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": "decode", "block_n": self.block_n, "num_warps": self.num_warps,
+                "num_stages": self.num_stages, **dict(self.amd), "programs_per_unit": self.programs_per_unit,
+                "min_tiles_per_split": self.min_tiles_per_split, "max_splits": self.max_splits}
+
+
+def _amd_decode(block_n, num_warps, num_stages, *, waves_per_eu=0, nonkdim=16, kpack=1, **split):
+    return DecodeConfig(block_n, num_warps, num_stages,
+                        (("waves_per_eu", waves_per_eu), ("matrix_instr_nonkdim", nonkdim), ("kpack", kpack)), **split)
+
+
+# Query lengths up to this take the decode path by default (the launcher also needs them to fit
+# one query block of the layout).
+DECODE_MAX_SEQ_Q = 16
+
+DECODE_CONFIGS: dict[str, tuple[tuple[int, DecodeConfig], ...]] = {
+    # The interpreter: one split unless asked for (tests force every split count).
+    "cpu": ((256, DecodeConfig(64, 4, 1, programs_per_unit=1)),),
+    "sm_80": ((128, DecodeConfig(64, 4, 3)), (256, DecodeConfig(32, 4, 2))),
+    "sm_90": ((128, DecodeConfig(64, 4, 3)), (256, DecodeConfig(32, 4, 2))),
+    "gfx90a": ((128, _amd_decode(64, 4, 1)), (256, _amd_decode(32, 4, 1))),
+    "gfx942": ((128, _amd_decode(64, 4, 1)), (256, _amd_decode(32, 4, 1))),
+    "gfx950": ((128, _amd_decode(64, 4, 1)), (256, _amd_decode(32, 4, 1))),
+}
+# fp32 (IEEE products: an FMA dot whose operands stay in registers) takes narrow key tiles.
+FP32_DECODE_CONFIGS: dict[str, tuple[tuple[int, DecodeConfig], ...]] = {
+    "cpu": DECODE_CONFIGS["cpu"],
+    **{arch: ((128, DecodeConfig(32, 4, 2)), (256, DecodeConfig(16, 4, 2))) for arch in ("sm_80", "sm_90")},
+    **{arch: ((128, _amd_decode(32, 4, 1)), (256, _amd_decode(16, 4, 1))) for arch in ("gfx90a", "gfx942", "gfx950")},
+}
+
+
+def decode_config_for(arch: str, head_dim: int, dtype: object = None) -> DecodeConfig:
+    """The pinned decode config for an architecture, head dim and dtype (as ``config_for``)."""
+    fp32 = dtype is not None and dtypes.short_name(dtype) == "fp32"
+    table = FP32_DECODE_CONFIGS if fp32 else DECODE_CONFIGS
+    try:
+        rows = table[arch]
+    except KeyError:
+        raise ValueError(f"no decode config for architecture {arch!r}; known: {', '.join(table)}") from None
+    for max_head_dim, config in rows:
+        if head_dim <= max_head_dim:
+            return config
+    raise ValueError(f"head_dim {head_dim} is larger than any decode config for {arch} (max {rows[-1][0]})")
 
 
 def known_archs() -> tuple[str, ...]:

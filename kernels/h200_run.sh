@@ -11,7 +11,8 @@
 # Each step has a time limit and its own log; a failing step does not stop the later ones, and
 # the step's exit status is recorded in status.txt. EXTRA_BENCH (benchmark arguments) adds a
 # second benchmark run, e.g. another head dim; MASKS (document,padding or all) adds the
-# element-mask benchmark; PROPERTY_EXAMPLES sets the property test's cases. STEPS (names,
+# element-mask benchmark; PROPERTY_EXAMPLES sets the property test's cases; DECODE_ARGS the decode
+# benchmark's arguments; GPU_TESTS which test files the GPU tests take (default: all of tests/). STEPS (names,
 # space-separated) runs only those of the steps 2-6 (install always runs). HARNESS (arguments of
 # `python -m parity.benchmark`) adds the harness's own benchmark on the GPU (parity/BENCHMARK.md)
 # and its profile at the first size (HARNESS_PROFILE=0: not the profile; HARNESS_LIMIT: seconds).
@@ -30,7 +31,7 @@ mkdir -p "$R" "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 
-STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks gpu-tests compare-attention compare-decoder gpu-properties inspect"}
+STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect"}
 
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2
@@ -59,13 +60,18 @@ if [ -n "${MASKS:-}" ]; then
     # The element-mask cases against FlexAttention (e.g. MASKS=document,padding or all).
     step benchmark-masks 240 "$PY" -m parity.kernels.benchmark --masks "$MASKS" --json "$R/bench-masks.json"
 fi
+# The decode path against SDPA and FlexAttention (kernels/BENCHMARK.md); DECODE_ARGS adds
+# e.g. --sweep --threshold --variant KEY=VALUE,...
+# shellcheck disable=SC2086  # word splitting of the argument string is intended
+step decode "${DECODE_LIMIT:-480}" "$PY" -m parity.kernels.benchmark_decode --json "$R/decode.json" ${DECODE_ARGS:-}
 # 300 s: the element-mask GPU tests (tests/test_masks.py) compile about 30 more kernel variants.
 # The modules that validate reports against their schemas hold no GPU test; where the host lacks
 # their test-only dependencies (jsonschema, xmlschema), they are left out rather than failing collection.
 IGNORE=()
 "$PY" -c 'import jsonschema, xmlschema' 2>/dev/null || IGNORE=(--ignore=tests/test_json_schemas.py \
     --ignore=tests/test_junit.py --ignore=tests/test_benchmark_harness.py)
-step gpu-tests 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider "${IGNORE[@]}" --junitxml="$R/gpu-tests.xml" tests
+step gpu-tests "${GPU_TESTS_LIMIT:-300}" "$PY" -m pytest -m gpu -q -p no:cacheprovider "${IGNORE[@]}" \
+    --junitxml="$R/gpu-tests.xml" ${GPU_TESTS:-tests}
 step compare-attention 45 "$PY" -m parity compare --golden golden/h200-attention --impl triton \
     --device cuda --budget --quiet --json "$R/compare-attention.json"
 step compare-decoder 45 "$PY" -m parity compare --golden golden/h200-decoder --impl triton \

@@ -18,7 +18,7 @@ import torch
 from .configs import LaunchConfig
 from .layout import BlockLayout
 
-__all__ = ["KernelLaunch", "build_launch", "element_mask_arguments", "tma_fits", "MAX_PROGRAMS"]
+__all__ = ["KernelLaunch", "build_launch", "element_mask_arguments", "named_strides", "tma_fits", "MAX_PROGRAMS"]
 
 # One launch's 1-D grid is at most 2**31 - 1 programs.
 MAX_PROGRAMS = 2**31 - 1
@@ -71,10 +71,10 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         "KV_NUM": counts, "KV_IDX": indices, "FULL_NUM": full_counts, "FULL_IDX": full_indices,
         # The kernel's softmax is in base 2: exp(s * scale) = exp2(s * scale * log2(e)).
         "qk_scale": sm_scale * LOG2E,
-        **_strides("q", q, "bhmd"), **_strides("k", k, "bhnd"), **_strides("v", v, "bhnd"),
-        **_strides("o", out, "bhmd"), **_strides("l", lse, "bh"),
-        **_strides("c", counts, "bhm"), **_strides("i", indices, "bhm"),
-        **_strides("fc", full_counts, "bhm"), **_strides("fi", full_indices, "bhm"),
+        **named_strides("q", q, "bhmd"), **named_strides("k", k, "bhnd"), **named_strides("v", v, "bhnd"),
+        **named_strides("o", out, "bhmd"), **named_strides("l", lse, "bh"),
+        **named_strides("c", counts, "bhm"), **named_strides("i", indices, "bhm"),
+        **named_strides("fc", full_counts, "bhm"), **named_strides("fi", full_indices, "bhm"),
         "heads_q": heads_q, "gqa_group": heads_q // heads_kv, "seq_q": seq_q, "seq_k": seq_k,
         "causal_offset": mask.offset, "window": mask.window, "sink_tokens": mask.sink_tokens,
         "Q_DOC": q_doc, "K_DOC": k_doc, "stride_qdb": stride_qdb, "stride_kdb": stride_kdb,
@@ -161,7 +161,7 @@ def _broadcast(counts: torch.Tensor, indices: torch.Tensor, batch: int, heads: i
             indices.expand(batch, heads, *indices.shape[2:]))
 
 
-def _strides(prefix: str, tensor: torch.Tensor, dims: str) -> dict[str, int]:
+def named_strides(prefix: str, tensor: torch.Tensor, dims: str) -> dict[str, int]:
     """``stride_{prefix}{dim}`` for the leading ``len(dims)`` dims: ("q", q, "bhmd") ->
     stride_qb, stride_qh, stride_qm, stride_qd (the kernel's names)."""
     return {f"stride_{prefix}{dim}": stride for dim, stride in zip(dims, tensor.stride())}

@@ -324,3 +324,173 @@ def block_sparse_attn_fwd(
         lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)  # [BLOCK_M]
         l_ptrs = Lse + off_b.to(tl.int64) * stride_lb + off_h.to(tl.int64) * stride_lh + offs_m
         tl.store(l_ptrs, lse, mask=offs_m < seq_q)
+
+
+# ---- decode: split-KV (flash-decoding) for short query lengths ----------------------------------
+@triton.jit
+def block_sparse_decode_fwd(
+    Q, K, V, Out, Lse, PartOut, PartLse,
+    KV_NUM, KV_IDX, FULL_NUM, FULL_IDX,
+    qk_scale,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh,
+    stride_pob, stride_poh, stride_pos, stride_por,
+    stride_plb, stride_plh, stride_pls,
+    stride_cb, stride_ch, stride_ib, stride_ih,
+    stride_fcb, stride_fch, stride_fib, stride_fih,
+    head_groups, gqa_group, seq_q, seq_k,
+    causal_offset, window, sink_tokens,
+    Q_DOC, K_DOC, stride_qdb, stride_kdb,
+    K_START, K_END, stride_pb,
+    MASK_BITS, stride_mbb, stride_mbh, stride_mbm,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
+    RETURN_LSE: tl.constexpr, SPLIT: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    # Grid (num_splits, B * head_groups). One program: GROUP query heads that share one K/V head
+    # (a GQA group, or one head where the layout differs between heads), all seq_q (<= the layout's
+    # query block) query rows of them, and one contiguous share of the key tiles the layout lists
+    # for query block 0 (full blocks, then partial ones). Row r of the tile is query head
+    # head0 + r // seq_q at position r % seq_q, so the group's K/V is read once for all of them.
+    # With SPLIT the program writes its normalized partial output and base-2 LSE for the combine
+    # kernel below; without (one split) it writes the final output directly.
+    split = tl.program_id(0)
+    num_splits = tl.num_programs(0)
+    pid_bg = tl.program_id(1)
+    off_b = pid_bg // head_groups
+    off_g = pid_bg % head_groups
+    head0 = off_g * GROUP
+    off_hkv = head0 // gqa_group
+
+    rows = tl.arange(0, BLOCK_M)  # [BLOCK_M] tile rows
+    row_ok = rows < GROUP * seq_q  # rows past the group's are padding (tl.dot needs M >= 16)
+    row_head = head0 + tl.minimum(rows // seq_q, GROUP - 1)  # [BLOCK_M], clamped in range
+    offs_m = rows % seq_q  # [BLOCK_M] query positions, what the mask predicates see
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+
+    q_ptrs = (Q + off_b.to(tl.int64) * stride_qb + row_head[:, None].to(tl.int64) * stride_qh
+              + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd)
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
+    if EMULATE_BF16:
+        q = q.to(tl.float32)
+    k_ptrs0 = (K + off_b.to(tl.int64) * stride_kb + off_hkv.to(tl.int64) * stride_kh
+               + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
+    v_ptrs0 = (V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
+               + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+
+    q_doc = 0
+    k_doc_ptr = K_DOC
+    k_lo = 0
+    k_hi = seq_k
+    bits_ptrs = MASK_BITS
+    if HAS_DOC:
+        q_doc = tl.load(Q_DOC + off_b * stride_qdb + offs_m)  # [BLOCK_M]
+        k_doc_ptr = K_DOC + off_b * stride_kdb
+    if HAS_PAD:
+        k_lo = tl.load(K_START + off_b * stride_pb)
+        k_hi = tl.load(K_END + off_b * stride_pb)
+    if HAS_BITS:
+        bits_ptrs = (MASK_BITS + off_b.to(tl.int64) * stride_mbb + row_head[:, None].to(tl.int64) * stride_mbh
+                     + offs_m[:, None].to(tl.int64) * stride_mbm)  # [BLOCK_M, 1]
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+    # Query block 0's lists (the launcher takes this path only when seq_q fits one query block);
+    # the layout's head dim is 1 or Hq, and GROUP > 1 only where it is 1 (the group shares them).
+    SUB: tl.constexpr = SPARSE_BLOCK_N // BLOCK_N
+    full_count = tl.load(FULL_NUM + off_b * stride_fcb + head0 * stride_fch)
+    full_idx_base = FULL_IDX + off_b * stride_fib + head0 * stride_fih
+    part_count = tl.load(KV_NUM + off_b * stride_cb + head0 * stride_ch)
+    part_idx_base = KV_IDX + off_b * stride_ib + head0 * stride_ih
+    total = (full_count + part_count) * SUB
+    per_split = tl.cdiv(total, num_splits)
+    first = split * per_split
+    last = tl.minimum(first + per_split, total)
+    for t in range(first, last):
+        blk = t // SUB
+        partial = blk >= full_count
+        idx_ptr = tl.where(partial, part_idx_base + (blk - full_count), full_idx_base + blk)
+        start_n = tl.load(idx_ptr) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
+        acc, l_i, m_i = _attend_block(
+            acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_ptrs0, v_ptrs0, start_n, offs_m, offs_n, offs_d,
+            stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
+            q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale,
+            partial=partial, MASKED=False, RUNTIME_MASK=True,
+            HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
+            IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
+            EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=False,
+        )
+
+    # A split (or a whole row) that saw no key: output 0, LSE -inf (the project's convention).
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    out = acc / l_safe[:, None]  # [BLOCK_M, BLOCK_D]
+    store_ok = row_ok[:, None] & d_ok[None, :]
+    if SPLIT:
+        po_ptrs = (PartOut + off_b.to(tl.int64) * stride_pob + off_g.to(tl.int64) * stride_poh
+                   + split.to(tl.int64) * stride_pos + rows[:, None] * stride_por + offs_d[None, :])
+        tl.store(po_ptrs, out, mask=store_ok)
+        lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))  # base 2, scaled scores
+        pl_ptrs = (PartLse + off_b.to(tl.int64) * stride_plb + off_g.to(tl.int64) * stride_plh
+                   + split.to(tl.int64) * stride_pls + rows)
+        tl.store(pl_ptrs, lse2, mask=row_ok)
+    else:
+        o_ptrs = (Out + off_b.to(tl.int64) * stride_ob + row_head[:, None].to(tl.int64) * stride_oh
+                  + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=store_ok)
+        if RETURN_LSE:
+            lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+            l_ptrs = Lse + off_b.to(tl.int64) * stride_lb + row_head.to(tl.int64) * stride_lh + offs_m
+            tl.store(l_ptrs, lse, mask=row_ok)
+
+
+@triton.jit
+def decode_combine(
+    PartOut, PartLse, Out, Lse,
+    stride_pob, stride_poh, stride_pos, stride_por,
+    stride_plb, stride_plh, stride_pls,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh,
+    num_splits, head_groups, seq_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, GROUP: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+):
+    # One program per output row (batch, query head, query position): the softmax-weighted mean
+    # of the splits' partial outputs, weights 2^(lse_s - max lse). Splits that saw no key have
+    # lse -inf, weight 0; a row no split saw gives 0 and LSE -inf.
+    pid = tl.program_id(0)
+    rows_per_group = GROUP * seq_q
+    row = pid % rows_per_group
+    pid_bg = pid // rows_per_group
+    off_b = pid_bg // head_groups
+    off_g = pid_bg % head_groups
+    head = off_g * GROUP + row // seq_q
+    pos = row % seq_q
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < num_splits
+    lse2 = tl.load(PartLse + off_b.to(tl.int64) * stride_plb + off_g.to(tl.int64) * stride_plh
+                   + offs_s * stride_pls + row, mask=s_ok, other=float("-inf"))  # [BLOCK_S]
+    m = tl.max(lse2, 0)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)
+    weight = tl.math.exp2(lse2 - m_sub)  # [BLOCK_S]
+    denom = tl.sum(weight, 0)
+    parts = tl.load(PartOut + off_b.to(tl.int64) * stride_pob + off_g.to(tl.int64) * stride_poh
+                    + offs_s[:, None].to(tl.int64) * stride_pos + row * stride_por + offs_d[None, :],
+                    mask=s_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)  # [BLOCK_S, BLOCK_D]
+    empty = denom == 0.0
+    out = tl.sum(parts * weight[:, None], 0) / tl.where(empty, 1.0, denom)  # [BLOCK_D]
+    tl.store(Out + off_b.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + pos * stride_om
+             + offs_d * stride_od, out.to(Out.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    if RETURN_LSE:
+        lse = tl.where(empty, float("-inf"), (m_sub + tl.math.log2(tl.where(empty, 1.0, denom))) * 0.6931471805599453)
+        tl.store(Lse + off_b.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + pos, lse)

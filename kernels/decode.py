@@ -1,0 +1,195 @@
+"""The decode path: split-KV ("flash-decoding") block-sparse attention for short query lengths.
+
+Serving spends most of its time decoding: one to a few query tokens against a long KV cache. The
+prefill launch (one program per batch, head and 128-row query tile) then has B * Hq programs, most
+of the GPU idles, and every query head of a GQA group reads the group's K/V again. This path
+instead launches ``block_sparse_decode_fwd`` on a grid of (splits, batch x head groups): each
+program takes the query rows of one GQA group (heads x positions, one K/V read for all of them)
+and a contiguous share of the key tiles the layout lists, and writes a normalized partial output
+with its base-2 LSE; ``decode_combine`` then merges the splits of each row. With one split the
+kernel writes the output itself and no combine runs.
+
+Only the blocks the layout keeps are read, so sparse layouts (sliding window, sink + window,
+random) and ragged batches (``padding_layout``: per-sequence cache lengths, its block lists skip
+each sequence's padding) cost what they keep. The number of splits is chosen from the shape and
+the device's multiprocessor / compute-unit count (``choose_splits``); it changes the order of
+the softmax reduction, so a parity run records it (``DecodeLaunch.num_splits``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+from .configs import DECODE_MAX_SEQ_Q, DecodeConfig
+from .launch import element_mask_arguments, named_strides
+from .layout import BlockLayout
+
+__all__ = ["DecodeLaunch", "decode_eligible", "heads_per_program", "choose_splits", "build_decode_launch",
+           "compute_units", "run_decode", "MAX_ROWS"]
+
+# Query rows of one program (heads of a group x query positions): a group is split into fewer
+# heads per program beyond this, to keep the tile's registers bounded.
+MAX_ROWS = 64
+
+
+def decode_eligible(seq_q: int, layout: BlockLayout, max_seq_q: int = DECODE_MAX_SEQ_Q) -> bool:
+    """Whether the decode path applies: at most ``max_seq_q`` query rows (the default choice's
+    threshold; asked for explicitly, up to ``MAX_ROWS``), all in the layout's first query block."""
+    return 1 <= seq_q <= max_seq_q and layout.num_q_blocks == 1
+
+
+def heads_per_program(gqa_group: int, seq_q: int, layout: BlockLayout) -> int:
+    """How many query heads of one GQA group a program takes: all of them (one K/V read) when the
+    layout's block lists are shared by every head (their head dim is 1) and the rows fit
+    ``MAX_ROWS``, else the largest divisor of the group that fits; 1 where the lists differ
+    between heads (element masks may still differ: the kernel reads them per row)."""
+    if layout.batch_heads[1] != 1:
+        return 1
+    best = 1
+    for heads in range(1, gqa_group + 1):
+        if gqa_group % heads == 0 and heads * seq_q <= MAX_ROWS:
+            best = heads
+    return best
+
+
+def compute_units(device: torch.device) -> int:
+    """Multiprocessors (NVIDIA) or compute units (AMD) of a GPU; 1 for the CPU interpreter."""
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_splits(programs: int, max_tiles: int, units: int, config: DecodeConfig) -> int:
+    """Splits of the key range per program: enough that the launch has about
+    ``config.programs_per_unit`` programs per unit, no split with fewer than
+    ``config.min_tiles_per_split`` tiles (of the longest list), at most ``config.max_splits``."""
+    if max_tiles <= 0:
+        return 1
+    wanted = math.ceil(units * config.programs_per_unit / max(1, programs))
+    by_work = math.ceil(max_tiles / config.min_tiles_per_split)
+    return max(1, min(wanted, by_work, config.max_splits))
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeLaunch:
+    """Both launches of the decode path: ``block_sparse_decode_fwd[grid](**args, **constexprs,
+    **options)``, then, with more than one split, ``decode_combine[combine_grid](**combine_args,
+    **combine_constexprs)``."""
+
+    grid: tuple[int, int]
+    args: dict[str, Any]
+    constexprs: dict[str, Any]
+    options: dict[str, Any]
+    config: DecodeConfig
+    num_splits: int
+    combine_grid: tuple[int] | None
+    combine_args: dict[str, Any] | None
+    combine_constexprs: dict[str, Any] | None
+
+
+def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                        lse: torch.Tensor | None, layout: BlockLayout, config: DecodeConfig, *, sm_scale: float,
+                        num_splits: int | None = None, units: int = 1, emulate_bf16: bool = False) -> DecodeLaunch:
+    """The decode launch for q: [B, Hq, Sq, D] (``decode_eligible``), k, v: [B, Hkv, Sk, D].
+
+    ``out`` [B, Hq, Sq, D] (fp32 staging when ``emulate_bf16``); ``lse`` [B, Hq, Sq] fp32 or None;
+    ``config`` already clamped to the layout's key blocks; ``num_splits`` None picks them
+    (``choose_splits`` over ``units`` multiprocessors), else that many (>= 1). The partial
+    buffers are allocated here. No checks of the inputs (the launcher's ``check_inputs`` does them).
+    """
+    import triton
+
+    from .triton_attention import LOG2E
+
+    batch, heads_q, seq_q, head_dim = q.shape
+    heads_kv, seq_k = k.shape[1], k.shape[2]
+    gqa_group = heads_q // heads_kv
+    group = heads_per_program(gqa_group, seq_q, layout)
+    head_groups = heads_q // group
+    block_m = max(16, triton.next_power_of_2(group * seq_q))
+    block_d = triton.next_power_of_2(head_dim)
+    sub = layout.block_n // config.block_n
+    max_tiles = (layout.kv_indices.shape[-1] + layout.full_kv_indices.shape[-1]) * sub
+    programs = batch * head_groups
+    if num_splits is None:
+        num_splits = choose_splits(programs, max_tiles, units, config)
+    elif num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    split = num_splits > 1
+    return_lse = lse is not None
+    if lse is None:
+        lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
+    rows = group * seq_q
+    if split:
+        part_out = torch.empty(batch, head_groups, num_splits, rows, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(batch, head_groups, num_splits, rows, dtype=torch.float32, device=q.device)
+    else:  # not read: one split writes the output itself
+        part_out = torch.empty(1, 1, 1, 1, 1, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
+    counts, indices = _first_block(layout.kv_num_blocks, layout.kv_indices, batch, heads_q)
+    full_counts, full_indices = _first_block(layout.full_kv_num_blocks, layout.full_kv_indices, batch, heads_q)
+    mask = layout.mask
+    q_doc, k_doc, stride_qdb, stride_kdb, k_start, k_end, stride_pb, mask_bits, *bits_strides = (
+        element_mask_arguments(layout, batch, heads_q))
+    args = {
+        "Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "PartOut": part_out, "PartLse": part_lse,
+        "KV_NUM": counts, "KV_IDX": indices, "FULL_NUM": full_counts, "FULL_IDX": full_indices,
+        "qk_scale": sm_scale * LOG2E,
+        **named_strides("q", q, "bhmd"), **named_strides("k", k, "bhnd"), **named_strides("v", v, "bhnd"),
+        **named_strides("o", out, "bhmd"), **named_strides("l", lse, "bh"),
+        **named_strides("po", part_out, "bhsr"), **named_strides("pl", part_lse, "bhs"),
+        "stride_cb": counts.stride(0), "stride_ch": counts.stride(1),
+        "stride_ib": indices.stride(0), "stride_ih": indices.stride(1),
+        "stride_fcb": full_counts.stride(0), "stride_fch": full_counts.stride(1),
+        "stride_fib": full_indices.stride(0), "stride_fih": full_indices.stride(1),
+        "head_groups": head_groups, "gqa_group": gqa_group, "seq_q": seq_q, "seq_k": seq_k,
+        "causal_offset": mask.offset, "window": mask.window, "sink_tokens": mask.sink_tokens,
+        "Q_DOC": q_doc, "K_DOC": k_doc, "stride_qdb": stride_qdb, "stride_kdb": stride_kdb,
+        "K_START": k_start, "K_END": k_end, "stride_pb": stride_pb,
+        "MASK_BITS": mask_bits, **dict(zip(("stride_mbb", "stride_mbh", "stride_mbm"), bits_strides)),
+    }
+    constexprs = {
+        "HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "BLOCK_N": config.block_n,
+        "SPARSE_BLOCK_N": layout.block_n, "GROUP": group,
+        "IS_CAUSAL": mask.causal, "HAS_WINDOW": mask.window > 0,
+        "HAS_DOC": layout.has_doc, "HAS_PAD": layout.has_padding, "HAS_BITS": layout.has_bits,
+        "RETURN_LSE": return_lse, "SPLIT": split, "EMULATE_BF16": emulate_bf16,
+        # fp32 parity needs IEEE products; for fp16/bf16 operands the setting has no effect.
+        "DOT_PRECISION": "ieee",
+    }
+    combine_grid = combine_args = combine_constexprs = None
+    if split:
+        combine_grid = (batch * heads_q * seq_q,)
+        combine_args = {
+            "PartOut": part_out, "PartLse": part_lse, "Out": out, "Lse": lse,
+            **named_strides("po", part_out, "bhsr"), **named_strides("pl", part_lse, "bhs"),
+            **named_strides("o", out, "bhmd"), **named_strides("l", lse, "bh"),
+            "num_splits": num_splits, "head_groups": head_groups, "seq_q": seq_q,
+        }
+        combine_constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": block_d,
+                              "BLOCK_S": triton.next_power_of_2(num_splits), "GROUP": group,
+                              "RETURN_LSE": return_lse}
+    return DecodeLaunch((num_splits, programs), args, constexprs, config.launch_kwargs(), config, num_splits,
+                        combine_grid, combine_args, combine_constexprs)
+
+
+def run_decode(launch: DecodeLaunch) -> None:
+    """Launch both kernels of a ``DecodeLaunch``."""
+    from .triton_attention import block_sparse_decode_fwd, decode_combine
+
+    block_sparse_decode_fwd[launch.grid](**launch.args, **launch.constexprs, **launch.options)
+    if launch.combine_grid is not None:
+        decode_combine[launch.combine_grid](**launch.combine_args, **launch.combine_constexprs, num_warps=4)
+
+
+def _first_block(counts: torch.Tensor, indices: torch.Tensor, batch: int, heads: int):
+    """Query block 0's count [B, H] and indices [B, H, max_kv_blocks], expanded over batch and
+    heads with zero strides where the layout broadcasts (no copy)."""
+    counts = counts[:, :, 0].to(torch.int32)
+    indices = indices[:, :, 0].to(torch.int32)
+    if indices.stride(-1) != 1:
+        indices = indices.contiguous()
+    return counts.expand(batch, heads), indices.expand(batch, heads, indices.shape[-1])

@@ -1,0 +1,181 @@
+"""The split-KV decode path against the fp64 reference and against the prefill path: every split
+count (more splits than key tiles too), every layout kind, GQA groups shared by one program or
+split over several, ragged batches, empty rows, poisoned outputs, determinism, and bad requests.
+On CPU through the Triton interpreter (conftest); the GPU test runs the same checks compiled."""
+import pytest
+import torch
+
+from parity.kernels import (
+    block_sparse_attention,
+    causal_layout,
+    document_layout,
+    launch_config,
+    padding_layout,
+    prefix_lm_layout,
+    random_layout,
+    sink_layout,
+    sliding_window_layout,
+)
+from parity.kernels.configs import DECODE_MAX_SEQ_Q, DecodeConfig, LaunchConfig
+from parity.kernels.decode import MAX_ROWS, build_decode_launch, choose_splits, heads_per_program
+from parity.kernels.testing import LSE_TOLERANCE, check_kernel_output, random_qkv
+
+LAYOUTS = {
+    "causal": lambda sq, sk: causal_layout(sq, sk, block_m=32, block_n=32),
+    "window": lambda sq, sk: sliding_window_layout(sq, sk, 70, block_m=32, block_n=32),
+    "sink": lambda sq, sk: sink_layout(sq, sk, 64, 1, block_m=32, block_n=32),
+    # per-head block lists: one query head per program (no shared group)
+    "random-per-head": lambda sq, sk: random_layout(sq, sk, 0.5, 4, batch=2, heads=4, block_m=32, block_n=32),
+    # ragged cache lengths in one batch, one sequence with no key at all
+    "ragged": lambda sq, sk: padding_layout(sq, sk, [sk, 0], block_m=32, block_n=32),
+    # two packed documents: query rows 0..1 see keys 0..139, row 2 sees keys 140..199
+    "documents": lambda sq, sk: document_layout([sq - 1, 1], [sk - 60, 60], block_m=32, block_n=32),
+}
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def run_decode(q, k, v, layout, **kwargs):
+    """The kernel into NaN-poisoned buffers; asserts every element was written."""
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), dtype=torch.float32, device=q.device)
+    result, result_lse = block_sparse_attention(q, k, v, layout, return_lse=True, out=out, lse_out=lse, **kwargs)
+    assert result.data_ptr() == out.data_ptr() and result_lse.data_ptr() == lse.data_ptr()
+    assert not out.isnan().any(), f"{int(out.isnan().sum())} outputs left NaN (unwritten)"
+    assert not lse.isnan().any(), f"{int(lse.isnan().sum())} LSE entries left NaN (unwritten)"
+    return out, lse
+
+
+def check_against_reference_and_prefill(q, k, v, layout, **kwargs):
+    out, lse = run_decode(q, k, v, layout, decode=True, **kwargs)
+    check = check_kernel_output(out, lse, q, k, v, layout)
+    assert check.passed, str(check)
+    prefill, prefill_lse = block_sparse_attention(q, k, v, layout, return_lse=True, decode=False)
+    # Same LSE as the prefill path (both fp32 accumulations of the same scores) and the same
+    # empty rows; outputs agree within the reference rule's bound, which both satisfy.
+    assert torch.equal(torch.isneginf(lse), torch.isneginf(prefill_lse))
+    seen = torch.isfinite(prefill_lse)
+    if seen.any():
+        assert float((lse[seen] - prefill_lse[seen]).abs().max()) <= LSE_TOLERANCE
+    assert float((out.double() - prefill.double()).abs().max()) <= 2 * check.bound
+    return out, lse, check
+
+
+@pytest.mark.parametrize("splits", [None, 1, 2, 3, 8], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("kind", list(LAYOUTS))
+def test_every_layout_and_split_count(kind, splits, device):
+    seq_q = 1 if kind in ("causal", "ragged") else 3
+    dtype = DTYPES[(list(LAYOUTS).index(kind) + (splits or 0)) % 3]
+    layout = LAYOUTS[kind](seq_q, 200)
+    q, k, v = random_qkv(2, 4, 2, seq_q, 200, 32, dtype, seed=splits or 0, device=device)
+    check_against_reference_and_prefill(q, k, v, layout, num_splits=splits)
+
+
+@pytest.mark.parametrize("seq_q", [1, 2, 5, DECODE_MAX_SEQ_Q])
+@pytest.mark.parametrize("heads_q,heads_kv", [(8, 2), (8, 1), (4, 4)])
+def test_query_lengths_and_gqa_groups(seq_q, heads_q, heads_kv, device):
+    # Hq=8, Hkv=1, Sq=16: 128 rows per group, over MAX_ROWS, so two programs share the group.
+    layout = causal_layout(seq_q, 150, block_m=32, block_n=32)
+    q, k, v = random_qkv(1, heads_q, heads_kv, seq_q, 150, 64, torch.bfloat16, seed=seq_q, device=device)
+    check_against_reference_and_prefill(q, k, v, layout, num_splits=2)
+
+
+def test_bit_mask_layout(device):
+    layout = prefix_lm_layout(40, 10, block_m=64, block_n=32)
+    q, k, v = random_qkv(1, 4, 2, 40, 40, 32, torch.float16, seed=3, device=device)
+    check_against_reference_and_prefill(q, k, v, layout, num_splits=3)
+
+
+def test_more_splits_than_tiles_and_rows_that_see_nothing(device):
+    # Two 32-key tiles, 7 splits: five splits see no key and must weigh nothing; the second
+    # sequence has no key at all: 0 and LSE -inf, never NaN.
+    layout = padding_layout(1, 64, [64, 0], block_m=32, block_n=32)
+    q, k, v = random_qkv(2, 2, 1, 1, 64, 16, torch.float32, seed=1, device=device)
+    out, lse, _ = check_against_reference_and_prefill(q, k, v, layout, num_splits=7)
+    assert torch.all(out[1] == 0) and torch.all(torch.isneginf(lse[1]))
+    assert torch.isfinite(lse[0]).all()
+
+
+def test_default_path_and_recorded_config(device):
+    short = causal_layout(DECODE_MAX_SEQ_Q, 64, block_m=32, block_n=32)
+    longer = causal_layout(DECODE_MAX_SEQ_Q + 1, 64, block_m=32, block_n=32)
+    assert isinstance(launch_config(device, 64, torch.float16, short), DecodeConfig)
+    assert isinstance(launch_config(device, 64, torch.float16, longer), LaunchConfig)
+    assert launch_config(device, 64, torch.float16, short).to_dict()["path"] == "decode"
+    q, k, v = random_qkv(1, 2, 1, DECODE_MAX_SEQ_Q, 64, 64, torch.float16, seed=2, device=device)
+    default = block_sparse_attention(q, k, v, short)
+    explicit = block_sparse_attention(q, k, v, short, decode=True)
+    assert torch.equal(default, explicit)  # the default is the decode path, and it is deterministic
+    assert torch.equal(block_sparse_attention(q, k, v, short, decode=True, num_splits=3),
+                       block_sparse_attention(q, k, v, short, decode=True, num_splits=3))
+
+
+def test_heads_per_program():
+    shared = causal_layout(1, 64)
+    assert heads_per_program(4, 1, shared) == 4
+    assert heads_per_program(8, 16, shared) == MAX_ROWS // 16  # 4 of the 8 heads: 64 rows
+    assert heads_per_program(6, 16, shared) == 3  # the largest divisor of the group that fits
+    per_head = random_layout(1, 64, 0.5, 0, heads=8, block_m=128, block_n=32)
+    assert heads_per_program(4, 1, per_head) == 1
+
+
+def test_choose_splits():
+    cfg = DecodeConfig(64, 4, 3, programs_per_unit=4, min_tiles_per_split=4, max_splits=128)
+    # 132 units x 4 programs each over 64 programs: 9 splits, if the work allows it.
+    assert choose_splits(64, 64, 132, cfg) == 9
+    assert choose_splits(64, 16, 132, cfg) == 4  # 16 tiles, at least 4 per split
+    assert choose_splits(8, 2048, 132, cfg) == 66
+    assert choose_splits(512, 32, 132, cfg) == 2
+    assert choose_splits(1, 10**6, 132, cfg) == 128  # capped
+    assert choose_splits(64, 0, 132, cfg) == 1
+
+
+def test_split_buffers_are_sized_from_the_group(device):
+    layout = causal_layout(2, 256, block_m=32, block_n=64)
+    q, k, v = random_qkv(3, 8, 2, 2, 256, 32, torch.float16, seed=0, device=device)
+    launch = build_decode_launch(q, k, v, torch.empty_like(q), None, layout, DecodeConfig(32, 4, 1), sm_scale=1.0,
+                                 num_splits=5)
+    assert launch.grid == (5, 3 * 2)  # 2 groups of 4 heads per batch element
+    assert launch.args["PartOut"].shape == (3, 2, 5, 8, 32)  # [B, groups, splits, 4 heads x 2 rows, D]
+    assert launch.constexprs["BLOCK_M"] == 16 and launch.constexprs["GROUP"] == 4
+    assert launch.combine_grid == (3 * 8 * 2,)
+    one = build_decode_launch(q, k, v, torch.empty_like(q), None, layout, DecodeConfig(32, 4, 1), sm_scale=1.0,
+                              num_splits=1)
+    assert one.combine_grid is None and not one.constexprs["SPLIT"]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"decode": True, "_seq_q": MAX_ROWS + 1}, "decode path needs"),
+    ({"decode": True, "num_splits": 0}, "num_splits must be an int >= 1"),
+    ({"decode": False, "num_splits": 2}, "prefill path"),
+    ({"decode": False, "config": DecodeConfig(32, 4, 1)}, "DecodeConfig needs the decode path"),
+    ({"decode": True, "config": LaunchConfig(32, 32, 4, 1)}, "prefill config"),
+])
+def test_bad_requests_are_one_clear_error(kwargs, message, device):
+    seq_q = kwargs.pop("_seq_q", 2)
+    layout = causal_layout(seq_q, 64, block_m=128, block_n=32)
+    q, k, v = random_qkv(1, 2, 1, seq_q, 64, 32, torch.float16, seed=0, device=device)
+    with pytest.raises(ValueError, match=message):
+        block_sparse_attention(q, k, v, layout, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [None, 1, 2, 3, 4, 7, 16, 64])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16", "fp32"])
+def test_gpu_every_split_count(splits, dtype, device):
+    layout = causal_layout(1, 4000)
+    q, k, v = random_qkv(2, 32, 8, 1, 4000, 128, dtype, seed=1, device=device)
+    check_against_reference_and_prefill(q, k, v, layout, num_splits=splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["window", "sink", "ragged", "random"])
+def test_gpu_sparse_and_ragged(kind, device):
+    seq_k = 9000
+    layout = {
+        "window": sliding_window_layout(4, seq_k, 2048),
+        "sink": sink_layout(4, seq_k, 2048, 4),
+        "ragged": padding_layout(4, seq_k, [9000, 5000, 129, 0]),
+        "random": random_layout(4, seq_k, 0.25, 2, causal=True),
+    }[kind]
+    q, k, v = random_qkv(4, 16, 4, 4, seq_k, 128, torch.bfloat16, seed=2, device=device)
+    check_against_reference_and_prefill(q, k, v, layout)
