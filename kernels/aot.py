@@ -39,7 +39,7 @@ from parity import dtypes
 
 __all__ = [
     "DTYPES", "TARGETS", "Problem", "AotResult", "inspect_configs", "inspect_cases", "launch_arguments",
-    "expects_matrix_unit", "kernel_source_digest", "pinned_config", "check_request",
+    "expects_matrix_unit", "kernel_source_digest", "pinned_config", "check_request", "KERNELS", "DECODE_PROBLEM",
 ]
 
 # Compile targets; each must have an ArchSpec in parity.platform and rows in kernels.configs.
@@ -67,6 +67,14 @@ class Problem:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# The kernels ``inspect`` can compile: the prefill kernel and the decode path's split kernel.
+KERNELS = ("prefill", "decode")
+# The decode path's representative launch: one token against a 32k cache, GQA 32:8, split over
+# DECODE_SPLITS programs per group (the split variant, which writes partial outputs, is the heavier).
+DECODE_PROBLEM = Problem(batch=8, heads_q=32, heads_kv=8, seq_q=1, seq_k=32768)
+DECODE_SPLITS = 8
 
 
 @dataclasses.dataclass
@@ -113,6 +121,7 @@ class AotResult:
     enable_fp_fusion: bool | None = None
     compile_seconds: float | None = None
     error: str | None = None
+    kernel: str = "prefill"  # KERNELS: block_sparse_attn_fwd or the decode path's block_sparse_decode_fwd
     problems: list[str] = dataclasses.field(default_factory=list)  # failed checks (verdict)
     notes: list[str] = dataclasses.field(default_factory=list)  # worth knowing, not failures
 
@@ -156,13 +165,19 @@ def check_request(target: str, dtype: str, head_dim: int) -> None:
                          f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
 
 
-def pinned_config(target: str, dtype: str, head_dim: int, overrides: dict[str, int] | None = None):
+def pinned_config(target: str, dtype: str, head_dim: int, overrides: dict[str, int] | None = None,
+                  kernel: str = "prefill"):
     """The launcher's pinned config for ``target`` (kernels.configs), with ``overrides`` applied
-    (``configs.OVERRIDE_KEYS``; AMD knobs on AMD targets only), before the clamp."""
+    (``configs.OVERRIDE_KEYS``; AMD knobs on AMD targets only), before the clamp. For the decode
+    kernel, its ``DecodeConfig`` (no overrides: ``--set`` names prefill fields)."""
     from parity.errors import UsageError
 
     from . import configs
 
+    if kernel == "decode":
+        if overrides:
+            raise UsageError("--set changes the prefill config; it cannot be combined with --kernel decode")
+        return configs.decode_config_for(target, head_dim, dtypes.torch_dtype(dtype))
     cfg = configs.config_for(target, head_dim, dtypes.torch_dtype(dtype))
     if not overrides:
         return cfg
@@ -173,7 +188,7 @@ def pinned_config(target: str, dtype: str, head_dim: int, overrides: dict[str, i
 
 
 def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = Problem(),
-                     overrides: dict[str, int] | None = None):
+                     overrides: dict[str, int] | None = None, kernel: str = "prefill"):
     """The launcher's kernel launch for ``problem`` on ``target`` (``kernels.launch.build_launch``,
     the builder the launcher itself calls), on meta tensors: only dtype, strides, alignment and
     size matter to the compile. ``overrides`` stand for passing ``config=LaunchConfig(...)`` to the
@@ -199,6 +214,13 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
     else:
         layout = causal_layout(p.seq_q, p.seq_k, block_m=p.sparse_block, block_n=p.sparse_block)
     layout = layout.to(meta)
+    if kernel == "decode":
+        from .decode import build_decode_launch
+
+        cfg = pinned_config(target, dtype, head_dim, kernel="decode").clamp(layout.block_n)
+        launch = build_decode_launch(q, k, v, torch.empty_like(q), lse, layout, cfg, sm_scale=head_dim ** -0.5,
+                                     num_splits=DECODE_SPLITS)
+        return launch.args, launch.constexprs, launch.options, launch.config
     cfg = pinned_config(target, dtype, head_dim, overrides).clamp(layout.block_m, layout.block_n)
     launch = build_launch(q, k, v, torch.empty_like(q), lse, layout, cfg, sm_scale=head_dim ** -0.5,
                           use_tma=tma_fits(cfg, q, k, v))
@@ -253,17 +275,19 @@ def _compile_one(request: dict[str, Any]) -> dict[str, Any]:
     target, dtype, head_dim = request["target"], request["dtype"], int(request["head_dim"])
     problem = Problem(**request["problem"])
     spec = platform.arch_spec(target)
-    result = AotResult(target=target, vendor=spec.vendor, dtype=dtype, head_dim=head_dim, config={},
+    kernel_name = request.get("kernel", "prefill")
+    result = AotResult(target=target, vendor=spec.vendor, dtype=dtype, head_dim=head_dim, config={}, kernel=kernel_name,
                        overrides=dict(request.get("overrides") or {}),
                        problem=problem.to_dict(), matrix_unit_expected=expects_matrix_unit(target, dtype),
                        shared_limit_bytes=spec.shared_mem_bytes)
     try:
         args, constexprs, options, cfg = launch_arguments(target, dtype, head_dim, problem,
-                                                          request.get("overrides"))
+                                                          request.get("overrides"), kernel_name)
         result.config = cfg.to_dict()
         result.constexprs = constexprs
         gpu_target = GPUTarget(spec.backend, spec.triton_arch, spec.warp_size)
-        fn = triton_attention.block_sparse_attn_fwd
+        fn = (triton_attention.block_sparse_decode_fwd if kernel_name == "decode"
+              else triton_attention.block_sparse_attn_fwd)
         signature, consts, attrs = _specialize(fn, make_backend(gpu_target), args, constexprs)
         if signature["Q"] != dtypes.triton_pointer(dtype):  # the builder's tensors carry the dtype
             raise RuntimeError(f"Q is specialized as {signature['Q']}, expected {dtypes.triton_pointer(dtype)}")
@@ -418,17 +442,17 @@ def _judge(result: AotResult) -> None:
 
 def inspect_configs(targets=("gfx942",), dtypes=DTYPES, head_dims=(64, 128), *,
                     problem: Problem = Problem(), overrides: dict[str, int] | None = None,
-                    jobs: int | None = None) -> list[AotResult]:
+                    jobs: int | None = None, kernel: str = "prefill") -> list[AotResult]:
     """Compile every (target, dtype, head_dim) with the launcher's config; compile-only, no GPU.
 
     See ``inspect_cases``; results come in the order target, dtype, head_dim.
     """
     cases = [(t, d, int(h)) for t in targets for d in dtypes for h in head_dims]
-    return inspect_cases(cases, problem=problem, overrides=overrides, jobs=jobs)
+    return inspect_cases(cases, problem=problem, overrides=overrides, jobs=jobs, kernel=kernel)
 
 
 def inspect_cases(cases, *, problem: Problem = Problem(), overrides: dict[str, int] | None = None,
-                  jobs: int | None = None) -> list[AotResult]:
+                  jobs: int | None = None, kernel: str = "prefill") -> list[AotResult]:
     """Compile each (target, dtype, head_dim) case with the launcher's config; compile-only.
 
     ``overrides`` replace fields of the pinned config (as if ``config=`` were given to the launcher),
@@ -440,8 +464,8 @@ def inspect_cases(cases, *, problem: Problem = Problem(), overrides: dict[str, i
     requests = []
     for target, dtype, head_dim in cases:
         check_request(target, dtype, int(head_dim))
-        pinned_config(target, dtype, int(head_dim), overrides)  # reject unknown keys here
-        requests.append({"target": target, "dtype": dtype, "head_dim": int(head_dim),
+        pinned_config(target, dtype, int(head_dim), overrides, kernel)  # reject unknown keys here
+        requests.append({"target": target, "dtype": dtype, "head_dim": int(head_dim), "kernel": kernel,
                          "problem": problem.to_dict(), "overrides": dict(overrides or {})})
     if not requests:
         return []

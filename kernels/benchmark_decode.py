@@ -51,10 +51,9 @@ THRESHOLD_SEQ_Q = (1, 2, 4, 8, 16, 32, 64)
 HBM_DATASHEET_TBPS = 4.8  # H200 SXM datasheet
 # --sweep: decode configs tried on the dense cases (fields of configs.DecodeConfig).
 SWEEP = (
-    {"block_n": 32}, {"block_n": 128}, {"num_stages": 2}, {"num_stages": 4}, {"num_warps": 2},
-    {"num_warps": 8}, {"programs_per_unit": 2}, {"programs_per_unit": 8}, {"programs_per_unit": 16},
-    {"min_tiles_per_split": 2}, {"min_tiles_per_split": 8}, {"block_n": 128, "num_stages": 2},
-    {"block_n": 128, "num_warps": 8, "num_stages": 3},
+    {"programs_per_unit": 2}, {"programs_per_unit": 3}, {"programs_per_unit": 6}, {"programs_per_unit": 8},
+    {"num_stages": 2}, {"num_stages": 2, "programs_per_unit": 2}, {"num_stages": 4, "programs_per_unit": 8},
+    {"block_n": 32}, {"block_n": 32, "programs_per_unit": 2},
 )
 _FIELDS = {field.name: field.type for field in dataclasses.fields(configs.DecodeConfig) if field.name != "amd"}
 
@@ -256,7 +255,7 @@ class Sizes:
 
 
 def run(*, sweep: bool, threshold: bool, variants: list[dict[str, int]], check: bool, flex: bool,
-        device: torch.device | None = None, sizes: Sizes = Sizes()) -> dict[str, Any]:
+        device: torch.device | None = None, sizes: Sizes = Sizes(), dense_only: bool = False) -> dict[str, Any]:
     device = device or torch.device("cuda")
     ceilings = {"copy_tbps": copy_bandwidth(device, sizes.copy_elements),
                 "hbm_datasheet_tbps": HBM_DATASHEET_TBPS}
@@ -281,6 +280,10 @@ def run(*, sweep: bool, threshold: bool, variants: list[dict[str, int]], check: 
             sweep_rows += measure_case(f"dense B{batch} Sk{seq_k}", layout, batch, 1, {f"decode {label(cfg)}": fn},
                                        q, k, v, ceilings, {f"decode {label(cfg)}": meta}, check=False)
         del q, k, v
+    if dense_only:
+        return {"format": FORMAT, "version": VERSION, "environment": environment(device), "ceilings": ceilings,
+                "pinned_config": pinned.to_dict(), "units": compute_units(device), "dense": dense, "sparse": [],
+                "ragged": [], "sweep": sweep_rows, "threshold": []}
     q, k, v = random_qkv(sizes.sparse_batch, sizes.heads_q, sizes.heads_kv, 1, sizes.sparse_seq, sizes.head_dim, torch.bfloat16, seed=1,
                          device=device)
     sparse_layouts = {
@@ -362,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"also time this change of the pinned decode config ({', '.join(_FIELDS)})")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
     parser.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
+    parser.add_argument("--dense-only", action="store_true", help="only the dense cases (and the sweep)")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--markdown", metavar="RESULT.json", help="print the tables of an earlier result (no GPU)")
     args = parser.parse_args(argv)
@@ -382,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         print("benchmark_decode: needs a GPU", file=sys.stderr)
         return 2
     result = run(sweep=args.sweep, threshold=args.threshold, variants=variants, check=not args.no_check,
-                 flex=not args.no_flex)
+                 flex=not args.no_flex, dense_only=args.dense_only)
     print(markdown(result))
     if args.json:
         with open(args.json, "w") as fh:

@@ -176,8 +176,16 @@ DECODE_MAX_SEQ_Q = 16
 DECODE_CONFIGS: dict[str, tuple[tuple[int, DecodeConfig], ...]] = {
     # The interpreter: one split unless asked for (tests force every split count).
     "cpu": ((256, DecodeConfig(64, 4, 1, programs_per_unit=1)),),
-    "sm_80": ((128, DecodeConfig(64, 4, 3)), (256, DecodeConfig(32, 4, 2))),
-    "sm_90": ((128, DecodeConfig(64, 4, 3)), (256, DecodeConfig(32, 4, 2))),
+    # Hopper, D<=128: 32-key tiles, 4 warps, 3 stages, about 4 programs per SM. Measured on the H200
+    # (bf16, Hq=32, Hkv=8, D=128, one token; CUDA-graph device time; kernels/BENCHMARK.md,
+    # kernels/results/h200-decode-tuning-*.json): within 0-4% of SDPA at B8/4k, B8/32k, B1/128k
+    # and B64/2k, where 64-key tiles were 2-11% behind at B1/128k and 2 stages fell to 1.35x
+    # at B8/32k in one of two runs. Spill-free (parity inspect --kernel decode --target sm_90).
+    # Ampere takes the same rows until measured (compile-only: spill-free at sm_80).
+    "sm_80": ((128, DecodeConfig(32, 4, 3)), (256, DecodeConfig(32, 4, 2))),
+    "sm_90": ((128, DecodeConfig(32, 4, 3)), (256, DecodeConfig(32, 4, 2))),
+    # CDNA: one stage (LDS is 64 KiB; Triton's AMD pipeliner streams through registers), 64-key
+    # tiles; compile-only (parity inspect --kernel decode --target gfx942: spill-free, MFMA).
     "gfx90a": ((128, _amd_decode(64, 4, 1)), (256, _amd_decode(32, 4, 1))),
     "gfx942": ((128, _amd_decode(64, 4, 1)), (256, _amd_decode(32, 4, 1))),
     "gfx950": ((128, _amd_decode(64, 4, 1)), (256, _amd_decode(32, 4, 1))),

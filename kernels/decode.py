@@ -63,13 +63,14 @@ def compute_units(device: torch.device) -> int:
 
 
 def choose_splits(programs: int, max_tiles: int, units: int, config: DecodeConfig) -> int:
-    """Splits of the key range per program: enough that the launch has about
-    ``config.programs_per_unit`` programs per unit, no split with fewer than
-    ``config.min_tiles_per_split`` tiles (of the longest list), at most ``config.max_splits``."""
+    """Splits of the key range per program: the most that keep the launch within
+    ``config.programs_per_unit`` programs per unit (whole waves: a partial last wave of equal
+    programs leaves units idle), no split with fewer than ``config.min_tiles_per_split`` tiles of
+    the longest list, at most ``config.max_splits``, at least one."""
     if max_tiles <= 0:
         return 1
-    wanted = math.ceil(units * config.programs_per_unit / max(1, programs))
-    by_work = math.ceil(max_tiles / config.min_tiles_per_split)
+    wanted = units * config.programs_per_unit // max(1, programs)
+    by_work = max_tiles // config.min_tiles_per_split
     return max(1, min(wanted, by_work, config.max_splits))
 
 

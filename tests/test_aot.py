@@ -139,6 +139,33 @@ def test_arguments_match_a_recorded_launcher_call(monkeypatch, case):
             assert ours == theirs, name
 
 
+@pytest.fixture(scope="module")
+def compiled_decode():
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        results = aot.inspect_cases([("gfx942", "bf16", 128), ("sm_90", "bf16", 128)], problem=aot.DECODE_PROBLEM,
+                                    kernel="decode")
+    return {r.target: r for r in results}
+
+
+@pytest.mark.parametrize("target", ["gfx942", "sm_90"])
+def test_decode_kernel_compiles_spill_free_with_matrix_instructions(compiled_decode, target):
+    r = compiled_decode[target]
+    assert r.kernel == "decode" and r.config["path"] == "decode", describe(r)
+    assert r.passed, describe(r)
+    assert r.spills == 0 and not r.scratch_bytes, describe(r)
+    prefix = "v_mfma_" if target == "gfx942" else "mma.sync"
+    assert any(op.startswith(prefix) for op in r.matrix_instructions), describe(r)
+    # One token of a 32:8 GQA group: 4 query rows padded to the 16-row tile, split programs.
+    assert r.constexprs["GROUP"] == 4 and r.constexprs["BLOCK_M"] == 16 and r.constexprs["SPLIT"] is True
+
+
+def test_decode_refuses_prefill_overrides(capsys):
+    assert main(["inspect", "--kernel", "decode", "--set", "block_n=32", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--kernel decode" in err[0]
+
+
 # ---- reading the AMD code object (no compile) --------------------------------------------------
 
 _AMDGCN_WITH_AGPRS = """\

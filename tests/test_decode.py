@@ -120,13 +120,14 @@ def test_heads_per_program():
 
 def test_choose_splits():
     cfg = DecodeConfig(64, 4, 3, programs_per_unit=4, min_tiles_per_split=4, max_splits=128)
-    # 132 units x 4 programs each over 64 programs: 9 splits, if the work allows it.
-    assert choose_splits(64, 64, 132, cfg) == 9
+    # 132 units x 4 programs each over 64 programs: 8 splits (512 programs), if the work allows.
+    assert choose_splits(64, 64, 132, cfg) == 8
     assert choose_splits(64, 16, 132, cfg) == 4  # 16 tiles, at least 4 per split
     assert choose_splits(8, 2048, 132, cfg) == 66
-    assert choose_splits(512, 32, 132, cfg) == 2
+    assert choose_splits(512, 32, 132, cfg) == 1  # 512 programs already fill the units
     assert choose_splits(1, 10**6, 132, cfg) == 128  # capped
     assert choose_splits(64, 0, 132, cfg) == 1
+    assert choose_splits(64, 3, 132, cfg) == 1  # less work than one split's minimum
 
 
 def test_split_buffers_are_sized_from_the_group(device):

@@ -42,6 +42,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="override a field of the pinned config (block_m, block_n, num_warps, "
                              "num_stages, and on AMD waves_per_eu, matrix_instr_nonkdim, kpack); repeatable")
+    parser.add_argument("--kernel", choices=("prefill", "decode"), default="prefill",
+                        help="which kernel: the prefill kernel (default) or the decode path's split-KV kernel "
+                             "(compiled for one token against a 32k cache, GQA 32:8)")
     add_cli_options(parser, "json")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
                         help="parallel compile processes (default: one per available core)")
@@ -61,7 +64,8 @@ def _overrides(items: list[str]) -> dict[str, int | bool]:
 
 def _tile(r) -> str:
     c = r.config
-    text = f"{c['block_m']}x{c['block_n']} w{c['num_warps']} s{c['num_stages']}"
+    rows = f"{r.constexprs['BLOCK_M']}" if c.get("path") == "decode" else f"{c['block_m']}"
+    text = f"{rows}x{c['block_n']} w{c['num_warps']} s{c['num_stages']}"
     if "waves_per_eu" in c:
         text += f" wpe{c['waves_per_eu']} nonk{c['matrix_instr_nonkdim']} kpack{c['kpack']}"
     return text + (" (--set)" if r.overrides else "")
@@ -147,18 +151,18 @@ def run(args: argparse.Namespace) -> int:
     overrides = _overrides(args.overrides)
     if args.jobs is not None and args.jobs < 1:
         raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
-    problem = aot.Problem()
+    problem = aot.DECODE_PROBLEM if args.kernel == "decode" else aot.Problem()
     cases = [(t, d, h) for t in targets for d in dtype_names for h in head_dims]
     for target, dtype_name, head_dim in cases:  # one line for a bad argument, before any progress
         aot.check_request(target, dtype_name, head_dim)
-        aot.pinned_config(target, dtype_name, head_dim, overrides)
+        aot.pinned_config(target, dtype_name, head_dim, overrides, args.kernel)
     if not args.quiet:
         print(f"parity inspect: compiling {len(cases)} config{'s' if len(cases) != 1 else ''} ahead of time "
               f"for {', '.join(targets)}", file=sys.stderr, flush=True)
     results = aot.inspect_configs(targets, dtype_names, head_dims, problem=problem, overrides=overrides,
-                                  jobs=args.jobs)
+                                  jobs=args.jobs, kernel=args.kernel)
     passed = all(r.passed for r in results)
-    header = header_line(problem)
+    header = header_line(problem) + ("; the decode path's split kernel" if args.kernel == "decode" else "")
     if args.json != "-":
         print(header)
         print(format_table(results))
