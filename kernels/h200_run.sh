@@ -31,7 +31,7 @@ mkdir -p "$R" "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 
-STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect"}
+STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect inspect-decode"}
 
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2
@@ -81,6 +81,8 @@ step gpu-properties 150 env PARITY_HYPOTHESIS_PROFILE=gpu PARITY_HYPOTHESIS_MAX_
     tests/test_properties.py -k kernel_matches_reference
 step inspect 90 "$PY" -m parity inspect --target sm_90 --dtype bf16 --dtype fp16 --dtype fp32 \
     --head-dim 64 --head-dim 128 --head-dim 256 --json "$R/inspect-sm90.json"
+step inspect-decode 90 "$PY" -m parity inspect --kernel decode --target sm_90 --dtype bf16 --dtype fp16 --dtype fp32 \
+    --head-dim 64 --head-dim 128 --head-dim 256 --json "$R/inspect-decode-sm90.json"
 if [ -n "${HARNESS:-}" ]; then
     # shellcheck disable=SC2086  # word splitting of the argument string is intended
     step harness "${HARNESS_LIMIT:-480}" "$PY" -m parity.benchmark --device cuda --workdir /tmp/parity-bench \
