@@ -14,7 +14,8 @@ the token sees its whole cache):
   blocks: the decode path against dense SDPA on the same cache, and FlexAttention on the mask;
 - ragged, B=8, cache lengths 32k down to 2k in one padded [8, 32k] cache (``padding_layout``):
   the decode path, the decode path on the padded cache as if full, and SDPA on the padded cache;
-- ``--threshold``: Sq = 1 .. 64 at B=8, Sk=32k, the decode path (forced) against the prefill path;
+- ``--threshold``: Sq = 1 .. 64 at (B, Sk) = (8, 32k) and (64, 2k), the decode path (forced)
+  against the prefill path;
 - ``--sweep`` / ``--variant``: decode configs on the dense cases.
 
 Every implementation's output is checked against the fp32 PyTorch reference on the same inputs
@@ -251,6 +252,7 @@ class Sizes:
     window: int = 4096
     ragged: tuple[int, ...] = RAGGED_LENGTHS
     threshold: tuple[int, ...] = THRESHOLD_SEQ_Q
+    threshold_shapes: tuple[tuple[int, int], ...] = ((8, 32768), (64, 2048))
     copy_elements: int = 2**30
 
 
@@ -314,15 +316,19 @@ def run(*, sweep: bool, threshold: bool, variants: list[dict[str, int]], check: 
                            {"parity decode": full_fn, "SDPA (padded)": sdpa(q, k, v)}, q, k, v, ceilings,
                            {"parity decode": full_meta}, check)
     if threshold:
-        for seq_q in sizes.threshold:
-            qq = random_qkv(sizes.sparse_batch, sizes.heads_q, sizes.heads_kv, seq_q, 1, sizes.head_dim, torch.bfloat16, seed=seq_q,
-                            device=device)[0]
-            layout = causal_layout(seq_q, sizes.sparse_seq).to(device)
-            fn, meta = parity_decode(qq, k, v, layout)
-            threshold_rows += measure_case(
-                f"Sq{seq_q} B{sizes.sparse_batch} Sk{sizes.sparse_seq}", layout, sizes.sparse_batch, seq_q,
-                {"parity decode": fn, "parity prefill path": lambda: block_sparse_attention(qq, k, v, layout, decode=False)},
-                qq, k, v, ceilings, {"parity decode": meta}, check=seq_q <= 16)
+        for batch, seq_k in sizes.threshold_shapes:
+            k, v = random_qkv(batch, sizes.heads_q, sizes.heads_kv, 1, seq_k, sizes.head_dim, torch.bfloat16,
+                              seed=2, device=device)[1:]
+            for seq_q in sizes.threshold:
+                qq = random_qkv(batch, sizes.heads_q, sizes.heads_kv, seq_q, 1, sizes.head_dim, torch.bfloat16,
+                                seed=seq_q, device=device)[0]
+                layout = causal_layout(seq_q, seq_k).to(device)
+                fn, meta = parity_decode(qq, k, v, layout)
+                threshold_rows += measure_case(
+                    f"Sq{seq_q} B{batch} Sk{seq_k}", layout, batch, seq_q,
+                    {"parity decode": fn,
+                     "parity prefill path": lambda: block_sparse_attention(qq, k, v, layout, decode=False)},
+                    qq, k, v, ceilings, {"parity decode": meta}, check=seq_q <= 16 and batch * seq_k <= 2**18)
     return {"format": FORMAT, "version": VERSION, "environment": environment(device), "ceilings": ceilings,
             "pinned_config": pinned.to_dict(), "units": compute_units(device),
             "shape": {"heads_q": sizes.heads_q, "heads_kv": sizes.heads_kv, "head_dim": sizes.head_dim, "dtype": "bf16"},

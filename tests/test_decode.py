@@ -180,3 +180,34 @@ def test_gpu_sparse_and_ragged(kind, device):
     }[kind]
     q, k, v = random_qkv(4, 16, 4, 4, seq_k, 128, torch.bfloat16, seed=2, device=device)
     check_against_reference_and_prefill(q, k, v, layout)
+
+
+def test_decode_benchmark_runs_checks_and_reports_on_cpu(device, capsys):
+    """The benchmark's whole flow at toy sizes through the interpreter (CPU timings are a smoke
+    test, not measurements): every row checked against the fp32 reference where it computes the
+    layout's function, bytes counted from the kept blocks, and the document's table."""
+    if device.type != "cpu":
+        pytest.skip("the toy sizes are for the interpreter; the GPU run is kernels/h200_run.sh")
+    from parity.kernels import benchmark_decode as bench
+
+    sizes = bench.Sizes(heads_q=4, heads_kv=2, head_dim=32, dense=((1, 200),), sparse_batch=2, sparse_seq=512,
+                        window=128, ragged=(512, 100), threshold=(1, 20), threshold_shapes=((1, 256),),
+                        copy_elements=1024)
+    result = bench.run(sweep=False, threshold=True, variants=[{"block_n": 32}], check=True, flex=False,
+                       device=device, sizes=sizes)
+    rows = result["dense"] + result["sparse"] + result["ragged"]
+    checked = [r for r in rows if r["rel_l2_vs_fp32_ref"] is not None]
+    assert {r["impl"] for r in rows} >= {"parity decode", "parity prefill path", "SDPA", "SDPA (dense)"}
+    assert all(r["rel_l2_vs_fp32_ref"] < 5e-3 for r in checked), checked  # bf16 rounding only
+    assert not any(r["rel_l2_vs_fp32_ref"] is not None for r in rows if r["impl"].endswith("(dense)"))
+    # Ragged lengths 512 and 100 in a 512 cache of 128-key blocks: 4 + 1 blocks are read, not 8.
+    ragged = next(r for r in result["ragged"] if r["case"].startswith("ragged"))
+    assert ragged["kv_bytes"] == (512 + 128) * 2 * 32 * 2 * 2
+    assert [r["seq_q"] for r in result["threshold"]] == [1, 1, 20, 20]
+    assert len(result["sweep"]) == 1 and result["sweep"][0]["config"].startswith("n32")
+    table = bench.markdown(result)
+    assert table.count("\n") == len(rows) + 1 and "| ragged B2 lengths 100..512 | parity decode |" in table
+    assert bench.parse_variant("block_n=32,num_stages=2") == {"block_n": 32, "num_stages": 2}
+    for bad in ("block_m=32", "block_n=x", "block_n=0", "block_n=32,block_n=64", ","):
+        with pytest.raises(ValueError):
+            bench.parse_variant(bad)
