@@ -53,6 +53,8 @@ MAX_WORLD_SIZE = 65536
 # The field of a rank bundle's manifest that ties it to its set.
 BUNDLE_FIELD = "distributed"
 _RANK_DIR = re.compile(r"rank-(\d{5,})")
+# A rank's bundle being written (parity.bundle's hidden partial directory, ``.NAME.partial-HOST-PID-*``).
+_RANK_PARTIAL = re.compile(r"\.rank-(\d{5,})\.partial-.*")
 _HEX = re.compile(r"[0-9a-f]{64}")
 _SET_ID = re.compile(r"[0-9a-f]{32}")
 
@@ -66,14 +68,14 @@ def _show(path: object) -> str:
 
 
 def looks_like_rank_set(path: str | os.PathLike) -> bool:
-    """A directory holding ``rankset.json`` or a ``rank-NNNNN`` directory (complete or not): what
+    """A directory holding ``rankset.json`` or a rank's bundle (``rank-NNNNN``, complete or partial): what
     the CLI routes to the rank-set commands, so an unfinished set is reported as one."""
     root = Path(path)
     try:
         if (root / TOP_NAME).is_file():
             return True
         return root.is_dir() and not (root / MANIFEST_NAME).exists() and any(
-            _RANK_DIR.fullmatch(entry.name) for entry in os.scandir(root))
+            _RANK_DIR.fullmatch(entry.name) or _RANK_PARTIAL.fullmatch(entry.name) for entry in os.scandir(root))
     except OSError:
         return False
 
@@ -214,9 +216,20 @@ def _rank_bundle_info(reader: BundleReader) -> dict[str, Any] | None:
 
 
 def _diagnose_unfinished(root: Path) -> BundleError:
-    """No top manifest: name the rank that is missing or unfinished, as far as the bundles tell."""
+    """No top manifest: name the rank that is missing or unfinished, as far as the directory tells.
+
+    A rank whose process died while writing leaves its partial bundle directory (nobody removes
+    it before the next capture of the set): that rank is named first. Otherwise the first rank,
+    of the world size the committed bundles record, whose bundle is missing.
+    """
+    names = sorted(os.listdir(root))
+    died = sorted({int(match.group(1)) for name in names for match in [_RANK_PARTIAL.fullmatch(name)] if match})
+    if died:
+        listed = ", ".join(map(str, died))
+        return _fail(root, f"not committed (no {TOP_NAME}): rank {listed}'s bundle was never finished (a partial "
+                           "bundle is left: that rank died during the capture)")
     present: dict[int, BundleReader | BundleError] = {}
-    for entry in sorted(os.listdir(root)):
+    for entry in names:
         match = _RANK_DIR.fullmatch(entry)
         if match:
             try:
