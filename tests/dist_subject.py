@@ -14,6 +14,9 @@ the projections' width (``view(..., -1, head_dim)``), so the same code runs whol
   sliced per rank, the MLP all-reduces down's partial sums itself (so ``mlp.down_proj``'s output
   is a partial sum and ``mlp``'s is replicated); the placements come from the user's map.
 
+``pipeline`` places the embedding and the first block on the CPU and the rest on the device it
+is given (:meth:`TPDecoderSubject.place`): on a GPU host, one model over two devices in one process.
+
 Faults, as other implementations (injected from outside parity, after the split): ``fault-rank1``
 scales rank 1's local shard of ``layers.1.mlp.up_proj.weight`` by 1.01; ``die-rank1`` kills rank
 1's process with SIGKILL in the middle of the recorded run.
@@ -95,6 +98,7 @@ class Block(nn.Module):
         self.mlp = MLP(d_model, ffn_dim)
 
     def forward(self, x):
+        x = x.to(self.attn_norm.weight.device)  # pipeline stages: the activation follows the block
         x = x + self.attn(self.attn_norm(x))
         return x + self.mlp(self.mlp_norm(x))
 
@@ -112,7 +116,7 @@ class TPDecoder(nn.Module):
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x)
-        return self.lm_head(self.norm(x))
+        return self.lm_head(self.norm(x.to(self.norm.weight.device)))
 
 
 class TPDecoderSubject(Subject):
@@ -120,10 +124,10 @@ class TPDecoderSubject(Subject):
     impls = ("reference", "fault-rank1", "die-rank1")
 
     def __init__(self, vocab=66, d_model=32, layers=2, heads=4, kv_heads=4, head_dim=8, ffn_dim=64, seq_len=16,
-                 batch=2, dtype="fp32", seed=0, split="dtensor"):
+                 batch=2, dtype="fp32", seed=0, split="dtensor", pipeline=False):
         super().__init__(vocab=vocab, d_model=d_model, layers=layers, heads=heads, kv_heads=kv_heads,
                          head_dim=head_dim, ffn_dim=ffn_dim, seq_len=seq_len, batch=batch, dtype=dtype, seed=seed,
-                         split=split)
+                         split=split, pipeline=pipeline)
 
     def build(self, impl):
         a = self.args
@@ -146,7 +150,17 @@ class TPDecoderSubject(Subject):
                                                generator=gen)})
 
     def call(self, module, inputs):
-        return module(inputs.tensors["tokens"])
+        return module(inputs.tensors["tokens"].to(module.embed.weight.device))
+
+    def place(self, module, device):
+        """``pipeline``: two stages in one process, the embedding and the first block on the CPU, the
+        rest on ``device`` (on a GPU host: modules on two devices); else all of it on ``device``."""
+        if not self.args["pipeline"]:
+            return module.to(device)
+        module.to(device)
+        module.embed.to("cpu")
+        module.layers[0].to("cpu")
+        return module
 
     def parallelize(self, module, mesh):
         rank, world = mesh.get_local_rank(), mesh.size()

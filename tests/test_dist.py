@@ -222,6 +222,20 @@ def test_missing_or_stale_rank_is_refused(sets, tmp_path):
         open_rank_set(foreign)
 
 
+def test_one_process_records_each_tensor_device_and_places_pipeline_stages(sets, tmp_path):
+    from parity.bundle import open_bundle
+    from parity.capture import capture
+    from parity.compare import compare_bundle
+
+    bundle = open_bundle(sets / "tp1")
+    assert {entry.device for entry in bundle.entries_of("output")} == {"cpu"}
+    assert {entry.device for entry in bundle.entries_of("state")} == {None}  # made on the CPU, not recorded
+    # The subject places its own stages (place()); on this CPU-only host both stages are the CPU.
+    capture(SPEC, tmp_path / "pipe", subject_args={"pipeline": True}, reference="none")
+    report = compare_bundle(tmp_path / "pipe", impl="reference", device="cpu")
+    assert report.passed and len(report.layers) == 28
+
+
 def test_capture_refuses_an_existing_set_without_force(sets, capsys):
     # one process is not a launch: the single-bundle capture refuses the existing directory
     capsys.readouterr()
@@ -268,3 +282,20 @@ def test_gpu_smoke_single_rank_nccl(tmp_path):
     assert "PARITY HOLDS: 28/28 tensors" in compared.stdout
     single = compare_rank_set(tmp_path / "gpu1", impl="reference", device="cuda")
     assert single.passed
+
+
+@pytest.mark.gpu
+def test_gpu_modules_on_two_devices_in_one_process(tmp_path):
+    """Pipeline stages in one process: the embedding and block 0 on the CPU, the rest on the GPU."""
+    from parity.bundle import open_bundle
+    from parity.capture import capture
+    from parity.compare import compare_bundle
+    from parity.subjects.base import trusting
+
+    with trusting(SPEC):
+        capture(SPEC, tmp_path / "pipe", subject_args={"pipeline": True}, device="cuda")
+        devices = {entry.name: entry.device for entry in open_bundle(tmp_path / "pipe").entries_of("output")}
+        assert devices["embed"] == "cpu" and devices["layers.0"] == "cpu"
+        assert devices["layers.1"] == "cuda:0" and devices["lm_head"] == "cuda:0"
+        report = compare_bundle(tmp_path / "pipe", impl="reference", device="cuda")
+    assert report.passed and len(report.layers) == 28
