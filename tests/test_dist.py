@@ -135,13 +135,23 @@ def test_tp2_and_tp4_hold_against_one_process(sets):
 
 def test_tp4_against_tp2_and_tp2_against_tp2_rank_by_rank(sets, capsys):
     assert main(["diff", str(sets / "tp4"), str(sets / "tp2"), "--json", str(sets / "diff42.json")]) == 0
-    document = json.loads((sets / "diff42.json").read_text())
+    document = _valid(json.loads((sets / "diff42.json").read_text()))
     assert document["passed"] is True
     assert any("full tensors rebuilt" in warning for warning in document["warnings"])
     report = diff_sets(sets / "tp2", sets / "tp2")
     assert report.passed and len(report.layers) == 56  # 28 tensors on each of 2 ranks
     assert report.layers[0].name == "embed@rank0" and report.layers[1].name == "embed@rank1"
     assert all(r.metrics.max_abs == 0 for r in report.layers)
+
+
+def _valid(document):
+    """The report validates against its published JSON Schema (parity/schemas)."""
+    from jsonschema import Draft202012Validator
+
+    from parity import jsonformat
+
+    Draft202012Validator(jsonformat.schema_for(document["format"])).validate(document)
+    return document
 
 
 def _failing_reasons(document, name):
@@ -156,7 +166,7 @@ def test_wrong_weight_on_one_rank_is_named_with_its_rank_and_layer(sets):
     assert [r.returncode for r in ranks] == [1, 1], ranks[0].stderr[-3000:]
     assert ranks[1].stdout == ""  # rank 0 alone reports
     assert "PARITY FAILS: first failing tensor layers.1.mlp.up_proj " in ranks[0].stdout
-    document = json.loads((sets / "report42.json").read_text())
+    document = _valid(json.loads((sets / "report42.json").read_text()))
     names = [row["name"] for row in document["layers"]]
     first = names.index("layers.1.mlp.up_proj")
     assert all(row["passed"] for row in document["layers"][:first])  # upstream of the fault holds
@@ -168,7 +178,7 @@ def test_wrong_weight_on_one_rank_is_named_with_its_rank_and_layer(sets):
     ranks = launch(2, "compare", "--bundle", str(sets / "tp2"), "--impl", "fault-rank1", "--device", "cpu",
                    "--subject", SPEC, "--json", "report22.json", "--quiet", cwd=sets)
     assert [r.returncode for r in ranks] == [1, 1], ranks[0].stderr[-3000:]
-    document = json.loads((sets / "report22.json").read_text())
+    document = _valid(json.loads((sets / "report22.json").read_text()))
     assert document["summary"]["first_failing_layer"] == "layers.1.mlp.up_proj@rank1"
     verdicts = {row["name"]: row["passed"] for row in document["layers"]}
     assert verdicts["layers.1.mlp.up_proj@rank0"] is True and verdicts["layers.1.attn@rank1"] is True
@@ -189,6 +199,11 @@ def test_a_corrupted_shard_names_its_rank(sets, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(err) == 1
     assert "rank 1" in err[0] and "checksum mismatch" in err[0]
+    assert main(["verify", str(damaged)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rank 1:" in err[0] and "checksum mismatch" in err[0], err
+    assert main(["verify", str(sets / "tp2")]) == 0
+    assert "rank set" in capsys.readouterr().out
 
 
 def test_a_killed_rank_leaves_no_valid_set(sets, capsys):

@@ -111,19 +111,15 @@ class _Store:
         self.rules = rules
         self.say = say
         self.placements: dict[str, Placement] = {}
-        self.sources: dict[str, int] = {}
 
     def __call__(self, record: RecordedTensor) -> None:
         what = f"tensor '{record.name}'"
         local, placement = unwrap_dtensor(record.tensor, what=what)
-        source = "dtensor"
         if placement is None:
             rule = self.rules.lookup(record.module, record.name)
-            placement, source = (rule.placement, rule.source) if rule is not None else (REPLICATE, "default")
-            placement = placement.normalized(local.ndim, what=what)
+            placement = (rule.placement if rule is not None else REPLICATE).normalized(local.ndim, what=what)
         if record.kind == "output":
             self.placements[record.name] = placement
-            self.sources[source] = self.sources.get(source, 0) + 1
         elif record.kind == "reference" and self.placements.get(record.name, placement) != placement:
             raise CaptureError(f"{what}: the reference run placed it {placement.text}, the recorded run "
                                f"{self.placements[record.name].text}")
@@ -255,8 +251,7 @@ def record_ranks(
 
     assert result is not None
     report = group.gather({"rank": rank, "bundle": rankset.rank_dir(rank), DIGEST_FIELD: digest,
-                           "placements": {name: placement.to_json() for name, placement in result.placements.items()},
-                           "sources": store.sources})
+                           "placements": {name: placement.to_json() for name, placement in result.placements.items()}})
     error = None
     try:
         if rank == 0:

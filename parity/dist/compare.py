@@ -261,7 +261,6 @@ def compare_rank_set(
     module = runner.build(impl, state=view.rank0.subject_state(), device=device)
     stored = view.rank0.subject_inputs()
     inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in stored.tensors.items()}, stored.meta)
-    obtained: list[Obtained] = []
     results: list[TensorResult] = []
     judge = Judge(view, policy, budget)
 
@@ -279,7 +278,7 @@ def compare_rank_set(
     say(f"run impl {impl} on {device}")
     with Recorder(module, on_tensor, layers=view.capture_layers, copy=False):
         runner.run(module, inputs)
-    del obtained, inputs
+    del inputs
     ordered = judge.in_golden_order(results)
     report = _report(view, ordered, policy=policy, budget=budget, impl=impl, device=str(device),
                      here_platform=platform.fingerprint(device), warnings=[], started=started,

@@ -352,3 +352,19 @@ def _check_same_tensors(root: Path, readers: list[BundleReader], placements: Map
         for name in names:
             if name not in placements:
                 raise _fail(root, f"{kind} tensor '{printable(name, limit=120)}' has no placement in {TOP_NAME}")
+
+
+def verify_rank_set(path: str | os.PathLike, summary: Any) -> list[str]:
+    """``parity verify`` of a rank set: open it whole (:func:`open_rank_set`), then verify every rank's
+    bundle (:meth:`BundleReader.verify`); the lines to print (``summary(reader)``: one bundle's).
+    A BundleError naming the rank for the first problem."""
+    rank_set = open_rank_set(path)
+    lines = [f"parity verify: rank set {_show(rank_set.path)}: OK, {rank_set.world_size} ranks "
+             f"({rank_set.backend}), {len(rank_set.placements)} placed tensors"]
+    for rank, reader in enumerate(rank_set.ranks):
+        try:
+            reader.verify()
+        except BundleError as err:
+            raise _fail(rank_set.path, f"rank {rank}: {err}") from None
+        lines.extend(f"  {line}" for line in summary(reader))
+    return lines
