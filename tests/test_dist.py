@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -35,12 +34,6 @@ MEGATRON_MAP = ["layers.*.mlp.gate_proj=shard(-1)", "layers.*.mlp.up_proj=shard(
 LAUNCH_TIMEOUT_S = 120
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
@@ -49,12 +42,17 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def launch(world: int, *argv: str, cwd: Path) -> list[subprocess.CompletedProcess]:
-    """``python -m parity ARGV`` on ``world`` ranks, with the environment torchrun gives each."""
-    port = str(_free_port())
+    """``python -m parity ARGV`` on ``world`` ranks, with the environment torchrun gives each; as under
+    torchrun, the rendezvous store is hosted outside the ranks (here), so no rank's exit takes it away
+    from the others."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     procs = []
     for rank in range(world):
         env = _env({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-                    "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port})
+                    "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
+                    "TORCHELASTIC_USE_AGENT_STORE": "True"})
         procs.append(subprocess.Popen([sys.executable, "-m", "parity", *argv], cwd=cwd, env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     done = []
@@ -66,7 +64,12 @@ def launch(world: int, *argv: str, cwd: Path) -> list[subprocess.CompletedProces
                 other.kill()
             raise
         done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    del store
     return done
+
+
+def _stderr(ranks: list[subprocess.CompletedProcess]) -> str:
+    return "\n".join(f"rank {rank}: {r.stderr[-2000:]}" for rank, r in enumerate(ranks))
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +85,11 @@ def sets(tmp_path_factory):
     assert torchrun.returncode == 0, torchrun.stderr[-3000:]
     assert "wrote rank set tp2: 2 ranks" in torchrun.stdout
     ranks = launch(4, "capture", "--subject", SPEC, "--bundle", "tp4", "--quiet", cwd=root)
-    assert [r.returncode for r in ranks] == [0] * 4, ranks[0].stderr[-3000:]
+    assert [r.returncode for r in ranks] == [0] * 4, _stderr(ranks)
     placements = [arg for item in MEGATRON_MAP for arg in ("--placement", item)]
     ranks = launch(2, "capture", "--subject", SPEC, "--set", "split=megatron", "--bundle", "megatron", "--quiet",
                    *placements, cwd=root)
-    assert [r.returncode for r in ranks] == [0, 0], ranks[0].stderr[-3000:]
+    assert [r.returncode for r in ranks] == [0, 0], _stderr(ranks)
     capture(SPEC, root / "tp1")
     capture(SPEC, root / "tp1-megatron", subject_args={"split": "megatron"})
     return root
@@ -122,6 +125,9 @@ def test_rank_set_records_placements_devices_and_one_state(sets):
     view = open_golden(sets / "tp4")
     assert view.entry("lm_head").shape == (2, 16, 66)
     assert view.load("lm_head").shape == (2, 16, 66)
+    # o_proj's output is recorded after RowwiseParallel's all-reduce: the 4 copies agree bit for bit
+    # (before it, each rank holds a different partial sum).
+    assert view.load("layers.0.attn.o_proj").shape == (2, 16, 32) and view.disagreements == {}
 
 
 def test_tp2_and_tp4_hold_against_one_process(sets):
@@ -163,7 +169,7 @@ def test_wrong_weight_on_one_rank_is_named_with_its_rank_and_layer(sets):
     # this run: 2 ranks, rank 1's shard of layers.1.mlp.up_proj scaled by 1.01; golden: 4 ranks
     ranks = launch(2, "compare", "--bundle", str(sets / "tp4"), "--impl", "fault-rank1", "--device", "cpu",
                    "--subject", SPEC, "--json", "report42.json", "--quiet", cwd=sets)
-    assert [r.returncode for r in ranks] == [1, 1], ranks[0].stderr[-3000:]
+    assert [r.returncode for r in ranks] == [1, 1], _stderr(ranks)
     assert ranks[1].stdout == ""  # rank 0 alone reports
     assert "PARITY FAILS: first failing tensor layers.1.mlp.up_proj " in ranks[0].stdout
     document = _valid(json.loads((sets / "report42.json").read_text()))
@@ -177,7 +183,7 @@ def test_wrong_weight_on_one_rank_is_named_with_its_rank_and_layer(sets):
     # the same world size: rank against rank
     ranks = launch(2, "compare", "--bundle", str(sets / "tp2"), "--impl", "fault-rank1", "--device", "cpu",
                    "--subject", SPEC, "--json", "report22.json", "--quiet", cwd=sets)
-    assert [r.returncode for r in ranks] == [1, 1], ranks[0].stderr[-3000:]
+    assert [r.returncode for r in ranks] == [1, 1], _stderr(ranks)
     document = _valid(json.loads((sets / "report22.json").read_text()))
     assert document["summary"]["first_failing_layer"] == "layers.1.mlp.up_proj@rank1"
     verdicts = {row["name"]: row["passed"] for row in document["layers"]}

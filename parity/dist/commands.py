@@ -56,8 +56,10 @@ def capture(args: argparse.Namespace, *, subject_args: dict, shard_bytes: int, d
                                   layers=args.layers, reference=args.reference, placements=rules, force=args.force,
                                   shard_bytes=shard_bytes, durable=args.durable, group=group,
                                   progress=None if args.quiet else stderr_progress(group.rank))
-    finally:
-        group.close()
+    except BaseException:
+        group.close(synchronize=False)
+        raise
+    group.close()
     if group.rank == 0:
         print(f"wrote rank set {result.path}: {result.world_size} ranks, {len(result.placements)} recorded tensors "
               f"per rank; hooks on/off bitwise equal on every rank")
@@ -106,11 +108,14 @@ def compare(args: argparse.Namespace, *, device: str | None, progress):
         return report, report.passed
     group = join(device)
     try:
-        return compare_distributed(view.path, impl=args.impl, policy=policy, budget=args.budget,
-                                   placements=placement_map(args), progress=progress if group.rank == 0 else None,
-                                   group=group)
-    finally:
-        group.close()
+        outcome = compare_distributed(view.path, impl=args.impl, policy=policy, budget=args.budget,
+                                      placements=placement_map(args), progress=progress if group.rank == 0 else None,
+                                      group=group)
+    except BaseException:
+        group.close(synchronize=False)
+        raise
+    group.close()
+    return outcome
 
 
 def diff(args: argparse.Namespace, progress):

@@ -88,10 +88,14 @@ class Group:
             if item is not None:
                 raise RankFailed(f"rank {rank} of {self.world_size} failed during {step}: {item[1]}")
 
-    def close(self) -> None:
+    def close(self, *, synchronize: bool = True) -> None:
+        """Destroy the group if it was initialised here; ``synchronize``: first wait until every rank
+        is done with it (after a success; after an error a rank may be gone)."""
         import torch.distributed as dist
 
         if self.owned and dist.is_initialized():
+            if synchronize:
+                dist.barrier()
             dist.destroy_process_group()
 
 
