@@ -257,6 +257,27 @@ def test_one_process_records_each_tensor_device_and_places_pipeline_stages(sets,
     assert report.passed and len(report.layers) == 28
 
 
+def test_prepare_invalidates_the_old_set_first_and_never_touches_other_directories(sets, tmp_path):
+    from parity.dist.rankset import prepare
+    from parity.errors import UsageError
+
+    old = _copy(sets, "tp4", tmp_path)
+    with pytest.raises(UsageError, match="already exists; pass --force"):
+        prepare(old, world_size=2, force=False)
+    assert (old / TOP_NAME).exists()
+    prepare(old, world_size=2, force=True)  # a new capture of 2 ranks is about to be written
+    assert not (old / TOP_NAME).exists()
+    assert sorted(p.name for p in old.iterdir()) == ["rank-00000", "rank-00001"]
+    with pytest.raises(BundleError, match="not committed"):
+        open_rank_set(old)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="not a parity rank set"):
+        prepare(other, world_size=2, force=True)
+    assert (other / "notes.txt").read_text() == "mine"
+
+
 def test_capture_refuses_an_existing_set_without_force(sets, capsys):
     # one process is not a launch: the single-bundle capture refuses the existing directory
     capsys.readouterr()

@@ -2,10 +2,10 @@
 
 Which tensors are judged against which:
 
-- **the same world size on both sides** (two rank sets, or a run under torchrun against a set of its
-  size): rank against rank. Rank r's tensors are judged against the golden's rank r; a result is
+- **the same world size and placements on both sides** (two rank sets, or a run under torchrun
+  against a set of its size, split alike): rank against rank. Rank r's tensors are judged against the golden's rank r; a result is
   named ``NAME@rankR`` (the policy resolves it as ``NAME``).
-- **another world size, or one process** (a plain bundle is a set of one): full tensors rebuilt
+- **another world size or split, or one process** (a plain bundle is a set of one): full tensors rebuilt
   from each side's placements (:class:`parity.dist.views.FullView`) are judged. Where a sharded
   tensor fails, each rank's slice is judged again under the same tolerance and the ranks whose
   slice fails are named in the verdict; replicated copies that disagree fail the tensor, naming
@@ -298,7 +298,7 @@ def diff_sets(
     candidate_label: str = "the candidate",
 ) -> CompareReport:
     """``parity diff`` where either side is a rank set: rank against rank for two sets of one world
-    size, full tensors rebuilt otherwise. Refusals as :func:`parity.diff.diff_bundles` (``check_run``
+    size and the same placements, full tensors rebuilt otherwise. Refusals as :func:`parity.diff.diff_bundles` (``check_run``
     False skips the inputs and weights check, for a compare's scratch set, which stores neither)."""
     started = time.monotonic()
     say = Progress(progress)
@@ -315,7 +315,10 @@ def diff_sets(
     extra = [entry.name for entry in obtained.entries_of("output") if not expected.has(entry.name)]
     say(f"{describe(obtained)} against {describe(expected)}: {len(common)} tensors in common")
     wording = _DIFF_WORDING if check_run else None
-    if expected.rank_set is not None and obtained.rank_set is not None and expected.world_size == obtained.world_size:
+    same_layout = (expected.rank_set is not None and obtained.rank_set is not None
+                   and expected.world_size == obtained.world_size
+                   and all(expected.placement(name) == obtained.placement(name) for name in common))
+    if same_layout:
         mode = "rank by rank"
         results = judge_rank_by_rank(expected.rank_set, obtained.rank_set, policy, budget, wording=wording,
                                      both_references=both, strict=policy.strict_structure)
