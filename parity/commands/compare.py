@@ -120,6 +120,8 @@ def _run(args: argparse.Namespace) -> int:
         if report is not None:
             write_outputs(report, args)
         return 0 if passed else 1
+    if args.placements:
+        raise UsageError("--placement applies to a distributed compare; run it under torchrun")
     bundle = open_bundle(args.golden)  # reads JSON and file sizes; imports and runs nothing
     root = bundle.path.resolve()
     remove_from_sys_path(root)  # a bundle directory is never where Python finds modules

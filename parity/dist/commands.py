@@ -103,6 +103,8 @@ def compare(args: argparse.Namespace, *, device: str | None, progress):
     if args.strict_structure:
         policy = dataclasses.replace(policy, strict_structure=True)
     if not launched():
+        if getattr(args, "placements", None):
+            raise UsageError("--placement applies to a distributed compare; run it under torchrun")
         report = compare_rank_set(view, impl=args.impl, device=device, policy=policy, budget=args.budget,
                                   progress=progress)
         return report, report.passed
