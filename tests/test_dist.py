@@ -137,6 +137,9 @@ def test_tp2_and_tp4_hold_against_one_process(sets):
         assert len(report.layers) == 28 and all(r.rule == "budget" for r in report.layers)
     report = diff_sets(sets / "tp1", sets / "tp4")  # one process against 4 ranks, no run
     assert report.passed and len(report.layers) == 28
+    assert main(["diff", str(sets / "tp4"), str(sets / "tp1"), "--quiet", "--json", str(sets / "diff41.json")]) == 0
+    document = _valid(json.loads((sets / "diff41.json").read_text()))
+    assert document["passed"] is True and len(document["layers"]) == 28
 
 
 def test_tp4_against_tp2_and_tp2_against_tp2_rank_by_rank(sets, capsys):
@@ -283,6 +286,12 @@ def test_capture_refuses_an_existing_set_without_force(sets, capsys):
     capsys.readouterr()
     assert main(["capture", "--subject", SPEC, "--bundle", str(sets / "tp2"), "--quiet"]) == 2
     assert "already exists" in capsys.readouterr().err
+    for argv in (["capture", "--subject", SPEC, "--bundle", str(sets / "new"), "--placement", "x=shard(0)"],
+                 ["compare", "--bundle", str(sets / "tp2"), "--impl", "reference", "--placement", "x=shard(0)"],
+                 ["compare", "--bundle", str(sets / "tp2"), "--impl", "reference", "--isolate"]):
+        assert main([*argv, "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and ("--placement applies" in err[0] or "--isolate is not available" in err[0]), err
 
 
 def test_manual_megatron_split_with_a_placement_map(sets, tmp_path):
