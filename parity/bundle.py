@@ -731,11 +731,13 @@ class BundleWriter:
         call_index: int | None = None,
         path: str | None = None,
         copy: bool = True,
+        device: str | None = None,
     ) -> None:
         """Queue one tensor; it is copied to CPU now and written when its shard fills up.
 
         ``copy=False`` skips the copy of a CPU tensor the caller hands over and never changes
-        until the bundle is committed (or aborted).
+        until the bundle is committed (or aborted). ``device``: where a recorded tensor was
+        produced (``Entry.device``), for models spread over devices.
         """
         if kind not in KINDS:
             raise ValueError(f"unknown entry kind {kind!r}; expected one of {KINDS}")
@@ -772,7 +774,7 @@ class BundleWriter:
         self._pending_hashes.append(digest)
         self._pending_meta.append(
             dict(kind=kind, name=name, dtype=dtype, shape=tuple(data.shape), key=key,
-                 nbytes=nbytes, layer=layer, module=module, call_index=call_index, path=path)
+                 nbytes=nbytes, layer=layer, module=module, call_index=call_index, path=path, device=device)
         )
 
     def _copy_in(self, tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:

@@ -121,7 +121,7 @@ def capture(
             # The recorder hands over the module's own tensor (copy=False); the writer copies it
             # once, into its shard arena, before this returns.
             writer.add(record.kind, record.name, record.tensor, layer=record.layer, module=record.module,
-                       call_index=record.call_index, path=record.path, copy=True)
+                       call_index=record.call_index, path=record.path, copy=True, device=str(record.tensor.device))
             say.tick(lambda: f"recorded {len(recorder.calls)} layers, {recorder.tensor_count} tensors "
                              f"({recorder.byte_count / 2**20:.1f} MiB)")
 

@@ -117,6 +117,7 @@ class Entry:
     module: str | None = None
     call_index: int | None = None
     path: str | None = None
+    device: str | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -127,6 +128,8 @@ class Entry:
         data = dataclasses.asdict(self)
         data["shape"] = list(self.shape)
         data[algorithm] = data.pop("checksum")
+        if data["device"] is None:  # written only where recorded: other manifests stay as they were
+            del data["device"]
         return data
 
 
@@ -506,9 +509,10 @@ def _check_entry(c: _Checker, number: int, item: Any, shards: Mapping[str, Shard
     module = c.opt_str(item.get("module"), f"{label}.module")
     call_index = c.opt_int(item.get("call_index"), f"{label}.call_index")
     path = c.opt_str(item.get("path"), f"{label}.path")
+    device = c.opt_str(item.get("device"), f"{label}.device", limit=200)
     if layer is not None and path is not None and name != (f"{layer}/{path}" if path else layer):
         raise c.fail(label, "name is not its layer and path joined by '/'")
-    return Entry(kind, name, dtype, tuple(shape), shard, key, checksum, nbytes, layer, module, call_index, path)
+    return Entry(kind, name, dtype, tuple(shape), shard, key, checksum, nbytes, layer, module, call_index, path, device)
 
 
 def _check_entries(c: _Checker, raw: dict[str, Any], shards: list[Shard], version: int) -> list[Entry]:

@@ -69,6 +69,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "safetensors' save_file does). Faster where the disk is slower than the page cache; "
                              "a crash of the machine (power loss, not of parity) can then leave a bundle that "
                              "fails its checksums. Default: every file is fsynced before the manifest names it")
+    parser.add_argument("--placement", dest="placements", action="append", default=None, metavar="GLOB=PLACEMENT",
+                        help="under torchrun: the placement of a plain tensor of a manually split model, by module "
+                             "glob (shard(DIM), replicate or partial), e.g. 'layers.*.mlp.up_proj=shard(-1)'; "
+                             "repeatable, later wins. DTensor outputs and parallelize plans need none")
     add_cli_options(parser, "quiet")
     parser.set_defaults(func=run)
     return parser
@@ -122,6 +126,14 @@ def run(args: argparse.Namespace) -> int:
     if ":" in args.subject:
         add_cwd_to_sys_path()  # the user named this module: find it where `python -m` would
     _make_parent(args.out)
+    from ..dist.group import launched
+
+    if launched():  # one rank of a torchrun launch: a rank set (parity.dist)
+        from ..dist.commands import capture as capture_ranks
+
+        return capture_ranks(args, subject_args=_subject_args(args), shard_bytes=shard_bytes, device=device)
+    if args.placements:
+        raise UsageError("--placement applies to a distributed capture; run it under torchrun")
     result = capture(
         args.subject,
         args.out,

@@ -62,6 +62,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--subject", default=None, metavar="SPEC",
                         help="trust and build this subject (must equal the bundle's; package.module:factory "
                              "or a built-in)")
+    parser.add_argument("--placement", dest="placements", action="append", default=None, metavar="GLOB=PLACEMENT",
+                        help="under torchrun: the placement of a plain tensor of this run's manual split, by "
+                             "module glob (as capture's)")
     parser.set_defaults(func=run)
     return parser
 
@@ -106,6 +109,19 @@ def _run(args: argparse.Namespace) -> int:
     # Before anything imports Triton: the interpreter must be chosen before kernels are defined.
     enable_triton_interpreter(args.impl, device)
 
+    from ..dist.group import launched
+    from ..dist.rankset import looks_like_rank_set
+
+    if launched() or looks_like_rank_set(args.golden):  # a rank set, or a torchrun launch (parity.dist)
+        from ..dist.commands import compare as compare_ranks, quiet_other_ranks
+
+        quiet_other_ranks(args)
+        report, passed = compare_ranks(args, device=device, progress=None if args.quiet else stderr_progress("compare"))
+        if report is not None:
+            write_outputs(report, args)
+        return 0 if passed else 1
+    if args.placements:
+        raise UsageError("--placement applies to a distributed compare; run it under torchrun")
     bundle = open_bundle(args.golden)  # reads JSON and file sizes; imports and runs nothing
     root = bundle.path.resolve()
     remove_from_sys_path(root)  # a bundle directory is never where Python finds modules

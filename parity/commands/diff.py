@@ -57,6 +57,14 @@ def _run(args: argparse.Namespace) -> int:
     from ._output import check_judging_args, stderr_progress, write_outputs
 
     check_judging_args(args)
+    from ..dist.rankset import looks_like_rank_set
+
+    if looks_like_rank_set(args.golden) or looks_like_rank_set(args.candidate):  # parity.dist
+        from ..dist.commands import diff as diff_ranks
+
+        report = diff_ranks(args, None if args.quiet else stderr_progress("diff"))
+        write_outputs(report, args)
+        return 0 if report.passed else 1
     golden, candidate = open_bundle(args.golden), open_bundle(args.candidate)
     for bundle in (golden, candidate):
         refuse_policy_inside(policy_file(args.tolerances), bundle.path)

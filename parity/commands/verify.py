@@ -58,7 +58,13 @@ def summary_lines(bundle) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from ..bundle import open_bundle
+    from ..dist.rankset import looks_like_rank_set
 
+    if looks_like_rank_set(args.bundle):  # a rank set: the set whole, then every rank's bundle (parity.dist)
+        from ..dist.rankset import verify_rank_set
+
+        print("\n".join(verify_rank_set(args.bundle, summary_lines)))
+        return 0
     with open_bundle(args.bundle) as bundle:
         bundle.verify()
         print("\n".join(summary_lines(bundle)))

@@ -19,6 +19,14 @@ A subject is anything with these attributes (subclassing :class:`Subject` is opt
     check_inputs(inputs: Inputs)    # optional; raise UsageError for inputs this subject cannot
                                     #   run (the compare host's inputs come from a bundle)
     check_state(state: dict)        # optional; the same for stored state
+    place(module, device) -> nn.Module
+                                    # optional; puts the module on its devices (manual pipeline
+                                    #   stages, or a Hugging Face device_map model returned as it
+                                    #   is); default: module.to(device)
+    parallelize(module, mesh) -> plan | None
+                                    # optional; splits the module over a 1-D DeviceMesh under
+                                    #   torchrun and returns the parallelize_module plan it applied
+                                    #   (parity.dist.capture)
     memory_needs() -> list[(str, int)]
                                     # optional; estimated bytes per purpose, checked against the
                                     #   device's memory before a non-CPU build (``sizes_text``,
@@ -547,8 +555,14 @@ class SubjectRunner:
                     f"stored state does not fit the module subject {self.name} builds for impl {impl!r}: "
                     + "; ".join(problems)
                 )
+        placer = getattr(self.subject, "place", None)
+        if callable(placer):  # modules on several devices: the subject places them (dtype below keeps devices)
+            module = self._guarded("place", placer, module, torch.device(device))
+            if not isinstance(module, nn.Module):
+                raise UsageError(f"subject {self.name}: place() returned a {type(module).__name__}, not an nn.Module")
         try:
-            module = module.to(device)
+            if not callable(placer):
+                module = module.to(device)
             if dtype is not None:
                 module = module.to(dtype)
         except _out_of_memory_types() as err:

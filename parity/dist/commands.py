@@ -1,0 +1,134 @@
+"""The command-line side of rank sets: what ``capture``, ``compare`` and ``diff`` do under torchrun or on a set.
+
+The commands in :mod:`parity.commands` route here (a few lines each): ``capture`` when the process
+is one rank of a launch (:func:`parity.dist.group.launched`), ``compare`` when it is, or when its
+bundle is a rank set, ``diff`` when either side is a rank set. These functions take the parsed
+arguments, apply the same checks as the single-process commands (trust, a policy file inside the
+bundle, judging options) and return what the command prints or writes. Only rank 0 writes reports;
+every rank exits with the same status.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+
+from ..errors import UsageError
+from ..text import printable
+from .placement import PlacementMap
+
+REPORT_FLAGS = ("json", "junit_xml", "html", "markdown")
+
+
+def launch_rank() -> int:
+    """This process's rank in a launch (``RANK``; 0 outside one)."""
+    try:
+        return int(os.environ.get("RANK", "0"))
+    except ValueError:
+        return 0
+
+
+def quiet_other_ranks(args: argparse.Namespace) -> None:
+    """Reports (and the error reports of exit 2 and 3) are written by rank 0 alone."""
+    if launch_rank() != 0:
+        for dest in REPORT_FLAGS:
+            if hasattr(args, dest):
+                setattr(args, dest, None)
+
+
+def placement_map(args: argparse.Namespace) -> PlacementMap:
+    return PlacementMap.parse(getattr(args, "placements", None) or [])
+
+
+def capture(args: argparse.Namespace, *, subject_args: dict, shard_bytes: int, device: str) -> int:
+    """``capture`` on one rank of a launch: this rank's bundle, and on rank 0 the committed set."""
+    from .capture import capture_rank_set, stderr_progress
+    from .group import join
+
+    if args.record_inputs:
+        raise UsageError("--record-inputs is not available for a distributed capture (layers of a split model "
+                         "cannot be replayed alone)")
+    rules = placement_map(args)
+    group = join(device)
+    try:
+        result = capture_rank_set(args.subject, args.out, subject_args=subject_args, impl=args.impl,
+                                  layers=args.layers, reference=args.reference, placements=rules, force=args.force,
+                                  shard_bytes=shard_bytes, durable=args.durable, group=group,
+                                  progress=None if args.quiet else stderr_progress(group.rank))
+    except BaseException:
+        group.close(synchronize=False)
+        raise
+    group.close()
+    if group.rank == 0:
+        print(f"wrote rank set {result.path}: {result.world_size} ranks, {len(result.placements)} recorded tensors "
+              f"per rank; hooks on/off bitwise equal on every rank")
+    return 0
+
+
+def _trusted(args: argparse.Namespace, spec: object, where: Path, policy) -> tuple[str, ...]:
+    from ..subjects.base import check_trusted
+
+    trusted = tuple(policy.trusted_subjects)
+    if args.subject is not None:
+        if args.subject != spec:
+            raise UsageError(f"--subject {printable(args.subject)!r} does not match {printable(str(where))}, which was "
+                             f"captured from subject {printable(str(spec))!r}")
+        trusted += (args.subject,)
+    check_trusted(spec, trusted, bundle=where)
+    return trusted
+
+
+def compare(args: argparse.Namespace, *, device: str | None, progress):
+    """``compare`` of a rank set in one process, or of any golden under a launch.
+    Returns ``(report or None, passed)``; the report is None on ranks other than 0."""
+    from ..policy import policy_file, policy_for_cli, refuse_policy_inside
+    from ..subjects.base import add_cwd_to_sys_path, is_builtin, remove_from_sys_path
+    from .compare import compare_distributed, compare_rank_set, open_golden
+    from .group import join, launched
+
+    if args.isolate:
+        raise UsageError("--isolate is not available for rank sets or distributed runs (a layer of a split model "
+                         "cannot be replayed alone)")
+    view = open_golden(args.golden)  # reads manifests; imports and runs nothing
+    root = Path(view.path).resolve()
+    remove_from_sys_path(root)
+    refuse_policy_inside(policy_file(args.tolerances), view.path)
+    policy = policy_for_cli(args.tolerances)
+    trusted = _trusted(args, view.subject.get("spec"), view.path, policy)
+    if not is_builtin(view.subject.get("spec")):
+        add_cwd_to_sys_path()
+        remove_from_sys_path(root)
+    policy = dataclasses.replace(policy, trusted_subjects=trusted)
+    if args.strict_structure:
+        policy = dataclasses.replace(policy, strict_structure=True)
+    if not launched():
+        if getattr(args, "placements", None):
+            raise UsageError("--placement applies to a distributed compare; run it under torchrun")
+        report = compare_rank_set(view, impl=args.impl, device=device, policy=policy, budget=args.budget,
+                                  progress=progress)
+        return report, report.passed
+    group = join(device)
+    try:
+        outcome = compare_distributed(view.path, impl=args.impl, policy=policy, budget=args.budget,
+                                      placements=placement_map(args), progress=progress if group.rank == 0 else None,
+                                      group=group)
+    except BaseException:
+        group.close(synchronize=False)
+        raise
+    group.close()
+    return outcome
+
+
+def diff(args: argparse.Namespace, progress):
+    """``diff A B`` where A or B is a rank set."""
+    from ..policy import policy_file, policy_for_cli, refuse_policy_inside
+    from .compare import diff_sets, open_golden
+
+    golden, candidate = open_golden(args.golden), open_golden(args.candidate)
+    for view in (golden, candidate):
+        refuse_policy_inside(policy_file(args.tolerances), view.path)
+    policy = policy_for_cli(args.tolerances)
+    if args.strict_structure:
+        policy = dataclasses.replace(policy, strict_structure=True)
+    return diff_sets(golden, candidate, policy=policy, budget=args.budget, progress=progress)

@@ -1,0 +1,124 @@
+"""Placements on a 1-D mesh and rebuilding full tensors from the ranks' pieces (pure, one process)."""
+import pytest
+import torch
+
+from parity.dist.placement import (
+    PARTIAL,
+    REPLICATE,
+    PlacementMap,
+    parse_placement,
+    placement_from_json,
+    rebuild,
+    shard,
+    style_output_placement,
+    unwrap_dtensor,
+)
+from parity.errors import BundleError, UsageError
+
+
+def _pieces(full: torch.Tensor, world: int, dim: int) -> list[torch.Tensor]:
+    return [piece.clone() for piece in torch.chunk(full, world, dim=dim)] + \
+        [full.narrow(dim, 0, 0).clone()] * (world - len(torch.chunk(full, world, dim=dim)))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("shard(-1)", shard(-1)), ("Shard(2)", shard(2)), (" shard( 0 ) ", shard(0)), ("replicate", REPLICATE),
+    ("Replicate()", REPLICATE), ("partial", PARTIAL), ("partial(sum)", PARTIAL),
+])
+def test_parse_placement(text, expected):
+    assert parse_placement(text) == expected
+
+
+@pytest.mark.parametrize("text", ["shard", "shard(x)", "partial(max)", "replicate(1)", "colwise", ""])
+def test_bad_placement_is_one_line_usage_error(text):
+    with pytest.raises(UsageError, match="placement|shard|partial|replicate"):
+        parse_placement(text)
+
+
+def test_placement_json_round_trip_and_damage():
+    for placement in (shard(3), REPLICATE, PARTIAL):
+        assert placement_from_json(placement.to_json(), "x") == placement
+    for bad in ({"kind": "shard"}, {"kind": "shard", "dim": -1}, {"kind": "shard", "dim": True},
+                {"kind": "replicate", "dim": 0}, {"kind": "gather"}, [], None):
+        with pytest.raises(BundleError):
+            placement_from_json(bad, "placements")
+
+
+@pytest.mark.parametrize("world, size", [(2, 6), (4, 66), (4, 5), (3, 7)])  # 66/4: 17,17,17,15; 5/4: 2,2,1,0
+def test_rebuild_shards_uneven_as_dtensor_makes_them(world, size):
+    full = torch.randn(3, size, 2, generator=torch.Generator().manual_seed(size))
+    pieces = _pieces(full, world, 1)
+    assert len(pieces) == world
+    loaded = []
+
+    def load(rank):
+        loaded.append(rank)
+        return pieces[rank]
+
+    rebuilt = rebuild("t", shard(1), [tuple(p.shape) for p in pieces], full.dtype, load)
+    assert torch.equal(rebuilt.tensor, full)
+    assert loaded == list(range(world))  # one piece at a time, in rank order
+    assert rebuilt.disagreements == []
+
+
+def test_rebuild_partial_sums_in_the_accumulation_dtype():
+    gen = torch.Generator().manual_seed(0)
+    parts = [torch.randn(64, generator=gen).to(torch.bfloat16) for _ in range(4)]
+    rebuilt = rebuild("t", PARTIAL, [(64,)] * 4, torch.bfloat16, lambda rank: parts[rank])
+    expected = sum(part.float() for part in parts).to(torch.bfloat16)
+    assert rebuilt.tensor.dtype == torch.bfloat16
+    assert torch.equal(rebuilt.tensor, expected)
+
+
+def test_rebuild_replicate_names_the_rank_that_disagrees():
+    base = torch.arange(8, dtype=torch.float32)
+    copies = [base.clone(), base.clone(), base.clone(), base.clone()]
+    copies[2][5] += 0.5
+    rebuilt = rebuild("t", REPLICATE, [(8,)] * 4, torch.float32, lambda rank: copies[rank])
+    assert torch.equal(rebuilt.tensor, base)
+    assert [(d.rank, d.max_abs) for d in rebuilt.disagreements] == [(2, 0.5)]
+    assert "rank 2" in rebuilt.disagreements[0].text
+
+
+def test_rebuild_replicate_compares_bits_nan_and_signed_zero():
+    a = torch.tensor([float("nan"), 0.0])
+    b = torch.tensor([float("nan"), -0.0])
+    rebuilt = rebuild("t", REPLICATE, [(2,), (2,)], torch.float32, lambda rank: (a, b)[rank])
+    assert [d.rank for d in rebuilt.disagreements] == [1]
+
+
+def test_rebuild_refuses_pieces_that_do_not_fit():
+    with pytest.raises(BundleError, match="rank 1"):
+        rebuild("t", shard(0), [(4, 3), (4, 2)], torch.float32, lambda rank: torch.zeros(1))
+    with pytest.raises(BundleError, match="rank 1"):
+        rebuild("t", PARTIAL, [(4,), (5,)], torch.float32, lambda rank: torch.zeros(1))
+
+
+def test_placement_map_last_rule_wins_and_matches_names():
+    rules = PlacementMap.parse(["layers.*.mlp.*=shard(-1)", "layers.*.mlp.down_proj=partial", "*/1=replicate"])
+    assert rules.lookup("layers.0.mlp.up_proj", "layers.0.mlp.up_proj").placement == shard(-1)
+    assert rules.lookup("layers.3.mlp.down_proj", "layers.3.mlp.down_proj").placement == PARTIAL
+    assert rules.lookup("layers.0.attn", "layers.0.attn/1").placement == REPLICATE
+    assert rules.lookup("embed", "embed") is None
+    with pytest.raises(UsageError, match="GLOB=PLACEMENT"):
+        PlacementMap.parse(["layers.0"])
+
+
+def test_placements_of_parallel_styles():
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    assert style_output_placement(ColwiseParallel()) == shard(-1)
+    assert style_output_placement(RowwiseParallel()) == REPLICATE
+    assert style_output_placement(ColwiseParallel(output_layouts=Replicate())) == REPLICATE
+    assert style_output_placement(RowwiseParallel(output_layouts=Shard(1))) == shard(1)
+    assert style_output_placement(ColwiseParallel(use_local_output=False)) is None  # DTensors carry their own
+    plan = PlacementMap.from_plan({"a.q": ColwiseParallel(), "a.o": RowwiseParallel()})
+    assert [(r.pattern, r.placement, r.source) for r in plan.rules] == [("a.q", shard(-1), "plan"),
+                                                                        ("a.o", REPLICATE, "plan")]
+
+
+def test_plain_tensor_has_no_placement():
+    tensor = torch.ones(2)
+    local, placement = unwrap_dtensor(tensor)
+    assert local is tensor and placement is None
