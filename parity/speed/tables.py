@@ -108,3 +108,75 @@ def bench_text(document: Mapping[str, Any]) -> str:
         lines.append(f"warning: {printable(warning, limit=500)}")
     lines += ["", document["verdict"]]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# profile
+
+_VIEW_TITLES = {"modules": "modules (device time charged to the innermost module; repeated layers grouped)",
+                "module_calls": "modules, one row per module", "ops": "ops", "kernels": "kernels"}
+
+
+def view_table(rows: Sequence[Mapping[str, Any]], *, header: str, kind: bool = False, wall: bool = True,
+               limit: int | None = None) -> str:
+    shown = list(rows)[:limit] if limit else list(rows)
+    unit, scale = time_unit([(_number(r.get("total_ns")) or 0.0) / 1e9 for r in shown])
+    headers = [header] + (["kind"] if kind else []) + ["calls", f"total {unit}", f"avg {unit}", f"median {unit}",
+                                                       f"min {unit}", f"max {unit}", "% device"]
+    headers += ["% wall"] if wall else []
+    out = []
+    for r in shown:
+        line = [shorten_name(str(r["name"]), NAME_WIDTH)] + ([printable(r.get("kind") or "")] if kind else [])
+        line.append(str(r["calls"]))
+        for key in ("total_ns", "avg_ns", "median_ns", "min_ns", "max_ns"):
+            value = _number(r.get(key))
+            line.append(fmt_time(None if value is None else value / 1e9, scale))
+        line.append(fmt_percent(r.get("share")))
+        if wall:
+            line.append(fmt_percent(r.get("wall_share")))
+        out.append(line)
+    text = _table(headers, out)
+    if limit and len(rows) > limit:
+        text += f"\n({len(rows) - limit} more rows in --json)"
+    return text
+
+
+def profile_text(document: Mapping[str, Any], *, views: Sequence[str] = ("modules", "ops", "kernels"),
+                 limit: int | None = 15) -> str:
+    totals = document["totals"]
+    wall = totals.get("wall_ns") is not None
+    settings = document.get("settings") or {}
+    lines = []
+    if document.get("subject"):
+        lines.append(f"parity profile: subject {printable(document['subject'].get('name'))}, impl "
+                     f"{printable(document.get('impl'))} on {document.get('device')}; {settings.get('schedule')}; "
+                     f"counted: {settings.get('counted')}")
+    else:
+        lines.append(f"parity profile: {printable(settings.get('file'))} ({settings.get('file_format')}); "
+                     f"counted: {settings.get('counted')}")
+    if wall:
+        lines.append(f"device time {fmt_time(float(totals['device_ns']) / 1e9, 1e3)} ms, wall "
+                     f"{fmt_time(float(totals['wall_ns']) / 1e9, 1e3)} ms over {totals['steps']} steps; busy "
+                     f"{fmt_percent(totals.get('busy_share'))} of wall")
+    for view in views:
+        rows = document.get(view) or []
+        if rows:
+            header = {"modules": "module", "module_calls": "module", "ops": "op", "kernels": "kernel"}[view]
+            lines += ["", f"{_VIEW_TITLES[view]}:", view_table(rows, header=header, kind=view == "kernels",
+                                                               wall=wall, limit=limit)]
+    against = document.get("against")
+    if against:
+        rows = against["rows"]
+        unit, scale = time_unit([max(_number(r.get("a_ns")) or 0, _number(r.get("b_ns")) or 0) / 1e9 for r in rows])
+        table = [[shorten_name(str(r["name"]), NAME_WIDTH),
+                  fmt_time(None if r.get("a_ns") is None else float(r["a_ns"]) / 1e9, scale),
+                  fmt_time(None if r.get("b_ns") is None else float(r["b_ns"]) / 1e9, scale),
+                  "-" if r.get("ratio") is None else f"{float(r['ratio']):.2f}",
+                  fmt_percent(r.get("a_share")), fmt_percent(r.get("b_share"))] for r in rows[:limit or None]]
+        lines += ["", f"side by side, by {against['by']} (a: {printable(against['a_label'])}, b: "
+                      f"{printable(against['b_label'])}):",
+                  _table([against["by"], f"a {unit}", f"b {unit}", "b / a", "% a", "% b"], table)]
+    for warning in document.get("warnings") or []:
+        lines.append(f"warning: {printable(warning, limit=500)}")
+    lines += ["", printable(document["headline"], limit=1000)]
+    return "\n".join(lines)
