@@ -156,3 +156,14 @@ class DecoderWithWrongImpl(DecoderSubject):
 
 def make_decoder(**args):
     return DecoderWithWrongImpl(**args)
+
+
+def one_thread():
+    """A generator for a fixture: torch on one CPU thread while a test times (a small GEMM on two
+    threads of a loaded machine took 13 ms instead of 4 us, thread contention), then as before."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

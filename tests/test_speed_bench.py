@@ -19,6 +19,11 @@ from speed_subjects import CASES_SPEC, MATMUL_SPEC
 jsonschema = pytest.importorskip("jsonschema")
 
 
+@pytest.fixture(autouse=True)
+def single_cpu_thread():
+    yield from speed_subjects.one_thread()
+
+
 def bench(tmp_path, *argv, capsys=None):
     out = tmp_path / "bench.json"
     status = main(["bench", "--quiet", "--reps", "8", "--warmup", "2", "--json", str(out), *argv])

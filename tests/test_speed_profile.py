@@ -12,9 +12,15 @@ from parity.jsonformat import schema_for
 from parity.speed.importers import NSYS, ROCPROF_V1, ROCPROFV3, import_profile, read_kernel_table
 from parity.speed.profile import Event, ProfileError, account, kernel_key
 
+import speed_subjects
 from speed_subjects import MATMUL_SPEC
 
 jsonschema = pytest.importorskip("jsonschema")
+
+
+@pytest.fixture(autouse=True)
+def single_cpu_thread():
+    yield from speed_subjects.one_thread()
 DATA = Path(__file__).parent / "data" / "profiles"
 
 
@@ -140,7 +146,7 @@ def test_against_two_parity_profiles_is_by_module(tmp_path, capsys):
     jsonschema.validate(document, schema_for("parity-profile-report"))
     assert document["against"]["by"] == "module"
     proj = next(row for row in document["against"]["rows"] if row["name"] == "proj")
-    assert proj["ratio"] < 0.67  # b (the reference's 32 chunked products) over a (one matmul)
+    assert proj["ratio"] > 1.5  # b (the reference: 32 chunked products) over a (one matmul)
 
 
 EXPECTED_NS = {"sparse_attention_fwd_kernel": 728_432_117, "vectorized_layer_norm_kernel": 16_288_000}
