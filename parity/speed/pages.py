@@ -29,7 +29,7 @@ table.kv th{color:#555;font-weight:600;white-space:nowrap}table.kv td{overflow-w
 table.view{border-collapse:collapse;font:12.5px ui-monospace,SFMono-Regular,Menlo,monospace;width:100%;table-layout:auto}
 table.view th,table.view td{border:1px solid #ddd;padding:2px 6px;text-align:right;white-space:nowrap}
 table.view td.name,table.view th.name{text-align:left;white-space:normal;overflow-wrap:anywhere;min-width:14em}
-table.view td.text{text-align:left;white-space:normal;overflow-wrap:anywhere}
+table.view td.text{text-align:left;white-space:normal;overflow-wrap:break-word}
 table.view th{background:#f4f4f6}
 table.view tr.fail td{background:#fff0ee}
 svg.bars{max-width:100%;height:auto;background:#fff}
@@ -37,6 +37,7 @@ svg.bars text{font:12px ui-monospace,monospace;fill:#333}svg.bars rect.bar{fill:
 svg.bars rect.bar.hot{fill:#e07b00}svg.bars rect.bar.fail{fill:#b3261e}svg.bars rect.bar.base{fill:#7b7b7b}
 svg.bars line.one{stroke:#555;stroke-dasharray:4 2}
 footer{margin-top:2em;color:#777;font-size:12px}
+@media (max-width:1100px){body{padding:0 .5em}}
 """
 
 
@@ -152,10 +153,10 @@ def render_profile(document: Mapping[str, Any]) -> str:
     rows = [("source", document.get("source")), ("impl", document.get("impl")), ("device", document.get("device")),
             ("counted", (document.get("settings") or {}).get("counted")),
             ("steps", f"{totals.get('steps')} active (schedule: {(document.get('settings') or {}).get('schedule')})"),
-            ("device time", _ns_text(totals.get("device_ns")))]
+            ("counted time", _ns_text(totals.get("device_ns")))]
     if wall:
         rows += [("wall time", _ns_text(totals.get("wall_ns"))),
-                 ("device busy", f"{_ns_text(totals.get('busy_ns'))} ({fmt_percent(totals.get('busy_share'))} of wall)")]
+                 ("busy", f"{_ns_text(totals.get('busy_ns'))} ({fmt_percent(totals.get('busy_share'))} of wall)")]
     if hot:
         rows.append(("hot module", f"{hot['module']}: {fmt_percent(hot['share'])} of device time; porting it could "
                                    f"give at most {_num(hot['amdahl_bound']):.2f}x (Amdahl)"))
