@@ -28,6 +28,7 @@ from typing import Any
 from ..errors import UsageError, check_readable_file
 from ..jsonformat import PROFILE_REPORT, envelope, finite
 from ..text import printable
+from .tables import fmt_time, time_unit
 
 MAX_BYTES = 256 * 2**20
 
@@ -140,6 +141,7 @@ def import_profile(path: str | os.PathLike) -> dict[str, Any]:
         row["wall_share"] = None
     rows.sort(key=lambda row: (-row["total_ns"], row["name"]))
     top = rows[0]
+    unit, scale = time_unit([total / 1e9])
     document = {
         **envelope(PROFILE_REPORT), "source": f"import:{fmt}", "subject": None, "impl": None, "device": None,
         "platform": None,
@@ -149,7 +151,7 @@ def import_profile(path: str | os.PathLike) -> dict[str, Any]:
                    "events_per_step": []},
         "modules": [], "module_calls": [], "ops": [], "kernels": rows, "hot": None,
         "headline": (f"top kernel {printable(top['name'], limit=120)}: {100 * top['share']:.1f}% of "
-                     f"{total / 1e6:.3g} ms of kernel time ({len(rows)} kernels, {fmt})"),
+                     f"{fmt_time(total / 1e9, scale)} {unit} of kernel time ({len(rows)} kernels, {fmt})"),
         "trace": None, "against": None, "warnings": [],
     }
     return finite(document)

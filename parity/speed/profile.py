@@ -219,6 +219,9 @@ def account(events: Sequence[Event], *, cpu_only: bool = False) -> dict[str, Any
         warnings.append(f"the number of counted events differs between active steps ({', '.join(map(str, per_step))}): "
                         "the forward does not do the same work each step (lazy initialisation, autotuning, "
                         "data-dependent paths); more --warmup steps may help")
+    if cpu_only and wall and busy < 0.5 * wall:
+        warnings.append(f"CPU ops ran {busy / wall:.0%} of the wall time; the rest is Python code between ops (the "
+                        "Triton interpreter included), which a CPU profile does not attribute to modules")
     unattributed = sum(item.ns for item in items if not item.attributed)
     if unattributed:
         warnings.append(f"{unattributed / device_total:.1%} of device time could not be traced to the call that "
@@ -304,8 +307,11 @@ def _union(intervals: list[tuple[int, int]]) -> int:
 
 def headline(hot: Mapping[str, Any] | None, totals: Mapping[str, Any], what: str = "device time") -> str:
     """``hot module M: 85.0% of 12.3 ms of device time over 10 steps; ... at most 6.67x (Amdahl)``."""
-    device_ms = float(totals["device_ns"]) / 1e6
-    where = f"{device_ms:.3g} ms of {what}"
+    from .tables import fmt_time, time_unit
+
+    seconds = float(totals["device_ns"]) / 1e9
+    unit, scale = time_unit([seconds])
+    where = f"{fmt_time(seconds, scale)} {unit} of {what}"
     if totals.get("steps"):
         where += f" over {totals['steps']} steps"
     if not hot:
