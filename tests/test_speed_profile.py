@@ -49,7 +49,7 @@ def synthetic_step(offset=0):
         cpu("parity/layers.1.attn", "user_annotation", o + 3_000, 2_000),
         cpu("cuLaunchKernel", "cuda_driver", o + 3_100, 50, correlation=c + 13),
         cpu("cudaMemcpyAsync", "cuda_runtime", o + 9_000, 50, correlation=c + 14),
-        gpu("gemm_kernel", "kernel", o + 100, 1_000, correlation=c + 11, linked=c + 502),
+        gpu("gemm_kernel", "kernel", o + 100, 1_000, correlation=c + 11, linked=c + 11),
         gpu("attn_fwd", "kernel", o + 1_200, 3_000, correlation=c + 12),
         gpu("attn_fwd", "kernel", o + 4_300, 5_000, correlation=c + 13),
         gpu("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", o + 9_400, 1_000, correlation=c + 14),
@@ -220,3 +220,9 @@ def test_profile_refusals(tmp_path, capsys):
     assert "--active" in capsys.readouterr().err
     assert main(["profile", "--import", str(DATA / "nsys_cuda_gpu_kern_sum.csv"), "--trace", str(tmp_path / "t")]) == 2
     assert "--trace needs a run" in capsys.readouterr().err
+
+
+def test_a_device_event_linked_to_its_launch_is_attributed():
+    events = synthetic_step() + [gpu("late_kernel", "kernel", 9_600, 200, correlation=4242, linked=12)]
+    calls = {row["name"]: row["total_ns"] for row in account(events)["module_calls"]}
+    assert calls["layers.0.attn"] == 3_200  # attn_fwd (3000) and the kernel linked to the same launch

@@ -13,8 +13,8 @@ Accounting (:func:`account`, a pure function of the profiler's events):
   op rows or ``gpu_user_annotation`` spans (which is how ``key_averages()`` counts a kernel twice,
   pytorch#60783, #130730). On a CPU-only host, each CPU op's *self* time (its duration minus its
   children's), so nested ops are not counted twice either.
-- Charged to: the CPU event that launched it (the runtime call with the same correlation id, else
-  the op linked to it), then the innermost ``parity/`` range around that launch: its module. The
+- Charged to: the runtime or driver call that launched it (the same correlation id, or the one
+  torch links it to), then the innermost ``parity/`` range around that call: its module. The
   shares of all modules (plus ``(outside modules)`` and ``(unattributed)``, shown when not empty)
   add up to 100% of the summed device time.
 - Views: modules (grouped: numbered path parts become ``*``, so ``layers.*.attn.core`` sums every
@@ -83,12 +83,28 @@ def kineto_events(kineto_results: Any) -> list[Event]:
     """The events of a finished ``torch.profiler`` run (``prof.profiler.kineto_results``)."""
     events = []
     for item in kineto_results.events():
-        kind = str(item.activity_type())
         on_device = str(item.device_type()).split(".")[-1] != "CPU"
+        kind = _activity(item, on_device)
         events.append(Event(name=item.name(), kind=kind, start_ns=int(item.start_ns()), dur_ns=int(item.duration_ns()),
                             thread=int(item.start_thread_id()), correlation=int(item.correlation_id()),
                             linked=int(item.linked_correlation_id()), on_device=on_device))
     return events
+
+
+def _activity(item: Any, on_device: bool) -> str:
+    """Kineto's activity type of an event; where this torch does not expose it, inferred as it
+    names them (``Memcpy ...``/``Memset ...`` device events, ``cuda*``/``hip*`` runtime calls)."""
+    reader = getattr(item, "activity_type", None)
+    if callable(reader):
+        return str(reader())
+    name = item.name()
+    if on_device:
+        if item.is_user_annotation():
+            return "gpu_user_annotation"
+        return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
+    if item.is_user_annotation():
+        return "user_annotation"
+    return "cuda_runtime" if name.startswith(("cuda", "hip", "cu")) and "::" not in name else "cpu_op"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,12 +205,13 @@ def account(events: Sequence[Event], *, cpu_only: bool = False) -> dict[str, Any
             items.append(_Item(node.event.name, "cpu_op", own, node.event.start_ns, node.event.end_ns, node.module,
                                node.top_op, node.step, True))
     else:
+        # A device event and the runtime call that launched it share a correlation id (CUPTI's,
+        # roctracer's); torch also links the event to that call. Op ids are another numbering.
         runtime = {node.event.correlation: node for node in nodes if node.event.kind in RUNTIME_KINDS}
-        ops = {node.event.correlation: node for node in nodes if node.event.kind in ("cpu_op", "user_annotation")}
         for event in events:
             if not event.on_device or event.kind not in DEVICE_KINDS:
                 continue  # gpu_user_annotation and anything else on the device: not activity
-            launcher = runtime.get(event.correlation) or (ops.get(event.linked) if event.linked else None)
+            launcher = runtime.get(event.correlation) or (runtime.get(event.linked) if event.linked else None)
             if launcher is None:
                 step = next((s for s in steps if s.event.start_ns <= event.start_ns < s.event.end_ns), None)
                 items.append(_Item(event.name, DEVICE_KINDS[event.kind], event.dur_ns, event.start_ns, event.end_ns,
