@@ -28,8 +28,12 @@ def test_story_script_on_cpu(tmp_path):
         archive.extractall(tmp_path, filter="data")
     story = tmp_path / "story"
     status = dict(line.split()[:2] for line in (story / "status.txt").read_text().splitlines())
+    wrong = json.loads((story / "bench-wrong.json").read_text())
+    # The wrong impl skips attention; at this tiny size on a loaded CPU it is usually, not always,
+    # the fastest: the exit status must follow the gate either way (test_speed_bench pins it).
+    refused = "rc=1" if wrong["fastest"] == "skip_attention" else "rc=0"
     assert status == {"profile-reference": "rc=0", "profile-triton": "rc=0", "capture": "rc=0", "bench": "rc=0",
-                      "capture-wrong": "rc=0", "bench-wrong": "rc=1"}
+                      "capture-wrong": "rc=0", "bench-wrong": refused}
     profile = json.loads((story / "profile-reference.json").read_text())
     modules = {row["name"]: row for row in profile["modules"]}
     assert modules["layers.*.attn.core"]["calls"] == 2 and modules["layers.*.attn.core"]["share"] > 0
@@ -37,8 +41,7 @@ def test_story_script_on_cpu(tmp_path):
     assert json.loads((story / "profile-triton.json").read_text())["against"]["by"] == "module"
     bench = {row["impl"]: row for row in json.loads((story / "bench.json").read_text())["impls"]}
     assert bench["triton"]["parity"]["status"] == "holds" and bench["triton"]["valid"] is True
-    wrong = json.loads((story / "bench-wrong.json").read_text())
     rows = {row["impl"]: row for row in wrong["impls"]}
     assert rows["skip_attention"]["validity"] == "not valid: parity fails at <root>"
     assert rows["triton"]["parity"]["status"] == "holds"
-    assert wrong["fastest"] == "skip_attention" and wrong["passed"] is False
+    assert wrong["passed"] is (wrong["fastest"] != "skip_attention")

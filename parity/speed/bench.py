@@ -128,6 +128,10 @@ class CacheFlush:
         if self.buffer is not None:
             self.buffer.add_(1)
 
+    def release(self) -> None:
+        """Give the flush buffer's memory back (after the timed rounds)."""
+        self.buffer = None
+
 
 def clock_mhz(device: torch.device) -> int | None:
     """The SM/GFX clock the device reports now (through pynvml or amdsmi), None where it cannot."""
@@ -454,7 +458,7 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
     times, last, orders = timed_rounds(prepared, impls, reps=options.reps, seed=options.seed, device=device,
                                        flush=flush, progress=say)
     clock_after = clock_mhz(device)
-    flush.buffer = None
+    flush.release()
     cases = case_ids(prepared)
     outcomes = judge_outputs(last, impls=impls, bundle=prepared.bundle, policy=policy, case_ids=cases)
     del last
