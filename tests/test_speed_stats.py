@@ -108,3 +108,13 @@ def test_bad_samples_are_refused():
         stats.summarize([1.0, float("nan")])
     with pytest.raises(ValueError):
         stats.bootstrap_ratio([1.0], [0.0])
+
+
+def test_mann_whitney_p_matches_known_values():
+    # Fully separated samples of 5 and 5: U = 0, z = (12.5 - 0.5) / sqrt(22.9167) = 2.5067, p = 0.01219.
+    assert stats.mann_whitney_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(0.012186, abs=1e-5)
+    # Interleaved samples: rank sum 25, U = 10, z = (2.5 - 0.5) / 4.787 = 0.4178, p = 0.6761.
+    assert stats.mann_whitney_p([1, 3, 5, 7, 9], [2, 4, 6, 8, 10]) == pytest.approx(0.6761, abs=1e-4)
+    assert stats.mann_whitney_p([1.0, 1.0], [1.0, 1.0]) == 1.0  # all tied
+    result = stats.compare(normal_sample(15, 0.3, 30, 1), normal_sample(10, 0.2, 30, 2))
+    assert result.p_value < 1e-6

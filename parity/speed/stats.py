@@ -14,6 +14,8 @@ Verdict (NVBench's compare is the anchor: a difference is named only when it cle
 - ``SAME`` when the whole interval lies inside ``[1 - min_effect, 1 + min_effect]``;
 - ``UNCLEAR`` otherwise (the data cannot tell; more repetitions or a quieter machine may).
 
+The Mann-Whitney U test's two-sided p-value is reported next to the interval (informational).
+
 Warnings: a sample whose IQR/median exceeds :data:`NOISY_REL_IQR` (0.10, torch.utils.benchmark's
 "could indicate system fluctuation"), and a speedup above :data:`SUSPICIOUS_SPEEDUP` (10x,
 KernelBench's ``excessive_speedup_threshold``: re-verify the output before believing it).
@@ -132,6 +134,35 @@ def bootstrap_ratio(baseline: Sequence[float], candidate: Sequence[float], *, se
     return ratio, quantile(ratios, tail), quantile(ratios, 1.0 - tail)
 
 
+def mann_whitney_p(first: Sequence[float], second: Sequence[float]) -> float:
+    """Two-sided p-value of the Mann-Whitney U test that the two samples come from one distribution
+    (normal approximation with tie correction and continuity correction; google-benchmark's
+    ``compare.py`` test). Informational: the verdict rests on the bootstrap interval."""
+    a, b = _checked(first, "first sample"), _checked(second, "second sample")
+    n1, n2 = len(a), len(b)
+    pooled = sorted([(value, 0) for value in a] + [(value, 1) for value in b])
+    ranks = [0.0] * len(pooled)
+    ties = 0.0
+    index = 0
+    while index < len(pooled):
+        end = index
+        while end + 1 < len(pooled) and pooled[end + 1][0] == pooled[index][0]:
+            end += 1
+        for k in range(index, end + 1):
+            ranks[k] = (index + end) / 2 + 1
+        size = end - index + 1
+        ties += size ** 3 - size
+        index = end + 1
+    rank_sum = sum(rank for rank, (_, group) in zip(ranks, pooled) if group == 0)
+    u = rank_sum - n1 * (n1 + 1) / 2
+    n = n1 + n2
+    variance = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1))) if n > 1 else 0.0
+    if variance <= 0:
+        return 1.0
+    z = (abs(u - n1 * n2 / 2) - 0.5) / math.sqrt(variance)
+    return min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
+
+
 def verdict(low: float, high: float, min_effect: float = DEFAULT_MIN_EFFECT) -> str:
     """FASTER / SLOWER / SAME / UNCLEAR of a speedup interval ``[low, high]`` (module docstring)."""
     if not 0.0 <= min_effect < 1.0:
@@ -156,10 +187,12 @@ class Comparison:
     min_effect: float
     confidence: float
     warnings: tuple[str, ...] = ()
+    p_value: float | None = None  # Mann-Whitney U, two-sided
 
     def to_dict(self) -> dict[str, object]:
         return {"speedup": self.speedup, "ci_low": self.low, "ci_high": self.high, "verdict": self.verdict,
-                "min_effect": self.min_effect, "confidence": self.confidence, "warnings": list(self.warnings)}
+                "min_effect": self.min_effect, "confidence": self.confidence, "warnings": list(self.warnings),
+                "mann_whitney_p": self.p_value}
 
 
 def compare(baseline: Sequence[float], candidate: Sequence[float], *, min_effect: float = DEFAULT_MIN_EFFECT,
@@ -172,7 +205,8 @@ def compare(baseline: Sequence[float], candidate: Sequence[float], *, min_effect
         warnings.append(f"{what}: speedup {ratio:.1f}x > {SUSPICIOUS_SPEEDUP:g}x: re-verify that it computes the "
                         "same thing (a speedup this large is more often a skipped computation than a faster one)")
     return Comparison(speedup=ratio, low=low, high=high, verdict=verdict(low, high, min_effect),
-                      min_effect=min_effect, confidence=confidence, warnings=tuple(warnings))
+                      min_effect=min_effect, confidence=confidence, warnings=tuple(warnings),
+                      p_value=mann_whitney_p(baseline, candidate))
 
 
 def amdahl(share: float, speedup: float = math.inf) -> float:
@@ -188,4 +222,4 @@ def amdahl(share: float, speedup: float = math.inf) -> float:
 
 __all__ = ["Comparison", "DEFAULT_CONFIDENCE", "DEFAULT_MIN_EFFECT", "DEFAULT_RESAMPLES", "FASTER", "NOISY_REL_IQR",
            "SAME", "SLOWER", "SUSPICIOUS_SPEEDUP", "Summary", "UNCLEAR", "VERDICTS", "amdahl", "bootstrap_ratio",
-           "compare", "median", "noise_warning", "quantile", "summarize", "verdict"]
+           "compare", "mann_whitney_p", "median", "noise_warning", "quantile", "summarize", "verdict"]
