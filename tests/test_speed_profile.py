@@ -24,8 +24,8 @@ def single_cpu_thread():
 DATA = Path(__file__).parent / "data" / "profiles"
 
 
-def cpu(name, kind, start, dur, correlation=0, thread=1):
-    return Event(name, kind, start, dur, thread=thread, correlation=correlation)
+def cpu(name, kind, start, dur, correlation=0, thread=1, linked=0):
+    return Event(name, kind, start, dur, thread=thread, correlation=correlation, linked=linked)
 
 
 def gpu(name, kind, start, dur, correlation=0, linked=0):
@@ -33,27 +33,29 @@ def gpu(name, kind, start, dur, correlation=0, linked=0):
 
 
 def synthetic_step(offset=0):
-    """One step: <root> holds two layers' attention; an aten::linear launches a GEMM through
-    cudaLaunchKernel (correlation 11), attention's Triton kernel is launched from Python
-    (correlation 12, 13), a memcpy is launched outside any module (correlation 14). The device
-    also reports a gpu_user_annotation span over everything, which must not count."""
-    o, c = offset, offset // 1000  # correlation ids are unique over a profile
+    """One step, as kineto reports it: <root> holds two layers' attention. An aten::linear's addmm
+    launches a GEMM; attention's Triton kernel is launched by Python code inside each layer's
+    range; an aten::copy_ outside every module launches a memcpy. Runtime calls carry the OS's
+    thread id (99), not torch's (1), and, like the device events, link to the op or range that
+    issued them. The device also reports a gpu_user_annotation span, which must not count."""
+    o, c = offset, offset // 10  # correlation ids are unique over a profile
     return [
-        cpu("ProfilerStep#3", "user_annotation", o + 0, 10_000),
-        cpu("parity/<root>", "user_annotation", o + 10, 8_000),
-        cpu("aten::linear", "cpu_op", o + 20, 500, correlation=c + 501),
-        cpu("aten::addmm", "cpu_op", o + 30, 400, correlation=c + 502),
-        cpu("cudaLaunchKernel", "cuda_runtime", o + 40, 50, correlation=c + 11),
-        cpu("parity/layers.0.attn", "user_annotation", o + 600, 2_000),
-        cpu("cuLaunchKernel", "cuda_driver", o + 700, 50, correlation=c + 12),
-        cpu("parity/layers.1.attn", "user_annotation", o + 3_000, 2_000),
-        cpu("cuLaunchKernel", "cuda_driver", o + 3_100, 50, correlation=c + 13),
-        cpu("cudaMemcpyAsync", "cuda_runtime", o + 9_000, 50, correlation=c + 14),
-        gpu("gemm_kernel", "kernel", o + 100, 1_000, correlation=c + 11, linked=c + 11),
-        gpu("attn_fwd", "kernel", o + 1_200, 3_000, correlation=c + 12),
-        gpu("attn_fwd", "kernel", o + 4_300, 5_000, correlation=c + 13),
-        gpu("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", o + 9_400, 1_000, correlation=c + 14),
-        gpu("parity/<root>", "gpu_user_annotation", o + 100, 9_000),
+        cpu("ProfilerStep#3", "user_annotation", o + 0, 10_000, correlation=c + 500),
+        cpu("parity/<root>", "user_annotation", o + 10, 8_000, correlation=c + 501),
+        cpu("aten::linear", "cpu_op", o + 20, 500, correlation=c + 502),
+        cpu("aten::addmm", "cpu_op", o + 30, 400, correlation=c + 503),
+        cpu("cudaLaunchKernel", "cuda_runtime", o + 40, 50, correlation=c + 11, thread=99, linked=c + 503),
+        cpu("parity/layers.0.attn", "user_annotation", o + 600, 2_000, correlation=c + 504),
+        cpu("cuLaunchKernel", "cuda_driver", o + 700, 50, correlation=c + 12, thread=99, linked=c + 504),
+        cpu("parity/layers.1.attn", "user_annotation", o + 3_000, 2_000, correlation=c + 505),
+        cpu("cuLaunchKernel", "cuda_driver", o + 3_100, 50, correlation=c + 13, thread=99, linked=c + 505),
+        cpu("aten::copy_", "cpu_op", o + 9_000, 100, correlation=c + 506),
+        cpu("cudaMemcpyAsync", "cuda_runtime", o + 9_010, 50, correlation=c + 14, thread=99, linked=c + 506),
+        gpu("gemm_kernel", "kernel", o + 100, 1_000, correlation=c + 11, linked=c + 503),
+        gpu("attn_fwd", "kernel", o + 1_200, 3_000, correlation=c + 12, linked=c + 504),
+        gpu("attn_fwd", "kernel", o + 4_300, 5_000, correlation=c + 13, linked=c + 505),
+        gpu("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", o + 9_400, 1_000, correlation=c + 14, linked=c + 506),
+        gpu("parity/<root>", "gpu_user_annotation", o + 100, 9_000, linked=c + 501),
     ]
 
 
@@ -72,10 +74,8 @@ def test_accounting_charges_device_time_to_the_innermost_module_once():
     calls = {row["name"]: row for row in result["module_calls"]}
     assert calls["layers.1.attn"]["total_ns"] == 5_000
     assert calls["<root>"]["inclusive_ns"] == 9_000
-    ops = {row["name"]: row for row in result["ops"]}
-    assert ops["aten::linear"]["total_ns"] == 1_000  # the outermost op, not addmm as well
-    assert "aten::addmm" not in ops
-    assert ops["(launched from Python)"]["total_ns"] == 9_000  # the two attention kernels and the memcpy
+    ops = {row["name"]: row["total_ns"] for row in result["ops"]}
+    assert ops == {"aten::linear": 1_000, "(launched from Python)": 8_000, "aten::copy_": 1_000}  # not addmm too
     kernels = {row["name"]: row for row in result["kernels"]}
     assert set(kernels) == {"gemm_kernel", "attn_fwd", "Memcpy DtoH (Device -> Pinned)"}
     assert kernels["Memcpy DtoH (Device -> Pinned)"]["kind"] == "memcpy"
@@ -85,14 +85,14 @@ def test_accounting_charges_device_time_to_the_innermost_module_once():
 
 
 def test_unattributed_device_time_and_uneven_steps_are_warned():
-    events = synthetic_step() + synthetic_step(offset=20_000)[:-2]  # the second step lacks the memcpy
-    events.append(gpu("orphan", "kernel", 20_500, 500, correlation=999))
+    second = [e for e in synthetic_step(offset=20_000) if not e.name.startswith("Memcpy")]  # no memcpy this step
+    events = synthetic_step() + second + [gpu("orphan", "kernel", 20_500, 500, correlation=999)]
     result = account(events)
     assert result["totals"]["events_per_step"] == [4, 4]
     lost = {row["name"]: row for row in result["modules"]}["(unattributed)"]
     assert lost["total_ns"] == 500
     assert any("could not be traced" in warning for warning in result["warnings"])
-    uneven = account(synthetic_step() + synthetic_step(offset=20_000)[:-2])
+    uneven = account(synthetic_step() + second)
     assert uneven["totals"]["events_per_step"] == [4, 3]
     assert any("differs between active steps" in warning for warning in uneven["warnings"])
 
@@ -101,7 +101,8 @@ def test_no_device_events_and_graphs_are_refused():
     only_cpu = [e for e in synthetic_step() if not e.on_device]
     with pytest.raises(ProfileError, match="no kernel, memcpy or memset"):
         account(only_cpu)
-    graph = synthetic_step() + [cpu("cudaGraphLaunch", "cuda_runtime", 9_500, 20, correlation=77)]
+    graph = synthetic_step() + [cpu("cudaGraphLaunch", "cuda_runtime", 9_500, 20, correlation=77, thread=99,
+                                    linked=500)]
     with pytest.raises(ProfileError, match="CUDA/HIP graph"):
         account(graph)
 
@@ -222,7 +223,8 @@ def test_profile_refusals(tmp_path, capsys):
     assert "--trace needs a run" in capsys.readouterr().err
 
 
-def test_a_device_event_linked_to_its_launch_is_attributed():
-    events = synthetic_step() + [gpu("late_kernel", "kernel", 9_600, 200, correlation=4242, linked=12)]
+def test_a_device_event_without_a_link_is_placed_through_its_runtime_call():
+    events = synthetic_step() + [cpu("cuLaunchKernel", "cuda_driver", 800, 20, correlation=42, thread=99, linked=504),
+                                 gpu("late_kernel", "kernel", 9_600, 200, correlation=42)]
     calls = {row["name"]: row["total_ns"] for row in account(events)["module_calls"]}
-    assert calls["layers.0.attn"] == 3_200  # attn_fwd (3000) and the kernel linked to the same launch
+    assert calls["layers.0.attn"] == 3_200  # attn_fwd (3000) and the kernel whose launch links to that range

@@ -13,8 +13,9 @@ Accounting (:func:`account`, a pure function of the profiler's events):
   op rows or ``gpu_user_annotation`` spans (which is how ``key_averages()`` counts a kernel twice,
   pytorch#60783, #130730). On a CPU-only host, each CPU op's *self* time (its duration minus its
   children's), so nested ops are not counted twice either.
-- Charged to: the runtime or driver call that launched it (the same correlation id, or the one
-  torch links it to), then the innermost ``parity/`` range around that call: its module. The
+- Charged to: the op or range torch links it to (its linked correlation id, else that of the
+  runtime call with its correlation id), then the innermost ``parity/`` range around that op:
+  its module. The
   shares of all modules (plus ``(outside modules)`` and ``(unattributed)``, shown when not empty)
   add up to 100% of the summed device time.
 - Views: modules (grouped: numbered path parts become ``*``, so ``layers.*.attn.core`` sums every
@@ -188,13 +189,17 @@ def _module_name(node: _Node | None) -> str | None:
 def account(events: Sequence[Event], *, cpu_only: bool = False) -> dict[str, Any]:
     """The views, totals, hot module and warnings of one profile's events (module docstring)."""
     cpu_events = [e for e in events if not e.on_device]
-    nodes = _tree(cpu_events)
-    steps = [node for node in nodes if node.event.name.startswith(STEP_PREFIX)]
-    warnings: list[str] = []
-    graphs = sorted({node.event.name for node in nodes if any(g in node.event.name for g in GRAPH_LAUNCHES)})
+    graphs = sorted({e.name for e in cpu_events if any(g in e.name for g in GRAPH_LAUNCHES)})
     if graphs:
         raise ProfileError(f"the profiled forward ran inside a CUDA/HIP graph ({', '.join(graphs)}): a graph launch "
                            "hides its kernels from the profiler; profile the subject in eager mode")
+    # The frontend events (torch ops, record_function ranges: linked to nothing) nest by time on
+    # their thread. Runtime calls and device events link to the frontend event that issued them
+    # (torch's linked correlation id); a runtime call's thread may be numbered differently (the
+    # OS's), so it is placed through that link, never by its own thread.
+    nodes = _tree(e for e in cpu_events if not e.linked)
+    steps = [node for node in nodes if node.event.name.startswith(STEP_PREFIX)]
+    warnings: list[str] = []
 
     items: list[_Item] = []
     if cpu_only:
@@ -205,13 +210,14 @@ def account(events: Sequence[Event], *, cpu_only: bool = False) -> dict[str, Any
             items.append(_Item(node.event.name, "cpu_op", own, node.event.start_ns, node.event.end_ns, node.module,
                                node.top_op, node.step, True))
     else:
-        # A device event and the runtime call that launched it share a correlation id (CUPTI's,
-        # roctracer's); torch also links the event to that call. Op ids are another numbering.
-        runtime = {node.event.correlation: node for node in nodes if node.event.kind in RUNTIME_KINDS}
+        frontend = {node.event.correlation: node for node in nodes if node.event.correlation}
+        runtime_links = {e.correlation: e.linked for e in cpu_events if e.linked and e.kind in RUNTIME_KINDS}
         for event in events:
             if not event.on_device or event.kind not in DEVICE_KINDS:
                 continue  # gpu_user_annotation and anything else on the device: not activity
-            launcher = runtime.get(event.correlation) or (runtime.get(event.linked) if event.linked else None)
+            # The device event's own link, else the link of the runtime call with its correlation id.
+            link = event.linked or runtime_links.get(event.correlation, 0)
+            launcher = frontend.get(link) if link else None
             if launcher is None:
                 step = next((s for s in steps if s.event.start_ns <= event.start_ns < s.event.end_ns), None)
                 items.append(_Item(event.name, DEVICE_KINDS[event.kind], event.dur_ns, event.start_ns, event.end_ns,
