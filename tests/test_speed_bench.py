@@ -111,6 +111,7 @@ def test_cases_give_a_fast_p_line(tmp_path):
     (["--subject", MATMUL_SPEC, "--impls", "reference"], "at least two"),
     (["--subject", MATMUL_SPEC, "--impls", "reference,nope"], "no implementation 'nope'"),
     (["--subject", MATMUL_SPEC, "--impls", "reference,fast", "--reps", "1"], "--reps"),
+    (["--subject", MATMUL_SPEC, "--impls", "reference,fast", "--warmup", "0"], "--warmup"),
     (["--subject", MATMUL_SPEC, "--impls", "reference,fast", "--min-effect", "nan"], "--min-effect"),
     (["--impls", "reference,fast"], "needs --subject"),
     (["--bundle", "/nonexistent/bundle", "--impls", "reference,fast"], "/nonexistent/bundle"),

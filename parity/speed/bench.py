@@ -78,8 +78,8 @@ class BenchOptions:
             raise UsageError(f"--impls needs at least two implementations to compare, got {','.join(self.impls)}")
         if len(set(self.impls)) != len(self.impls):
             raise UsageError(f"--impls names an implementation twice: {','.join(self.impls)}")
-        if not 0 <= self.warmup <= MAX_REPS:
-            raise UsageError(f"--warmup must be from 0 to {MAX_REPS}, got {self.warmup}")
+        if not 1 <= self.warmup <= MAX_REPS:
+            raise UsageError(f"--warmup must be from 1 to {MAX_REPS} (the first call compiles), got {self.warmup}")
         if not 3 <= self.reps <= MAX_REPS:
             raise UsageError(f"--reps must be from 3 to {MAX_REPS}, got {self.reps}")
         if not (math.isfinite(self.min_effect) and 0 <= self.min_effect < 1):
@@ -443,7 +443,7 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
 
     first_call: dict[str, float] = {}
     for impl in impls:
-        for index in range(max(1, options.warmup)):
+        for index in range(options.warmup):
             synchronize(device)
             start = time.perf_counter()
             output = _forward(prepared, impl)
@@ -451,7 +451,7 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
             if index == 0:
                 first_call[impl] = time.perf_counter() - start
             del output
-    say(f"warmed up ({max(1, options.warmup)} calls each); timing {options.reps} interleaved rounds")
+    say(f"warmed up ({options.warmup} calls each); timing {options.reps} interleaved rounds")
 
     flush = CacheFlush(device, options.flush)
     clock_before = clock_mhz(device)
@@ -503,7 +503,7 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
         **envelope(BENCH_REPORT),
         "subject": prepared.runner.describe(), "bundle": str(prepared.bundle.path) if prepared.bundle else None,
         "inputs": prepared.source, "device": str(device), "platform": platform.fingerprint(device),
-        "settings": {"impls": impls, "baseline": baseline, "warmup": max(1, options.warmup), "reps": options.reps,
+        "settings": {"impls": impls, "baseline": baseline, "warmup": options.warmup, "reps": options.reps,
                      "seed": options.seed, "min_effect": options.min_effect, "fast_p": options.fast_p,
                      "confidence": stats.DEFAULT_CONFIDENCE, "resamples": stats.DEFAULT_RESAMPLES,
                      "cache_flush": flush.note, "cache_flush_bytes": flush.nbytes,
