@@ -26,7 +26,7 @@ from .errors import (
 )
 from .options import OneLineParser
 
-COMMANDS = ("capture", "compare", "diff", "inspect", "show", "verify")
+COMMANDS = ("capture", "compare", "diff", "inspect", "show", "verify", "profile", "bench")
 
 EXIT_OK, EXIT_FAIL = 0, 1  # re-exported for callers of the CLI; the full table is in parity.errors
 

@@ -331,7 +331,7 @@ def _row(report: dict[str, Any], index: int, layer: dict[str, Any]) -> str:
         iso = isolated.get("metrics") or {}
         cells += [_cell(_esc(format_number(_number(iso.get("rel_l2")))), iso.get("rel_l2")),
                   _cell(_esc(format_number(_number(iso.get("max_abs")))), iso.get("max_abs")),
-                  _cell(_esc(verdict_text(isolated) if isolated else "-")),
+                  _cell(_esc(verdict_text(isolated) if isolated else "-"), css="iso-verdict"),
                   _cell(_esc(layer.get("attribution") if layer.get("attribution") in ("introduced", "inherited") else ""))]
     if (report.get("budget") or {}).get("checked"):
         budget = layer.get("budget") or {}
@@ -355,16 +355,16 @@ def render_table(report: dict[str, Any]) -> str:
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#1d1d1f}
 h1{font-size:1.5em;margin:.2em 0}h2{font-size:1.15em;margin:1.4em 0 .5em;border-bottom:1px solid #ddd}
-.verdict{font:bold 1.25em ui-monospace,monospace;padding:.5em .8em;border-radius:4px;display:inline-block}
-.verdict.pass{background:#e3f6e5;color:#11621c}.verdict.fail{background:#fde4e1;color:#9c1c10}
-table.kv td,table.kv th{text-align:left;padding:.15em .8em .15em 0;vertical-align:top}
+p.verdict{font:bold 1.25em ui-monospace,monospace;padding:.5em .8em;border-radius:4px;display:inline-block;overflow-wrap:anywhere}
+p.verdict.pass{background:#e3f6e5;color:#11621c}p.verdict.fail{background:#fde4e1;color:#9c1c10}
+table.kv td,table.kv th{text-align:left;padding:.15em .8em .15em 0;vertical-align:top}table.kv td{overflow-wrap:anywhere}
 table.kv th{color:#555;font-weight:600;white-space:nowrap}
 .warnings li{color:#8a5300}
-table.results{border-collapse:collapse;font:12.5px ui-monospace,SFMono-Regular,Menlo,monospace;width:100%}
-table.results th,table.results td{border:1px solid #ddd;padding:2px 6px;text-align:right;white-space:nowrap}
-table.results td.name{text-align:left;white-space:normal;word-break:break-all}
-table.results th{background:#f4f4f6;position:sticky;top:0;cursor:pointer}
-table.results tr.fail td{background:#fff0ee}table.results tr.fail td.verdict{color:#b3261e;font-weight:bold}
+table.results{border-collapse:collapse;font:11.5px ui-monospace,SFMono-Regular,Menlo,monospace;width:100%}
+table.results th,table.results td{border:1px solid #ddd;padding:2px 4px;text-align:right;white-space:nowrap}
+table.results td.name{text-align:left;white-space:normal;overflow-wrap:anywhere;min-width:9em}
+table.results th{background:#f4f4f6;position:sticky;top:0;cursor:pointer;white-space:normal;vertical-align:bottom}
+table.results td.verdict,table.results td.iso-verdict{white-space:normal}table.results tr.fail td{background:#fff0ee}table.results tr.fail td.verdict{color:#b3261e;font-weight:bold}
 table.results.failures-only tr.pass{display:none}
 .controls{margin:.5em 0}.controls label{margin-right:1.5em}
 figure{margin:.5em 0 1.5em}figcaption{font-weight:600}
@@ -387,6 +387,7 @@ ul.legend{list-style:none;padding:0;margin:.2em 0;display:flex;flex-wrap:wrap;ga
 .swatch.m-first{background:#b3261e;width:3px;height:14px}.swatch.m-intro{background:#8e44ad;width:3px;height:14px}
 .failures li{margin-bottom:.6em}.failures code{white-space:pre-wrap;word-break:break-all}
 footer{margin-top:2em;color:#777;font-size:12px}
+@media (max-width:1100px){body{padding:0 .5em}}
 """
 
 # Sorting (click a header) and the "failures only" filter. The controls are hidden until this

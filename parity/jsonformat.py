@@ -16,6 +16,8 @@ format                        version  written by
 ``parity-show-report``        2        ``show --json`` (version 1 named the digests ``sha256``)
 ``parity-inspect-report``     1        ``inspect --json``
 ``parity-benchmark-report``   1        ``python -m parity.kernels.benchmark --json``
+``parity-profile-report``     1        ``profile --json`` (parity.speed.profile)
+``parity-bench-report``       1        ``bench --json`` (parity.speed.bench)
 ============================  =======  =========================================================
 
 ``parity-harness-benchmark-report`` (version 2) is written by ``python -m parity.benchmark
@@ -40,6 +42,8 @@ SHOW_REPORT = "parity-show-report"
 INSPECT_REPORT = "parity-inspect-report"
 BENCHMARK_REPORT = "parity-benchmark-report"
 HARNESS_BENCHMARK_REPORT = "parity-harness-benchmark-report"
+PROFILE_REPORT = "parity-profile-report"
+BENCH_REPORT = "parity-bench-report"
 
 # format -> (current version, schema file in SCHEMA_DIR)
 FORMATS: dict[str, tuple[int, str]] = {
@@ -49,6 +53,8 @@ FORMATS: dict[str, tuple[int, str]] = {
     INSPECT_REPORT: (1, "inspect-report.schema.json"),
     BENCHMARK_REPORT: (1, "benchmark-report.schema.json"),
     HARNESS_BENCHMARK_REPORT: (2, "harness-benchmark-report.schema.json"),
+    PROFILE_REPORT: (1, "profile-report.schema.json"),
+    BENCH_REPORT: (1, "bench-report.schema.json"),
 }
 
 SCHEMA_DIR = Path(__file__).with_name("schemas")
@@ -109,6 +115,6 @@ def dumps(document: Any, *, indent: int | None = 1, ensure_ascii: bool = False) 
     return json.dumps(document, indent=indent, ensure_ascii=ensure_ascii, allow_nan=False)
 
 
-__all__ = ["BENCHMARK_REPORT", "COMPARE_REPORT", "FORMATS", "HARNESS_BENCHMARK_REPORT", "INSPECT_REPORT",
+__all__ = ["BENCHMARK_REPORT", "BENCH_REPORT", "PROFILE_REPORT", "COMPARE_REPORT", "FORMATS", "HARNESS_BENCHMARK_REPORT", "INSPECT_REPORT",
            "NON_FINITE", "PYTEST_REPORT", "SCHEMA_DIR", "SHOW_REPORT", "dumps", "envelope", "finite", "read_float",
            "schema_for", "schema_path", "version_of"]

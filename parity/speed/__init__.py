@@ -1,0 +1,10 @@
+"""Speed: ``parity profile`` (where device time goes, by module, op and kernel) and ``parity bench``
+(timing implementations, with a speedup valid only where parity holds).
+
+- :mod:`.stats`: pure statistics of timing samples (median, IQR, bootstrap interval, verdicts).
+- :mod:`.profile`: running a subject under ``torch.profiler`` and the accounting of device time.
+- :mod:`.importers`: kernel tables of rocprof v1, rocprofv3 and ``nsys stats``, read into the
+  profile's kernel view.
+- :mod:`.bench`: timing implementations and gating each speedup on a parity verdict.
+- :mod:`.tables`: the text reports; :mod:`.pages`: the HTML pages.
+"""

@@ -1,0 +1,289 @@
+"""The profile and bench reports as self-contained HTML pages, drawn from their JSON documents.
+
+Inline CSS and inline SVG bar charts, no script, no external URL, font or image: a page opened
+from an artifact store shows everything. Every string from a document (module and kernel names
+come from a model or an imported CSV) is escaped. Pages fit a 1024-pixel window: tables wrap
+long names at dots and underscores (``overflow-wrap:anywhere``) instead of widening the page.
+"""
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..text import printable
+from .tables import fmt_percent, fmt_time, time_unit
+
+BAR_WIDTH, BAR_HEIGHT, BAR_LABEL = 900, 22, 330
+MAX_BARS = 15
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#1d1d1f}
+h1{font-size:1.5em;margin:.2em 0}h2{font-size:1.15em;margin:1.4em 0 .5em;border-bottom:1px solid #ddd}
+.verdict{font:bold 1.1em ui-monospace,monospace;padding:.5em .8em;border-radius:4px;display:inline-block;overflow-wrap:anywhere}
+.verdict.pass{background:#e3f6e5;color:#11621c}.verdict.fail{background:#fde4e1;color:#9c1c10}
+.verdict.info{background:#e8eefb;color:#1f3f7a}
+table.kv td,table.kv th{text-align:left;padding:.15em .8em .15em 0;vertical-align:top}
+table.kv th{color:#555;font-weight:600;white-space:nowrap}table.kv td{overflow-wrap:anywhere}
+.warnings li{color:#8a5300}
+table.view{border-collapse:collapse;font:12.5px ui-monospace,SFMono-Regular,Menlo,monospace;width:100%;table-layout:auto}
+table.view th,table.view td{border:1px solid #ddd;padding:2px 6px;text-align:right;white-space:nowrap}
+table.view td.name,table.view th.name{text-align:left;white-space:normal;overflow-wrap:anywhere;min-width:14em}
+table.view td.text{text-align:left;white-space:normal;overflow-wrap:break-word}
+table.view th{background:#f4f4f6}
+table.view tr.fail td{background:#fff0ee}
+svg.bars{max-width:100%;height:auto;background:#fff}
+svg.bars text{font:12px ui-monospace,monospace;fill:#333}svg.bars rect.bar{fill:#1f5fbf}
+svg.bars rect.bar.hot{fill:#e07b00}svg.bars rect.bar.fail{fill:#b3261e}svg.bars rect.bar.base{fill:#7b7b7b}
+svg.bars line.one{stroke:#555;stroke-dasharray:4 2}
+footer{margin-top:2em;color:#777;font-size:12px}
+@media (max-width:1100px){body{padding:0 .5em}}
+"""
+
+
+def _esc(value: Any, limit: int = 2000) -> str:
+    return html.escape(printable("" if value is None else value, limit=limit), quote=True)
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _page(title: str, heading: str, verdict: str, verdict_class: str, body: str, document: Mapping[str, Any]) -> str:
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8"/>
+<meta name="viewport" content="width=device-width, initial-scale=1"/>
+<title>{_esc(title, 400)}</title>
+<style>{_CSS}</style>
+</head>
+<body>
+<header>
+<h1>{_esc(heading, 300)}</h1>
+<p id="verdict" class="verdict {verdict_class}">{_esc(verdict, 1000)}</p>
+</header>
+{body}
+<footer>Written by parity from the JSON report (format {_esc(document.get('format'))} version {_esc(document.get('version'))}); self-contained, no network.</footer>
+</body>
+</html>
+"""
+
+
+def _kv(rows: Sequence[tuple[str, Any]]) -> str:
+    cells = "".join(f"<tr><th>{_esc(key)}</th><td>{_esc(value, 4000)}</td></tr>" for key, value in rows)
+    return f'<table class="kv"><tbody>{cells}</tbody></table>'
+
+
+def _warnings(document: Mapping[str, Any]) -> str:
+    warnings = document.get("warnings") or []
+    if not warnings:
+        return ""
+    items = "".join(f"<li>{_esc(w)}</li>" for w in warnings)
+    return f'<section id="warnings"><h2>Warnings</h2><ul class="warnings">{items}</ul></section>'
+
+
+def bar_chart(bars: Sequence[tuple[str, float, str]], *, label: str, reference: float | None = None,
+              value_text=None) -> str:
+    """Horizontal bars: ``(name, value, css class)``; ``reference`` draws a dashed line (e.g. 1x)."""
+    bars = list(bars)[:MAX_BARS]
+    if not bars:
+        return ""
+    top = max([value for _, value, _ in bars] + ([reference] if reference else []))
+    top = top if top > 0 else 1.0
+    span = BAR_WIDTH - BAR_LABEL - 90
+    height = BAR_HEIGHT * len(bars) + 10
+    parts = [f'<svg class="bars" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {BAR_WIDTH} {height}" '
+             f'width="{BAR_WIDTH}" height="{height}" role="img" aria-label="{_esc(label)}">']
+    for index, (name, value, css) in enumerate(bars):
+        y = 5 + index * BAR_HEIGHT
+        width = max(1.0, span * value / top)
+        shown = printable(name, limit=2000)
+        short = shown if len(shown) <= 44 else shown[:18] + "\u2026" + shown[-25:]
+        text = value_text(value) if value_text else f"{value:.3g}"
+        parts.append(f'<g data-name="{_esc(name, 100000)}" data-value="{value!r}"><title>{_esc(name)}</title>'
+                     f'<text x="{BAR_LABEL - 6}" y="{y + 15}" text-anchor="end">{_esc(short)}</text>'
+                     f'<rect class="bar {css}" x="{BAR_LABEL}" y="{y + 3}" width="{width:.1f}" height="{BAR_HEIGHT - 6}"/>'
+                     f'<text x="{BAR_LABEL + width + 5:.1f}" y="{y + 15}">{_esc(text)}</text></g>')
+    if reference:
+        x = BAR_LABEL + span * reference / top
+        parts.append(f'<line class="one" x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height}"/>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# profile
+
+
+def _view_table(rows: Sequence[Mapping[str, Any]], *, name_header: str, wall: bool, kind: bool = False) -> str:
+    unit, scale = time_unit([(_num(r.get("total_ns")) or 0) / 1e9 for r in rows])
+    headers = [name_header] + (["kind"] if kind else []) + ["calls", f"total {unit}", f"average {unit}",
+                                                            f"median {unit}", f"min {unit}", f"max {unit}",
+                                                            "% device"] + (["% wall"] if wall else [])
+    head = "".join(f'<th{" class=name" if i == 0 else ""}>{_esc(h)}</th>' for i, h in enumerate(headers))
+    body = []
+    for r in rows:
+        cells = [f'<td class="name">{_esc(r.get("name"))}</td>']
+        if kind:
+            cells.append(f'<td class="text">{_esc(r.get("kind"))}</td>')
+        cells.append(f"<td>{_esc(r.get('calls'))}</td>")
+        for key in ("total_ns", "avg_ns", "median_ns", "min_ns", "max_ns"):
+            value = _num(r.get(key))
+            cells.append(f"<td>{_esc(fmt_time(None if value is None else value / 1e9, scale))}</td>")
+        cells.append(f"<td>{_esc(fmt_percent(r.get('share')))}</td>")
+        if wall:
+            cells.append(f"<td>{_esc(fmt_percent(r.get('wall_share')))}</td>")
+        body.append(f"<tr>{''.join(cells)}</tr>")
+    return f'<table class="view"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def render_profile(document: Mapping[str, Any]) -> str:
+    subject = document.get("subject") or {}
+    hot = document.get("hot")
+    totals = document.get("totals") or {}
+    wall = totals.get("wall_ns") is not None
+    name = subject.get("name") or document.get("source") or "?"
+    verdict = document.get("headline") or "profile"
+    rows = [("source", document.get("source")), ("impl", document.get("impl")), ("device", document.get("device")),
+            ("counted", (document.get("settings") or {}).get("counted")),
+            ("steps", f"{totals.get('steps')} active (schedule: {(document.get('settings') or {}).get('schedule')})"),
+            ("counted time", _ns_text(totals.get("device_ns")))]
+    if wall:
+        rows += [("wall time", _ns_text(totals.get("wall_ns"))),
+                 ("busy", f"{_ns_text(totals.get('busy_ns'))} ({fmt_percent(totals.get('busy_share'))} of wall)")]
+    if hot:
+        rows.append(("hot module", f"{hot['module']}: {fmt_percent(hot['share'])} of device time; porting it could "
+                                   f"give at most {_num(hot['amdahl_bound']):.2f}x (Amdahl)"))
+    body = [f'<section id="summary"><h2>Summary</h2>{_kv(rows)}</section>', _warnings(document)]
+    primary = document.get("modules") or document.get("kernels") or []
+    if primary:
+        what = "module" if document.get("modules") else "kernel"
+        hot_name = hot["module"] if hot else None
+        bars = [(r["name"], 100 * (_num(r.get("share")) or 0.0), "hot" if r["name"] == hot_name else "")
+                for r in sorted(primary, key=lambda r: -(_num(r.get("share")) or 0.0))]
+        body.append(f'<section id="chart"><h2>Share of device time by {what}</h2>'
+                    + bar_chart(bars, label=f"share of device time by {what}", value_text=lambda v: f"{v:.1f}%")
+                    + "</section>")
+    against = document.get("against")
+    if against:
+        body.append(_against_section(against))
+    for key, title, header, kind in (("modules", "Modules (device time charged to the innermost module)", "module", False),
+                                     ("ops", "Ops", "op", False), ("kernels", "Kernels", "kernel", True)):
+        if document.get(key):
+            body.append(f'<section id="{key}"><h2>{_esc(title)}</h2>'
+                        + _view_table(document[key], name_header=header, wall=wall, kind=kind) + "</section>")
+    return _page(f"parity profile: {printable(name, limit=120)}", f"parity profile: {printable(name, limit=200)}",
+                 verdict, "info", "\n".join(body), document)
+
+
+def _ns_text(value: Any) -> str:
+    number = _num(value)
+    if number is None:
+        return "-"
+    unit, scale = time_unit([number / 1e9])
+    return f"{fmt_time(number / 1e9, scale)} {unit}"
+
+
+def _against_section(against: Mapping[str, Any]) -> str:
+    rows = against.get("rows") or []
+    head = (f'<tr><th class="name">{_esc(against.get("by"))}</th><th>{_esc(against.get("a_label"))}</th>'
+            f'<th>{_esc(against.get("b_label"))}</th><th>b / a</th><th>% a</th><th>% b</th></tr>')
+    unit, scale = time_unit([max(_num(r.get("a_ns")) or 0, _num(r.get("b_ns")) or 0) / 1e9 for r in rows])
+    body = []
+    for r in rows:
+        a, b = _num(r.get("a_ns")), _num(r.get("b_ns"))
+        ratio = _num(r.get("ratio"))
+        body.append(f'<tr><td class="name">{_esc(r.get("name"))}</td>'
+                    f'<td>{_esc(fmt_time(None if a is None else a / 1e9, scale))}</td>'
+                    f'<td>{_esc(fmt_time(None if b is None else b / 1e9, scale))}</td>'
+                    f'<td>{"-" if ratio is None else f"{ratio:.2f}"}</td>'
+                    f'<td>{_esc(fmt_percent(r.get("a_share")))}</td><td>{_esc(fmt_percent(r.get("b_share")))}</td></tr>')
+    return (f'<section id="against"><h2>Side by side, by {_esc(against.get("by"))} (times in {unit})</h2>'
+            f'<table class="view"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></section>')
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+
+
+def render_bench(document: Mapping[str, Any]) -> str:
+    subject = document.get("subject") or {}
+    settings = document.get("settings") or {}
+    rows = document.get("impls") or []
+    summary = _kv([("subject", f"{subject.get('name')} (spec {subject.get('spec')})"),
+                   ("device", document.get("device")), ("inputs", document.get("inputs")),
+                   ("rounds", f"{settings.get('reps')} interleaved (seed {settings.get('seed')}), "
+                              f"{settings.get('warmup')} warm-up calls each"),
+                   ("cache flush", settings.get("cache_flush")), ("timer", settings.get("timer")),
+                   ("judged", f"{settings.get('judged')} against {settings.get('judged_against')}"),
+                   ("verdict rule", f"FASTER/SLOWER only when the {100 * (_num(settings.get('confidence')) or 0.95):.0f}% "
+                                    f"interval clears 1 \u00b1 {_num(settings.get('min_effect'))}")])
+    unit, scale = time_unit([_num(r["summary"]["median"]) for r in rows])
+    head = "".join(f"<th{' class=name' if i == 0 else ''}>{_esc(h)}</th>" for i, h in enumerate(
+        ["impl", f"median {unit}", f"IQR {unit}", f"p20 {unit}", f"p80 {unit}", "n", "speedup", "95% CI", "verdict",
+         "parity", "speedup valid?"]))
+    body = []
+    bars = []
+    for r in rows:
+        s, parity = r["summary"], r["parity"]
+        cmp = r.get("vs_baseline")
+        fails = parity.get("status") == "fails"
+        cells = [f'<td class="name">{_esc(r["impl"])}</td>'] + [
+            f"<td>{_esc(fmt_time(s[key], scale))}</td>" for key in ("median", "iqr", "p20", "p80")]
+        cells.append(f"<td>{_esc(s['n'])}</td>")
+        if cmp:
+            cells += [f"<td>{_num(cmp['speedup']):.3f}x</td>",
+                      f"<td>[{_num(cmp['ci_low']):.3f}, {_num(cmp['ci_high']):.3f}]</td>",
+                      f"<td>{_esc(cmp['verdict'])}</td>"]
+            bars.append((r["impl"], _num(cmp["speedup"]) or 0.0, "fail" if not r.get("valid") else ""))
+        else:
+            cells += ["<td>baseline</td>", "<td>-</td>", "<td>-</td>"]
+            bars.append((r["impl"], 1.0, "base"))
+        cells.append(f'<td class="text">{_esc(parity.get("status"))}</td>')
+        cells.append(f'<td class="text">{_esc(r.get("validity", "-"))}</td>')
+        body.append(f'<tr class="{"fail" if fails else "pass"}">{"".join(cells)}</tr>')
+    table = f'<table class="view"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    parts = [f'<section id="summary"><h2>Summary</h2>{summary}</section>', _warnings(document),
+             '<section id="chart"><h2>Speedup over the baseline (whole forward; red: not valid, parity fails)</h2>'
+             + bar_chart(bars, label="speedup over the baseline", reference=1.0, value_text=lambda v: f"{v:.2f}x")
+             + "</section>",
+             f'<section id="impls"><h2>Whole forward</h2>{table}</section>']
+    modules = document.get("modules")
+    if modules and modules.get("rows"):
+        munit, mscale = time_unit([_num(r["summary"]["median"]) for r in modules["rows"]])
+        mhead = "".join(f"<th{' class=name' if i == 0 else ''}>{_esc(h)}</th>" for i, h in enumerate(
+            ["module", "impl", f"median {munit}", f"IQR {munit}", "speedup [95% CI]", "verdict",
+             "Amdahl: whole forward"]))
+        mbody = []
+        for r in modules["rows"]:
+            cmp = r.get("vs_baseline")
+            mbody.append(f'<tr><td class="name">{_esc(r["module"])}</td><td class="text">{_esc(r["impl"])}</td>'
+                         f'<td>{_esc(fmt_time(r["summary"]["median"], mscale))}</td>'
+                         f'<td>{_esc(fmt_time(r["summary"]["iqr"], mscale))}</td>'
+                         + (f'<td>{_num(cmp["speedup"]):.3f}x [{_num(cmp["ci_low"]):.3f}, {_num(cmp["ci_high"]):.3f}]</td>'
+                            f'<td>{_esc(cmp["verdict"])}</td><td>{_num(r["amdahl_whole_forward"]):.3f}x</td>'
+                            if cmp else "<td>baseline</td><td>-</td><td>-</td>") + "</tr>")
+        parts.append('<section id="modules"><h2>Modules (timed with hooks in separate rounds)</h2>'
+                     f'<table class="view"><thead><tr>{mhead}</tr></thead><tbody>{"".join(mbody)}</tbody></table></section>')
+    cases = document.get("cases")
+    if cases:
+        lines = "".join(f"<li>{_esc(line)}</li>" for line in cases.get("lines") or [])
+        chead = "".join(f"<th{' class=name' if i == 0 else ''}>{_esc(h)}</th>" for i, h in enumerate(
+            ["case", "impl", "parity", "speedup", "95% CI", "verdict"]))
+        cbody = "".join(
+            f'<tr class="{"pass" if r["parity_holds"] else "fail"}"><td class="name">{_esc(r["case"])}</td>'
+            f'<td class="text">{_esc(r["impl"])}</td><td class="text">{"holds" if r["parity_holds"] else "fails"}</td>'
+            f'<td>{_num(r["speedup"]):.3f}x</td><td>[{_num(r["ci_low"]):.3f}, {_num(r["ci_high"]):.3f}]</td>'
+            f'<td>{_esc(r["verdict"])}</td></tr>' for r in cases.get("rows") or [])
+        parts.append(f'<section id="cases"><h2>Cases</h2><ul>{lines}</ul>'
+                     f'<table class="view"><thead><tr>{chead}</tr></thead><tbody>{cbody}</tbody></table></section>')
+    passed = bool(document.get("passed"))
+    return _page(f"parity bench: {printable(subject.get('name'), limit=120)}",
+                 f"parity bench: {printable(subject.get('name'), limit=200)}", document.get("verdict") or "",
+                 "pass" if passed else "fail", "\n".join(p for p in parts if p), document)

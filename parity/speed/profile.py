@@ -1,0 +1,530 @@
+"""``parity profile``: where a subject's device time goes, by module, op and kernel.
+
+Running (:func:`profile_subject`): the subject's forward under ``torch.profiler`` with the schedule
+``skip_first`` / ``warmup`` / ``active`` (CUPTI on NVIDIA, roctracer or rocprofiler-sdk on ROCm,
+through the same API; CPU activities alone on a CPU-only host). Every module's forward is wrapped
+in a ``record_function`` range ``parity/<module>``, named as the recorder names modules in goldens
+(``layers.0.attn.core``, the root ``<root>``); each step ends with a whole-device synchronisation,
+so a step's wall time covers its device work.
+
+Accounting (:func:`account`, a pure function of the profiler's events):
+
+- Counted: device activity only, i.e. ``kernel``, ``gpu_memcpy`` and ``gpu_memset`` events; never
+  op rows or ``gpu_user_annotation`` spans (which is how ``key_averages()`` counts a kernel twice,
+  pytorch#60783, #130730). On a CPU-only host, each CPU op's *self* time (its duration minus its
+  children's), so nested ops are not counted twice either.
+- Charged to: the op or range torch links it to (its linked correlation id, else that of the
+  runtime call with its correlation id), then the innermost ``parity/`` range around that op:
+  its module. The
+  shares of all modules (plus ``(outside modules)`` and ``(unattributed)``, shown when not empty)
+  add up to 100% of the summed device time.
+- Views: modules (grouped: numbered path parts become ``*``, so ``layers.*.attn.core`` sums every
+  layer's), module calls (ungrouped), ops (the outermost op inside the module that launched the
+  work, e.g. ``aten::linear``; a kernel launched by Python code directly is ``(launched from
+  Python)``), kernels. Columns as ``rocprof --stats`` and ``nsys cuda_gpu_kern_sum``: calls,
+  total, average, median, min, max, stddev (ns), % of device time; plus % of wall time.
+- The hot module is the module group with the most device time; porting it could give the whole
+  forward at most ``1 / (1 - share)`` (Amdahl).
+
+Refused (:class:`ProfileError`, exit 2, one line): a profile with no device activity (CUPTI or
+roctracer not working, kineto#1338), or one that ran inside a CUDA/HIP graph (graph launches hide
+their kernels). Warned: a kernel count that differs between active steps; device work that could
+not be attributed to a launch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..jsonformat import PROFILE_REPORT, envelope, finite
+from . import stats
+from .bench import group_name
+
+RANGE_PREFIX = "parity/"
+STEP_PREFIX = "ProfilerStep"
+DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+RUNTIME_KINDS = ("cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver")
+GRAPH_LAUNCHES = ("cudaGraphLaunch", "hipGraphLaunch", "cuGraphLaunch")
+OUTSIDE = "(outside modules)"
+UNATTRIBUTED = "(unattributed)"
+PYTHON_LAUNCH = "(launched from Python)"
+DEFAULT_SKIP, DEFAULT_WARMUP, DEFAULT_ACTIVE = 1, 2, 10
+
+
+class ProfileError(UsageError):
+    """A profile that cannot say where time goes (no device events, a CUDA graph)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One profiler event, as :func:`account` needs it (``kind``: kineto's activity type)."""
+
+    name: str
+    kind: str
+    start_ns: int
+    dur_ns: int
+    thread: int = 0
+    correlation: int = 0
+    linked: int = 0
+    on_device: bool = False
+
+    @property
+    def end_ns(self) -> int:
+        return self.start_ns + self.dur_ns
+
+
+def kineto_events(kineto_results: Any) -> list[Event]:
+    """The events of a finished ``torch.profiler`` run (``prof.profiler.kineto_results``)."""
+    events = []
+    for item in kineto_results.events():
+        on_device = str(item.device_type()).split(".")[-1] != "CPU"
+        kind = _activity(item, on_device)
+        events.append(Event(name=item.name(), kind=kind, start_ns=int(item.start_ns()), dur_ns=int(item.duration_ns()),
+                            thread=int(item.start_thread_id()), correlation=int(item.correlation_id()),
+                            linked=int(item.linked_correlation_id()), on_device=on_device))
+    return events
+
+
+def _activity(item: Any, on_device: bool) -> str:
+    """Kineto's activity type of an event; where this torch does not expose it, inferred as it
+    names them (``Memcpy ...``/``Memset ...`` device events, ``cuda*``/``hip*`` runtime calls)."""
+    reader = getattr(item, "activity_type", None)
+    if callable(reader):
+        return str(reader())
+    name = item.name()
+    if on_device:
+        if item.is_user_annotation():
+            return "gpu_user_annotation"
+        return "gpu_memcpy" if name.startswith("Memcpy") else "gpu_memset" if name.startswith("Memset") else "kernel"
+    if item.is_user_annotation():
+        return "user_annotation"
+    return "cuda_runtime" if name.startswith(("cuda", "hip", "cu")) and "::" not in name else "cpu_op"
+
+
+# ---------------------------------------------------------------------------------------------
+# Accounting
+
+
+@dataclasses.dataclass
+class _Node:
+    event: Event
+    parent: "_Node | None" = None
+    children_ns: int = 0
+    module: "_Node | None" = None  # innermost parity/ range, itself included
+    step: "_Node | None" = None
+    top_op: "_Node | None" = None  # outermost cpu_op below the module range
+
+
+def _tree(cpu_events: Iterable[Event]) -> list[_Node]:
+    """Nest CPU events per thread by time (a parent contains its children)."""
+    nodes: list[_Node] = []
+    by_thread: dict[int, list[Event]] = {}
+    for event in cpu_events:
+        by_thread.setdefault(event.thread, []).append(event)
+    for events in by_thread.values():
+        stack: list[_Node] = []
+        for event in sorted(events, key=lambda e: (e.start_ns, -e.dur_ns)):
+            while stack and stack[-1].event.end_ns <= event.start_ns:
+                stack.pop()
+            node = _Node(event, parent=stack[-1] if stack else None)
+            if node.parent is not None:
+                node.parent.children_ns += event.dur_ns
+            parent = node.parent
+            if event.kind == "user_annotation" and event.name.startswith(RANGE_PREFIX):
+                node.module = node
+            else:
+                node.module = parent.module if parent else None
+            node.step = node if event.name.startswith(STEP_PREFIX) else (parent.step if parent else None)
+            if event.kind == "cpu_op":
+                inside_module_op = parent is not None and parent.top_op is not None and parent.module is node.module
+                node.top_op = parent.top_op if inside_module_op else node
+            else:
+                node.top_op = parent.top_op if parent is not None and parent.module is node.module else None
+            nodes.append(node)
+            stack.append(node)
+    return nodes
+
+
+@dataclasses.dataclass
+class _Item:
+    """One counted piece of time: a device event, or a CPU op's self time."""
+
+    name: str
+    kind: str
+    ns: int
+    start_ns: int
+    end_ns: int
+    module: _Node | None
+    op: _Node | None
+    step: _Node | None
+    attributed: bool
+
+
+def _row(name: str, values: Sequence[int], total_device: int, wall: int | None, calls: int | None = None,
+         **extra: Any) -> dict[str, Any]:
+    count = len(values) if calls is None else calls
+    total = int(sum(values))
+    n = len(values)
+    mean = total / n if n else None
+    stddev = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else (0.0 if n else None)
+    return {"name": name, **extra, "calls": count, "total_ns": total,
+            "avg_ns": total / count if count else None,
+            "median_ns": stats.median(values) if values else None, "min_ns": min(values) if values else None,
+            "max_ns": max(values) if values else None, "stddev_ns": stddev,
+            "share": total / total_device if total_device else 0.0,
+            "wall_share": total / wall if wall else None}
+
+
+def _module_name(node: _Node | None) -> str | None:
+    return None if node is None else node.event.name[len(RANGE_PREFIX):]
+
+
+def account(events: Sequence[Event], *, cpu_only: bool = False) -> dict[str, Any]:
+    """The views, totals, hot module and warnings of one profile's events (module docstring)."""
+    cpu_events = [e for e in events if not e.on_device]
+    graphs = sorted({e.name for e in cpu_events if any(g in e.name for g in GRAPH_LAUNCHES)})
+    if graphs:
+        raise ProfileError(f"the profiled forward ran inside a CUDA/HIP graph ({', '.join(graphs)}): a graph launch "
+                           "hides its kernels from the profiler; profile the subject in eager mode")
+    # The frontend events (torch ops, record_function ranges: linked to nothing) nest by time on
+    # their thread. Runtime calls and device events link to the frontend event that issued them
+    # (torch's linked correlation id); a runtime call's thread may be numbered differently (the
+    # OS's), so it is placed through that link, never by its own thread.
+    nodes = _tree(e for e in cpu_events if not e.linked)
+    steps = [node for node in nodes if node.event.name.startswith(STEP_PREFIX)]
+    warnings: list[str] = []
+
+    items: list[_Item] = []
+    if cpu_only:
+        for node in nodes:
+            if node.event.kind != "cpu_op":
+                continue
+            own = max(0, node.event.dur_ns - node.children_ns)
+            items.append(_Item(node.event.name, "cpu_op", own, node.event.start_ns, node.event.end_ns, node.module,
+                               node.top_op, node.step, True))
+    else:
+        frontend = {node.event.correlation: node for node in nodes if node.event.correlation}
+        runtime_links = {e.correlation: e.linked for e in cpu_events if e.linked and e.kind in RUNTIME_KINDS}
+        for event in events:
+            if not event.on_device or event.kind not in DEVICE_KINDS:
+                continue  # gpu_user_annotation and anything else on the device: not activity
+            # The device event's own link, else the link of the runtime call with its correlation id.
+            link = event.linked or runtime_links.get(event.correlation, 0)
+            launcher = frontend.get(link) if link else None
+            if launcher is None:
+                step = next((s for s in steps if s.event.start_ns <= event.start_ns < s.event.end_ns), None)
+                items.append(_Item(event.name, DEVICE_KINDS[event.kind], event.dur_ns, event.start_ns, event.end_ns,
+                                   None, None, step, False))
+                continue
+            items.append(_Item(event.name, DEVICE_KINDS[event.kind], event.dur_ns, event.start_ns, event.end_ns,
+                               launcher.module, launcher.top_op, launcher.step, True))
+    if steps:
+        items = [item for item in items if item.step is not None]
+    if not items or sum(item.ns for item in items) == 0:
+        what = "CPU op" if cpu_only else "kernel, memcpy or memset"
+        raise ProfileError(f"the profile recorded no {what} activity in {len(steps)} active steps: the profiler saw "
+                           "nothing to count (on a GPU: CUPTI/roctracer not working in this environment, e.g. "
+                           "kineto#1338); refusing to show an empty table")
+
+    device_total = sum(item.ns for item in items)
+    wall = sum(step.event.dur_ns for step in steps) or None
+    busy = _union([(item.start_ns, item.end_ns) for item in items if item.ns > 0]) if not cpu_only else \
+        _union([(n.event.start_ns, n.event.end_ns) for n in nodes if n.event.kind == "cpu_op" and n.step is not None])
+    per_step = [sum(1 for item in items if item.step is step) for step in steps]
+    if len(set(per_step)) > 1:
+        warnings.append(f"the number of counted events differs between active steps ({', '.join(map(str, per_step))}): "
+                        "the forward does not do the same work each step (lazy initialisation, autotuning, "
+                        "data-dependent paths); more --warmup steps may help")
+    if cpu_only and wall and busy < 0.5 * wall:
+        warnings.append(f"CPU ops ran {busy / wall:.0%} of the wall time; the rest is Python code between ops (the "
+                        "Triton interpreter included), which a CPU profile does not attribute to modules")
+    unattributed = sum(item.ns for item in items if not item.attributed)
+    if unattributed:
+        warnings.append(f"{unattributed / device_total:.1%} of device time could not be traced to the call that "
+                        "launched it (no correlation id; pytorch#130560 on ROCm): shown as (unattributed)")
+
+    # Module calls: every parity/ range instance in the active steps, with the time charged to it.
+    instances: dict[int, int] = {}
+    for node in nodes:
+        if node.module is node and (not steps or node.step is not None):
+            instances[id(node)] = 0
+    outside: list[int] = []
+    lost: list[int] = []
+    for item in items:
+        if not item.attributed:
+            lost.append(item.ns)
+        elif item.module is None:
+            outside.append(item.ns)
+        else:
+            instances[id(item.module)] = instances.get(id(item.module), 0) + item.ns
+    node_of = {id(node): node for node in nodes}
+    per_module: dict[str, list[int]] = {}
+    for key, ns in instances.items():
+        per_module.setdefault(_module_name(node_of[key]), []).append(ns)
+    inclusive = {name: 0 for name in per_module}
+    for name, values in per_module.items():
+        for other in inclusive:
+            if other == name or other == "<root>" or name.startswith(other + "."):
+                inclusive[other] += sum(values)
+    module_calls = [_row(name, values, device_total, wall, inclusive_ns=inclusive[name])
+                    for name, values in per_module.items()]
+    grouped: dict[str, list[int]] = {}
+    for name, values in per_module.items():
+        grouped.setdefault(group_name(name), []).extend(values)
+    modules = [_row(name, values, device_total, wall) for name, values in grouped.items()]
+    for label, values in ((OUTSIDE, outside), (UNATTRIBUTED, lost)):
+        if values:
+            modules.append(_row(label, values, device_total, wall))
+            module_calls.append(_row(label, values, device_total, wall, inclusive_ns=sum(values)))
+
+    op_instances: dict[str, dict[int, int]] = {}
+    for item in items:
+        if cpu_only or item.op is not None:
+            op = item.op if item.op is not None else None
+            name = op.event.name if op is not None else item.name
+            op_instances.setdefault(name, {}).setdefault(id(op) if op is not None else id(item), 0)
+            op_instances[name][id(op) if op is not None else id(item)] += item.ns
+        else:
+            name = PYTHON_LAUNCH if item.attributed else UNATTRIBUTED
+            op_instances.setdefault(name, {})[id(item)] = item.ns
+    ops = [_row(name, list(values.values()), device_total, wall) for name, values in op_instances.items()]
+
+    kernel_values: dict[tuple[str, str], list[int]] = {}
+    for item in items:
+        kernel_values.setdefault((item.name, item.kind), []).append(item.ns)
+    kernels = [_row(name, values, device_total, wall, kind=kind) for (name, kind), values in kernel_values.items()]
+
+    def by_total(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return sorted(rows, key=lambda row: (-row["total_ns"], row["name"]))
+
+    candidates = [row for row in modules if row["name"] not in (OUTSIDE, UNATTRIBUTED) and row["total_ns"] > 0]
+    hot = None
+    if candidates:
+        top = max(candidates, key=lambda row: row["total_ns"])
+        hot = {"module": top["name"], "share": top["share"], "amdahl_bound": stats.amdahl(min(1.0, top["share"]))}
+    return {"totals": {"device_ns": device_total, "wall_ns": wall, "busy_ns": busy,
+                       "busy_share": busy / wall if wall else None, "steps": len(steps) or None,
+                       "events_per_step": per_step},
+            "modules": by_total(modules), "module_calls": by_total(module_calls), "ops": by_total(ops),
+            "kernels": by_total(kernels), "hot": hot, "warnings": warnings}
+
+
+def _union(intervals: list[tuple[int, int]]) -> int:
+    total, end = 0, None
+    for start, stop in sorted(intervals):
+        if end is None or start > end:
+            total += stop - start
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total
+
+
+def headline(hot: Mapping[str, Any] | None, totals: Mapping[str, Any], what: str = "device time") -> str:
+    """``hot module M: 85.0% of 12.3 ms of device time over 10 steps; ... at most 6.67x (Amdahl)``."""
+    from .tables import fmt_time, time_unit
+
+    seconds = float(totals["device_ns"]) / 1e9
+    unit, scale = time_unit([seconds])
+    where = f"{fmt_time(seconds, scale)} {unit} of {what}"
+    if totals.get("steps"):
+        where += f" over {totals['steps']} steps"
+    if not hot:
+        return f"no module ranges: {where}"
+    return (f"hot module {hot['module']}: {100 * float(hot['share']):.1f}% of {where}; porting it could make the "
+            f"forward at most {float(hot['amdahl_bound']):.2f}x faster (Amdahl)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+class ModuleRanges:
+    """A ``record_function`` range ``parity/<module>`` around every module's forward (hooks)."""
+
+    def __init__(self, root: Any):
+        from torch.autograd.profiler import record_function
+
+        from ..recorder import module_display_name
+
+        self.record_function = record_function
+        self.open: dict[int, list[Any]] = {}
+        self.handles = []
+        for path, module in root.named_modules():
+            name = RANGE_PREFIX + module_display_name(path)
+            self.handles.append(module.register_forward_pre_hook(self._pre(name)))
+            self.handles.append(module.register_forward_hook(self._post))
+
+    def _pre(self, name: str):
+        def hook(module, args):
+            scope = self.record_function(name)
+            scope.__enter__()
+            self.open.setdefault(id(module), []).append(scope)
+        return hook
+
+    def _post(self, module, args, output):
+        self.open[id(module)].pop().__exit__(None, None, None)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def profile_subject(subject: str, *, subject_args: Mapping[str, Any] | None = None, impl: str = "reference",
+                    device: Any = "cpu", skip_first: int = DEFAULT_SKIP, warmup: int = DEFAULT_WARMUP,
+                    active: int = DEFAULT_ACTIVE, trace: str | os.PathLike | None = None,
+                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Profile ``impl`` of ``subject`` on ``device`` and return the report document."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from .. import platform
+    from ..runtime import check_device, check_triton_mode
+    from ..subjects import load_subject
+    from .bench import synchronize
+
+    for value, flag, low in ((skip_first, "--skip", 0), (warmup, "--warmup", 0), (active, "--active", 1)):
+        if not low <= value <= 10_000:
+            raise UsageError(f"{flag} must be from {low} to 10000, got {value}")
+    say = progress or (lambda message: None)
+    device = check_device(device)
+    check_triton_mode(impl, device)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise ProfileError("the current stream is capturing a CUDA graph: profile in eager mode")
+    runner = load_subject(subject, subject_args)
+    runner.check_impl(impl)
+    inputs = runner.make_inputs().to(device)
+    runner.check_inputs(inputs)
+    module = runner.build(impl, state=runner.make_state(impl), device=device)
+    cpu_only = device.type == "cpu"
+    activities = [ProfilerActivity.CPU] + ([] if cpu_only else [ProfilerActivity.CUDA])
+    captured: dict[str, Any] = {}
+
+    def ready(prof) -> None:
+        captured["events"] = kineto_events(prof.profiler.kineto_results)
+        if trace is not None:
+            _export_trace(prof, trace)
+
+    ranges = ModuleRanges(module)
+    steps = skip_first + warmup + active
+    say(f"{runner.name}: impl {impl} on {device}: {steps} steps (skip {skip_first}, warm-up {warmup}, "
+        f"active {active})")
+    started = time.monotonic()
+    try:
+        with profile(activities=activities,
+                     schedule=schedule(skip_first=skip_first, wait=0, warmup=warmup, active=active, repeat=1),
+                     on_trace_ready=ready) as prof:
+            for _ in range(steps):
+                with torch.no_grad():
+                    output = runner.call(module, inputs)
+                synchronize(device)
+                del output
+                prof.step()
+    finally:
+        ranges.remove()
+    if "events" not in captured:
+        raise ProfileError("the profiler produced no trace for the active steps")
+    say(f"profiled in {time.monotonic() - started:.1f} s; accounting {len(captured['events'])} events")
+    accounting = account(captured["events"], cpu_only=cpu_only)
+    document = {
+        **envelope(PROFILE_REPORT),
+        "source": "torch.profiler", "subject": runner.describe(), "impl": impl, "device": str(device),
+        "platform": platform.fingerprint(device),
+        "settings": {"counted": ("CPU ops' self time (a CPU-only host has no device activity)" if cpu_only
+                                 else "device activity: kernels, memcpy, memset"),
+                     "schedule": f"skip_first={skip_first} warmup={warmup} active={active}",
+                     "activities": [str(a).split(".")[-1] for a in activities]},
+        **{key: accounting[key] for key in ("totals", "modules", "module_calls", "ops", "kernels", "hot")},
+        "trace": str(trace) if trace is not None else None, "against": None,
+        "warnings": accounting["warnings"],
+    }
+    document["headline"] = headline(accounting["hot"], accounting["totals"], "CPU op time" if cpu_only else "device time")
+    return finite(document)
+
+
+def _export_trace(prof: Any, path: str | os.PathLike) -> None:
+    """The Chrome/Perfetto trace, written whole or not at all (a temporary file, then a rename)."""
+    target = Path(path)
+    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(handle)
+    try:
+        prof.export_chrome_trace(temporary)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+# ---------------------------------------------------------------------------------------------
+# Side by side
+
+
+def kernel_key(name: str) -> str:
+    """A kernel's base name: without ROCm's `` [clone .kd]``/``.kd`` suffix, its argument list, its
+    template arguments and a leading ``void``, so that a rocprof row
+    (``void k<float, 4>(float const*, int) [clone .kd]``) meets an nsys row of the same kernel."""
+    base = name.strip().removesuffix("[clone .kd]").strip().removesuffix(".kd")
+    if base.endswith(")"):
+        depth = 0
+        for index in range(len(base) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(base[index], 0)
+            if depth == 0:
+                base = base[:index]
+                break
+    kept, depth = [], 0
+    for char in base:
+        if char == "<":
+            depth += 1
+        elif char == ">" and depth:
+            depth -= 1
+        elif depth == 0:
+            kept.append(char)
+    return "".join(kept).strip().removeprefix("void ").strip() or name
+
+
+def _keyed(rows: Sequence[Mapping[str, Any]], by: str) -> dict[str, dict[str, Any]]:
+    """Rows by module name, or by :func:`kernel_key` (rows that share a key are summed)."""
+    if by == "module":
+        return {row["name"]: dict(row) for row in rows}
+    keyed: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        key = kernel_key(str(row["name"]))
+        if key in keyed:
+            keyed[key]["total_ns"] = float(keyed[key]["total_ns"]) + float(row["total_ns"])
+            keyed[key]["share"] = float(keyed[key]["share"]) + float(row["share"])
+        else:
+            keyed[key] = {"total_ns": row["total_ns"], "share": row["share"]}
+    return keyed
+
+
+def against(a: Mapping[str, Any], b: Mapping[str, Any], *, a_label: str, b_label: str) -> dict[str, Any]:
+    """Two profiles side by side: by module where both have modules (parity profiles), else by kernel."""
+    by = "module" if a.get("modules") and b.get("modules") else "kernel"
+    key = "modules" if by == "module" else "kernels"
+    rows_a, rows_b = _keyed(a.get(key) or [], by), _keyed(b.get(key) or [], by)
+    if not rows_a or not rows_b:
+        raise UsageError(f"--against: {'the other profile' if not rows_b else 'this profile'} has no {key} to put "
+                         "side by side")
+    names = sorted(set(rows_a) | set(rows_b),
+                   key=lambda n: -max(float(rows_a.get(n, {}).get("total_ns", 0)), float(rows_b.get(n, {}).get("total_ns", 0))))
+    rows = []
+    for name in names:
+        ra, rb = rows_a.get(name), rows_b.get(name)
+        a_ns = float(ra["total_ns"]) if ra else None
+        b_ns = float(rb["total_ns"]) if rb else None
+        rows.append({"name": name, "a_ns": a_ns, "b_ns": b_ns, "ratio": b_ns / a_ns if a_ns and b_ns is not None else None,
+                     "a_share": ra["share"] if ra else None, "b_share": rb["share"] if rb else None})
+    return {"by": by, "a_label": a_label, "b_label": b_label, "rows": rows}
+
+
+__all__ = ["DEFAULT_ACTIVE", "DEFAULT_SKIP", "DEFAULT_WARMUP", "Event", "ModuleRanges", "ProfileError", "account",
+           "against", "headline", "kernel_key", "kineto_events", "profile_subject"]

@@ -1,0 +1,182 @@
+"""The text reports of ``parity profile`` and ``parity bench``, drawn from their JSON documents.
+
+Tables use tabulate's ``github`` format (Markdown-pasteable, as compare's); names are shortened in
+the middle to fit (:func:`parity.report.shorten_name`). Times are shown in the unit that suits
+the largest value of the column (ns, us, ms, s).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..report import TABLE_FORMAT, shorten_name
+from ..text import printable
+
+NAME_WIDTH = 48
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return float(value)
+
+
+def time_unit(seconds: Sequence[float | None]) -> tuple[str, float]:
+    """(unit, scale) for a column of times in seconds: the largest value shown as 1 .. 9999."""
+    largest = max((abs(v) for v in seconds if v is not None), default=0.0)
+    for unit, scale in (("s", 1.0), ("ms", 1e3), ("us", 1e6)):
+        if largest * scale >= 1.0:
+            return unit, scale
+    return "ns", 1e9
+
+
+def fmt_time(seconds: Any, scale: float) -> str:
+    value = _number(seconds)
+    return "-" if value is None else f"{value * scale:.3g}" if value * scale < 100 else f"{value * scale:.0f}"
+
+
+def fmt_percent(fraction: Any) -> str:
+    value = _number(fraction)
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    from tabulate import tabulate
+
+    return tabulate(rows, headers=headers, tablefmt=TABLE_FORMAT, disable_numparse=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+
+
+def bench_text(document: Mapping[str, Any]) -> str:
+    settings = document["settings"]
+    lines = [f"parity bench: subject {printable(document['subject'].get('name'))} on {document['device']}, "
+             f"{settings['reps']} interleaved rounds after {settings['warmup']} warm-up calls each (seed "
+             f"{settings['seed']}); inputs: {printable(document['inputs'])}",
+             f"cache flush: {settings['cache_flush']}; judged: {settings['judged']} against "
+             f"{settings['judged_against']}", ""]
+    rows_json = document["impls"]
+    unit, scale = time_unit([_number(row["summary"]["median"]) for row in rows_json])
+    headers = ["impl", f"median {unit}", f"IQR {unit}", f"p20 {unit}", f"p80 {unit}", "n", "speedup [95% CI]",
+               "verdict", "parity", "speedup valid?"]
+    rows = []
+    for row in rows_json:
+        s, parity = row["summary"], row["parity"]
+        parity_cell = {"baseline": "baseline", "holds": "holds"}.get(parity["status"], "FAILS")
+        if "vs_baseline" in row:
+            cmp = row["vs_baseline"]
+            speed = f"{_number(cmp['speedup']):.3f}x [{_number(cmp['ci_low']):.3f}, {_number(cmp['ci_high']):.3f}]"
+            verdict, validity = cmp["verdict"], row["validity"]
+        else:
+            speed, verdict, validity = "1 (baseline)", "-", "-"
+        rows.append([printable(row["impl"]), fmt_time(s["median"], scale), fmt_time(s["iqr"], scale),
+                     fmt_time(s["p20"], scale), fmt_time(s["p80"], scale), str(s["n"]), speed, verdict,
+                     parity_cell, printable(validity, limit=200)])
+    lines.append("whole forward:")
+    lines.append(_table(headers, rows))
+    modules = document.get("modules")
+    if modules and modules.get("rows"):
+        lines += ["", "modules (timed with hooks, in separate interleaved rounds):"]
+        unit, scale = time_unit([_number(r["summary"]["median"]) for r in modules["rows"]])
+        mrows = []
+        for r in modules["rows"]:
+            cmp = r.get("vs_baseline")
+            share = (modules.get("baseline_share") or {}).get(r["module"])
+            mrows.append([shorten_name(r["module"], NAME_WIDTH), printable(r["impl"]),
+                          fmt_time(r["summary"]["median"], scale), fmt_time(r["summary"]["iqr"], scale),
+                          fmt_percent(share),
+                          f"{_number(cmp['speedup']):.3f}x [{_number(cmp['ci_low']):.3f}, {_number(cmp['ci_high']):.3f}]"
+                          if cmp else "1 (baseline)", cmp["verdict"] if cmp else "-",
+                          f"{_number(r['amdahl_whole_forward']):.3f}x" if cmp else "-"])
+        lines.append(_table(["module", "impl", f"median {unit}", f"IQR {unit}", "baseline share",
+                             "speedup [95% CI]", "verdict", "Amdahl: forward"], mrows))
+    cases = document.get("cases")
+    if cases:
+        failing = [r for r in cases["rows"] if not r["parity_holds"]]
+        lines.append("")
+        lines += cases["lines"]
+        for r in failing[:5]:
+            lines.append(f"  {printable(r['impl'])} {shorten_name(r['case'], 80)}: parity fails")
+    for warning in document.get("warnings") or []:
+        lines.append(f"warning: {printable(warning, limit=500)}")
+    lines += ["", document["verdict"]]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# profile
+
+_VIEW_TITLES = {"modules": "modules (device time charged to the innermost module; repeated layers grouped)",
+                "module_calls": "modules, one row per module", "ops": "ops", "kernels": "kernels"}
+
+
+def view_table(rows: Sequence[Mapping[str, Any]], *, header: str, kind: bool = False, wall: bool = True,
+               limit: int | None = None) -> str:
+    shown = list(rows)[:limit] if limit else list(rows)
+    unit, scale = time_unit([(_number(r.get("total_ns")) or 0.0) / 1e9 for r in shown])
+    headers = [header] + (["kind"] if kind else []) + ["calls", f"total {unit}", f"avg {unit}", f"median {unit}",
+                                                       f"min {unit}", f"max {unit}", "% device"]
+    headers += ["% wall"] if wall else []
+    out = []
+    for r in shown:
+        line = [shorten_name(str(r["name"]), NAME_WIDTH)] + ([printable(r.get("kind") or "")] if kind else [])
+        line.append(str(r["calls"]))
+        for key in ("total_ns", "avg_ns", "median_ns", "min_ns", "max_ns"):
+            value = _number(r.get(key))
+            line.append(fmt_time(None if value is None else value / 1e9, scale))
+        line.append(fmt_percent(r.get("share")))
+        if wall:
+            line.append(fmt_percent(r.get("wall_share")))
+        out.append(line)
+    text = _table(headers, out)
+    if limit and len(rows) > limit:
+        text += f"\n({len(rows) - limit} more rows in --json)"
+    return text
+
+
+def profile_text(document: Mapping[str, Any], *, views: Sequence[str] = ("modules", "ops", "kernels"),
+                 limit: int | None = 15) -> str:
+    totals = document["totals"]
+    wall = totals.get("wall_ns") is not None
+    settings = document.get("settings") or {}
+    lines = []
+    if document.get("subject"):
+        lines.append(f"parity profile: subject {printable(document['subject'].get('name'))}, impl "
+                     f"{printable(document.get('impl'))} on {document.get('device')}; {settings.get('schedule')}; "
+                     f"counted: {settings.get('counted')}")
+    else:
+        lines.append(f"parity profile: {printable(settings.get('file'))} ({settings.get('file_format')}); "
+                     f"counted: {settings.get('counted')}")
+    if wall:
+        lines.append(f"device time {fmt_time(float(totals['device_ns']) / 1e9, 1e3)} ms, wall "
+                     f"{fmt_time(float(totals['wall_ns']) / 1e9, 1e3)} ms over {totals['steps']} steps; busy "
+                     f"{fmt_percent(totals.get('busy_share'))} of wall")
+    for view in views:
+        rows = document.get(view) or []
+        if rows:
+            header = {"modules": "module", "module_calls": "module", "ops": "op", "kernels": "kernel"}[view]
+            lines += ["", f"{_VIEW_TITLES[view]}:", view_table(rows, header=header, kind=view == "kernels",
+                                                               wall=wall, limit=limit)]
+    against = document.get("against")
+    if against:
+        rows = against["rows"]
+        unit, scale = time_unit([max(_number(r.get("a_ns")) or 0, _number(r.get("b_ns")) or 0) / 1e9 for r in rows])
+        table = [[shorten_name(str(r["name"]), NAME_WIDTH),
+                  fmt_time(None if r.get("a_ns") is None else float(r["a_ns"]) / 1e9, scale),
+                  fmt_time(None if r.get("b_ns") is None else float(r["b_ns"]) / 1e9, scale),
+                  "-" if r.get("ratio") is None else f"{float(r['ratio']):.2f}",
+                  fmt_percent(r.get("a_share")), fmt_percent(r.get("b_share"))] for r in rows[:limit or None]]
+        lines += ["", f"side by side, by {against['by']} (a: {printable(against['a_label'])}, b: "
+                      f"{printable(against['b_label'])}):",
+                  _table([against["by"], f"a {unit}", f"b {unit}", "b / a", "% a", "% b"], table)]
+    for warning in document.get("warnings") or []:
+        lines.append(f"warning: {printable(warning, limit=500)}")
+    lines += ["", printable(document["headline"], limit=1000)]
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""Subjects for ``parity bench`` tests and the H200 story: known speeds, one deliberately wrong impl.
+
+``speed_subjects:make_matmul`` (CPU tests): ``y = x @ W`` with four impls whose speeds and
+correctness are known in advance, all from the same weights:
+
+- ``reference``: the product as a sum over ``chunks`` slices of the inner dimension, one small
+  matmul each (slow: ``chunks`` kernel calls);
+- ``fast``: one matmul (fast, equal to the reference up to fp32 rounding: parity holds);
+- ``wrong``: no product at all, ``x`` passed through (the fastest, and wrong: parity fails);
+- ``slow``: the reference twice (slower, correct).
+
+``speed_subjects:make_decoder`` (the H200 story): the built-in decoder with one more impl,
+``skip_attention``, whose attention core returns the values (repeated per query head) instead of
+attending: faster than any attention kernel and wrong.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+import parity.subjects
+from parity.subjects import Inputs, Subject
+from parity.subjects.decoder import DecoderSubject
+
+MATMUL_SPEC = "speed_subjects:make_matmul"
+DECODER_SPEC = "speed_subjects:make_decoder"
+CASES_SPEC = "speed_subjects:make_cases"
+for _spec in (MATMUL_SPEC, DECODER_SPEC, CASES_SPEC):
+    parity.subjects.trust_subject(_spec)
+
+
+class ChunkedProjection(nn.Module):
+    def __init__(self, dim: int, chunks: int, mode: str):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim, dim))
+        self.chunks, self.mode = chunks, mode
+
+    def forward(self, x):
+        if self.mode in ("reference", "slow"):
+            repeats = 2 if self.mode == "slow" else 1
+            for _ in range(repeats):
+                out = torch.zeros(x.shape[0], self.weight.shape[1], dtype=x.dtype)
+                for xs, ws in zip(x.chunk(self.chunks, dim=1), self.weight.chunk(self.chunks, dim=0)):
+                    out = out + xs @ ws
+            return out
+        if self.mode == "fast":
+            return x @ self.weight
+        return x  # "wrong": the product skipped
+
+
+class MatmulModel(nn.Module):
+    def __init__(self, dim: int, chunks: int, mode: str):
+        super().__init__()
+        self.proj = ChunkedProjection(dim, chunks, mode)
+        self.act = nn.Tanh()
+
+    def forward(self, x):
+        return self.act(self.proj(x))
+
+
+class MatmulSubject(Subject):
+    name = "matmul"
+    impls = ("reference", "fast", "wrong", "slow")
+
+    def __init__(self, dim: int = 64, rows: int = 32, chunks: int = 32, seed: int = 0):
+        super().__init__(dim=dim, rows=rows, chunks=chunks, seed=seed)
+
+    def make_inputs(self):
+        gen = torch.Generator().manual_seed(self.args["seed"])
+        return Inputs({"x": torch.randn(self.args["rows"], self.args["dim"], generator=gen)})
+
+    def make_state(self):
+        gen = torch.Generator().manual_seed(self.args["seed"] + 1)
+        dim = self.args["dim"]
+        return {"proj.weight": torch.randn(dim, dim, generator=gen) / dim ** 0.5}
+
+    def build(self, impl):
+        return MatmulModel(self.args["dim"], self.args["chunks"], impl)
+
+    def call(self, module, inputs):
+        return module(inputs.tensors["x"])
+
+
+def make_matmul(**args):
+    return MatmulSubject(**args)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    id: str
+    rows: int
+
+
+class CasesModel(nn.Module):
+    """One ChunkedProjection per case, registered under the case id (as the attention subject does)."""
+
+    def __init__(self, cases, dim, chunks, impl, broken):
+        super().__init__()
+        for case in cases:
+            mode = "wrong" if impl == "fast_but_one_wrong" and case.id == broken else \
+                ("fast" if impl.startswith("fast") else "reference")
+            self.add_module(case.id, ChunkedProjection(dim, chunks, mode))
+
+
+class CasesSubject(Subject):
+    """Three cases of the matmul; ``fast`` is fast and right on all, ``fast_but_one_wrong`` is fast on
+    all and wrong on the case ``m48``."""
+
+    name = "matmul-cases"
+    impls = ("reference", "fast", "fast_but_one_wrong")
+
+    def __init__(self, dim: int = 64, chunks: int = 32, seed: int = 0):
+        super().__init__(dim=dim, chunks=chunks, seed=seed)
+        self.cases = (Case("m16", 16), Case("m32", 32), Case("m48", 48))
+
+    def make_inputs(self):
+        gen = torch.Generator().manual_seed(self.args["seed"])
+        return Inputs({case.id: torch.randn(case.rows, self.args["dim"], generator=gen) for case in self.cases})
+
+    def make_state(self):
+        gen = torch.Generator().manual_seed(self.args["seed"] + 1)
+        dim = self.args["dim"]
+        return {f"{case.id}.weight": torch.randn(dim, dim, generator=gen) / dim ** 0.5 for case in self.cases}
+
+    def build(self, impl):
+        return CasesModel(self.cases, self.args["dim"], self.args["chunks"], impl, "m48")
+
+    def call(self, module, inputs):
+        return {case.id: module._modules[case.id](inputs.tensors[case.id]) for case in self.cases}
+
+
+def make_cases(**args):
+    return CasesSubject(**args)
+
+
+class SkipAttention(nn.Module):
+    """Returns v repeated per query head: the attention core's shape, none of its work."""
+
+    def forward(self, q, k, v, layout, layout_meta):
+        return v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+
+
+class DecoderWithWrongImpl(DecoderSubject):
+    impls = ("reference", "triton", "skip_attention")
+
+    def build(self, impl):
+        if impl != "skip_attention":
+            return super().build(impl)
+        model = super().build("reference")
+        for layer in model.layers:
+            layer.attn.core = SkipAttention()
+        return model
+
+
+def make_decoder(**args):
+    return DecoderWithWrongImpl(**args)
+
+
+def one_thread():
+    """A generator for a fixture: torch on one CPU thread while a test times (a small GEMM on two
+    threads of a loaded machine took 13 ms instead of 4 us, thread contention), then as before."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,230 @@
+"""``parity profile``: the accounting on synthetic events with known answers, a CPU run, the
+importers on files written in the vendors' documented formats, and the side-by-side view."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from parity.cli import main
+from parity.jsonformat import schema_for
+from parity.speed.importers import NSYS, ROCPROF_V1, ROCPROFV3, import_profile, read_kernel_table
+from parity.speed.profile import Event, ProfileError, account, kernel_key
+
+import speed_subjects
+from speed_subjects import MATMUL_SPEC
+
+jsonschema = pytest.importorskip("jsonschema")
+
+
+@pytest.fixture(autouse=True)
+def single_cpu_thread():
+    yield from speed_subjects.one_thread()
+DATA = Path(__file__).parent / "data" / "profiles"
+
+
+def cpu(name, kind, start, dur, correlation=0, thread=1, linked=0):
+    return Event(name, kind, start, dur, thread=thread, correlation=correlation, linked=linked)
+
+
+def gpu(name, kind, start, dur, correlation=0, linked=0):
+    return Event(name, kind, start, dur, thread=7, correlation=correlation, linked=linked, on_device=True)
+
+
+def synthetic_step(offset=0):
+    """One step, as kineto reports it: <root> holds two layers' attention. An aten::linear's addmm
+    launches a GEMM; attention's Triton kernel is launched by Python code inside each layer's
+    range; an aten::copy_ outside every module launches a memcpy. Runtime calls carry the OS's
+    thread id (99), not torch's (1), and, like the device events, link to the op or range that
+    issued them. The device also reports a gpu_user_annotation span, which must not count."""
+    o, c = offset, offset // 10  # correlation ids are unique over a profile
+    return [
+        cpu("ProfilerStep#3", "user_annotation", o + 0, 10_000, correlation=c + 500),
+        cpu("parity/<root>", "user_annotation", o + 10, 8_000, correlation=c + 501),
+        cpu("aten::linear", "cpu_op", o + 20, 500, correlation=c + 502),
+        cpu("aten::addmm", "cpu_op", o + 30, 400, correlation=c + 503),
+        cpu("cudaLaunchKernel", "cuda_runtime", o + 40, 50, correlation=c + 11, thread=99, linked=c + 503),
+        cpu("parity/layers.0.attn", "user_annotation", o + 600, 2_000, correlation=c + 504),
+        cpu("cuLaunchKernel", "cuda_driver", o + 700, 50, correlation=c + 12, thread=99, linked=c + 504),
+        cpu("parity/layers.1.attn", "user_annotation", o + 3_000, 2_000, correlation=c + 505),
+        cpu("cuLaunchKernel", "cuda_driver", o + 3_100, 50, correlation=c + 13, thread=99, linked=c + 505),
+        cpu("aten::copy_", "cpu_op", o + 9_000, 100, correlation=c + 506),
+        cpu("cudaMemcpyAsync", "cuda_runtime", o + 9_010, 50, correlation=c + 14, thread=99, linked=c + 506),
+        gpu("gemm_kernel", "kernel", o + 100, 1_000, correlation=c + 11, linked=c + 503),
+        gpu("attn_fwd", "kernel", o + 1_200, 3_000, correlation=c + 12, linked=c + 504),
+        gpu("attn_fwd", "kernel", o + 4_300, 5_000, correlation=c + 13, linked=c + 505),
+        gpu("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", o + 9_400, 1_000, correlation=c + 14, linked=c + 506),
+        gpu("parity/<root>", "gpu_user_annotation", o + 100, 9_000, linked=c + 501),
+    ]
+
+
+def test_accounting_charges_device_time_to_the_innermost_module_once():
+    result = account(synthetic_step())
+    totals = result["totals"]
+    assert totals["device_ns"] == 10_000  # 1000 + 3000 + 5000 + 1000; the annotation span is not counted
+    assert totals["wall_ns"] == 10_000 and totals["steps"] == 1 and totals["events_per_step"] == [4]
+    modules = {row["name"]: row for row in result["modules"]}
+    assert modules["layers.*.attn"]["total_ns"] == 8_000 and modules["layers.*.attn"]["calls"] == 2
+    assert modules["layers.*.attn"]["median_ns"] == 4_000 and modules["layers.*.attn"]["max_ns"] == 5_000
+    assert modules["<root>"]["total_ns"] == 1_000
+    assert modules["(outside modules)"]["total_ns"] == 1_000
+    assert sum(row["share"] for row in result["modules"]) == pytest.approx(1.0)
+    assert modules["layers.*.attn"]["share"] == pytest.approx(0.8)
+    calls = {row["name"]: row for row in result["module_calls"]}
+    assert calls["layers.1.attn"]["total_ns"] == 5_000
+    assert calls["<root>"]["inclusive_ns"] == 9_000
+    ops = {row["name"]: row["total_ns"] for row in result["ops"]}
+    assert ops == {"aten::linear": 1_000, "(launched from Python)": 8_000, "aten::copy_": 1_000}  # not addmm too
+    kernels = {row["name"]: row for row in result["kernels"]}
+    assert set(kernels) == {"gemm_kernel", "attn_fwd", "Memcpy DtoH (Device -> Pinned)"}
+    assert kernels["Memcpy DtoH (Device -> Pinned)"]["kind"] == "memcpy"
+    assert kernels["attn_fwd"]["calls"] == 2 and kernels["attn_fwd"]["stddev_ns"] == pytest.approx(1414.2, abs=0.1)
+    assert result["hot"] == {"module": "layers.*.attn", "share": pytest.approx(0.8), "amdahl_bound": pytest.approx(5.0)}
+    assert result["warnings"] == []
+
+
+def test_unattributed_device_time_and_uneven_steps_are_warned():
+    second = [e for e in synthetic_step(offset=20_000) if not e.name.startswith("Memcpy")]  # no memcpy this step
+    events = synthetic_step() + second + [gpu("orphan", "kernel", 20_500, 500, correlation=999)]
+    result = account(events)
+    assert result["totals"]["events_per_step"] == [4, 4]
+    lost = {row["name"]: row for row in result["modules"]}["(unattributed)"]
+    assert lost["total_ns"] == 500
+    assert any("could not be traced" in warning for warning in result["warnings"])
+    uneven = account(synthetic_step() + second)
+    assert uneven["totals"]["events_per_step"] == [4, 3]
+    assert any("differs between active steps" in warning for warning in uneven["warnings"])
+
+
+def test_no_device_events_and_graphs_are_refused():
+    only_cpu = [e for e in synthetic_step() if not e.on_device]
+    with pytest.raises(ProfileError, match="no kernel, memcpy or memset"):
+        account(only_cpu)
+    graph = synthetic_step() + [cpu("cudaGraphLaunch", "cuda_runtime", 9_500, 20, correlation=77, thread=99,
+                                    linked=500)]
+    with pytest.raises(ProfileError, match="CUDA/HIP graph"):
+        account(graph)
+
+
+def test_cpu_accounting_uses_self_time():
+    events = [cpu("ProfilerStep#0", "user_annotation", 0, 1_000), cpu("parity/<root>", "user_annotation", 0, 900),
+              cpu("aten::linear", "cpu_op", 10, 500), cpu("aten::addmm", "cpu_op", 20, 400),
+              cpu("parity/act", "user_annotation", 600, 200), cpu("aten::tanh", "cpu_op", 610, 100)]
+    result = account(events, cpu_only=True)
+    kernels = {row["name"]: row["total_ns"] for row in result["kernels"]}
+    assert kernels == {"aten::linear": 100, "aten::addmm": 400, "aten::tanh": 100}
+    ops = {row["name"]: row["total_ns"] for row in result["ops"]}
+    assert ops == {"aten::linear": 500, "aten::tanh": 100}
+    assert result["hot"]["module"] == "<root>" and result["hot"]["share"] == pytest.approx(500 / 600)
+
+
+def test_profile_command_on_cpu(tmp_path, capsys):
+    out, trace, page = tmp_path / "p.json", tmp_path / "trace.json", tmp_path / "p.html"
+    status = main(["profile", "--quiet", "--subject", MATMUL_SPEC, "--impl", "reference", "--skip", "0",
+                   "--warmup", "1", "--active", "2", "--json", str(out), "--trace", str(trace), "--html", str(page)])
+    text = capsys.readouterr().out
+    assert status == 0
+    document = json.loads(out.read_text())
+    jsonschema.validate(document, schema_for("parity-profile-report"))
+    assert document["totals"]["steps"] == 2
+    assert sum(row["share"] for row in document["modules"]) == pytest.approx(1.0)
+    assert document["hot"]["module"] == "proj"  # 32 chunked matmuls against one tanh
+    assert document["hot"]["share"] > 0.5
+    assert "hot module proj" in text and "% wall" in text
+    assert "traceEvents" in json.loads(trace.read_text())
+    assert "<svg" in page.read_text()
+
+
+def test_against_two_parity_profiles_is_by_module(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for impl, path in (("reference", a), ("fast", b)):
+        assert main(["profile", "--quiet", "--subject", MATMUL_SPEC, "--impl", impl, "--skip", "1", "--warmup", "1",
+                     "--active", "3", "--json", str(path)]) == 0
+    assert main(["profile", "--quiet", "--subject", MATMUL_SPEC, "--impl", "fast", "--skip", "1", "--warmup", "1",
+                 "--active", "3", "--against", str(a), "--json", str(tmp_path / "c.json")]) == 0
+    document = json.loads((tmp_path / "c.json").read_text())
+    jsonschema.validate(document, schema_for("parity-profile-report"))
+    assert document["against"]["by"] == "module"
+    proj = next(row for row in document["against"]["rows"] if row["name"] == "proj")
+    assert proj["ratio"] > 1.5  # b (the reference: 32 chunked products) over a (one matmul)
+
+
+EXPECTED_NS = {"sparse_attention_fwd_kernel": 728_432_117, "vectorized_layer_norm_kernel": 16_288_000}
+
+
+@pytest.mark.parametrize("name, fmt, calls, first_total, has_median", [
+    ("rocprofv3_kernel_stats.csv", ROCPROFV3, [80, 640, 160, 320], 851_200_000, False),
+    ("rocprof_v1_results.stats.csv", ROCPROF_V1, [80, 640, 160, 320], 851_200_000, False),
+    ("nsys_cuda_gpu_kern_sum.csv", NSYS, [80, 640, 160, 320], 728_432_117, True),
+    ("nsys_stdout_usec.csv", NSYS, [80, 640, 160, 320], 728_432_117, True),
+])
+def test_importers_read_the_documented_formats(name, fmt, calls, first_total, has_median):
+    detected, rows = read_kernel_table(DATA / name)
+    assert detected == fmt
+    assert [row["calls"] for row in rows] == calls
+    assert rows[0]["total_ns"] == pytest.approx(first_total, rel=1e-9)
+    assert (rows[0]["median_ns"] is not None) == has_median
+    assert rows[2]["name"].count(",") >= 5 and rows[2]["name"].endswith(")" if fmt != ROCPROF_V1 else "[clone .kd]")
+    document = import_profile(DATA / name)
+    jsonschema.validate(document, schema_for("parity-profile-report"))
+    assert document["kernels"][0]["share"] == pytest.approx(0.85, abs=0.001)
+    assert sum(row["share"] for row in document["kernels"]) == pytest.approx(1.0)
+
+
+def test_nsys_units_are_converted_to_ns():
+    _, ns_rows = read_kernel_table(DATA / "nsys_cuda_gpu_kern_sum.csv")
+    _, us_rows = read_kernel_table(DATA / "nsys_stdout_usec.csv")
+    for a, b in zip(ns_rows, us_rows):
+        assert a["name"] == b["name"]
+        for key in ("total_ns", "avg_ns", "median_ns", "min_ns", "max_ns"):
+            assert b[key] == pytest.approx(a[key], abs=0.5001)  # the us file has 3 decimals: 0.5 ns
+
+
+def test_kernel_keys_match_across_vendors():
+    assert kernel_key("sparse_attention_fwd_kernel(float const*, int) [clone .kd]") == "sparse_attention_fwd_kernel"
+    assert kernel_key("void at::native::vectorized_elementwise_kernel<(int)4, F<float>>(int, T2, T3)") == \
+        "at::native::vectorized_elementwise_kernel"
+    assert kernel_key("void at::native::(anonymous namespace)::ln_kernel<float, true>(int, float)") == \
+        "at::native::(anonymous namespace)::ln_kernel"
+
+
+def test_import_against_import_is_by_kernel(capsys):
+    status = main(["profile", "--import", str(DATA / "nsys_cuda_gpu_kern_sum.csv"),
+                   "--against", str(DATA / "rocprofv3_kernel_stats.csv"), "--json", "-"])
+    document = json.loads(capsys.readouterr().out)
+    assert status == 0 and document["against"]["by"] == "kernel"
+    attention = next(r for r in document["against"]["rows"] if r["name"] == "sparse_attention_fwd_kernel")
+    assert attention["ratio"] == pytest.approx(851_200_000 / 728_432_117)
+
+
+@pytest.mark.parametrize("content, message", [
+    ('"Name","Calls","TotalDurationNs","AverageNs","Percentage","MinNs","MaxNs","StdDev"\n'
+     'void kernel<4, float>(int),10,1000,100,100,90,110,5\n', "unquoted comma"),
+    ('"Name","Calls","TotalDurationNs","AverageNs","Percentage"\n', "no kernel rows"),
+    ("a,b,c\n1,2,3\n", "no header of a known kernel summary"),
+    ('"Name","Calls","TotalDurationNs","AverageNs","Percentage"\n"k",ten,100,10,100\n', "not a number"),
+    ("Time (%),Total Time (fortnights),Instances,Name\n1,2,3,k\n", "unknown time unit"),
+])
+def test_bad_imports_are_exit_2(tmp_path, capsys, content, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    assert main(["profile", "--import", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_profile_refusals(tmp_path, capsys):
+    assert main(["profile", "--subject", MATMUL_SPEC, "--impl", "nope", "--quiet"]) == 2
+    assert "no implementation 'nope'" in capsys.readouterr().err
+    assert main(["profile", "--subject", MATMUL_SPEC, "--active", "0", "--quiet"]) == 2
+    assert "--active" in capsys.readouterr().err
+    assert main(["profile", "--import", str(DATA / "nsys_cuda_gpu_kern_sum.csv"), "--trace", str(tmp_path / "t")]) == 2
+    assert "--trace needs a run" in capsys.readouterr().err
+
+
+def test_a_device_event_without_a_link_is_placed_through_its_runtime_call():
+    events = synthetic_step() + [cpu("cuLaunchKernel", "cuda_driver", 800, 20, correlation=42, thread=99, linked=504),
+                                 gpu("late_kernel", "kernel", 9_600, 200, correlation=42)]
+    calls = {row["name"]: row["total_ns"] for row in account(events)["module_calls"]}
+    assert calls["layers.0.attn"] == 3_200  # attn_fwd (3000) and the kernel whose launch links to that range
