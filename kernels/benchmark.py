@@ -27,10 +27,11 @@ import sys
 
 import torch
 
-from parity import jsonformat, platform
-from parity.errors import UsageError
-from parity.metrics import json_safe_float
-from parity.overrides import parse_overrides
+from parity.base import jsonformat
+from parity.run import platform
+from parity.base.errors import UsageError
+from parity.judge.metrics import json_safe_float
+from parity.base.overrides import parse_overrides
 
 from . import configs
 from .attention import block_sparse_attention, launch_config
@@ -144,7 +145,7 @@ def flex_block_mask(layout: BlockLayout, device):
 
 
 def rel_l2(out, ref) -> float | str:
-    """Relative L2 error, as the JSON carries it ("nan"/"inf" where not finite: parity.jsonformat)."""
+    """Relative L2 error, as the JSON carries it ("nan"/"inf" where not finite: parity.base.jsonformat)."""
     diff = (out.double() - ref.double()).norm()
     return json_safe_float(float(diff / ref.double().norm().clamp_min(1e-30)))
 

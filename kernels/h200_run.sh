@@ -13,7 +13,7 @@
 # second benchmark run, e.g. another head dim; MASKS (document,padding or all) adds the
 # element-mask benchmark; PROPERTY_EXAMPLES sets the property test's cases. STEPS (names,
 # space-separated) runs only those of the steps 2-6 (install always runs). HARNESS (arguments of
-# `python -m parity.benchmark`) adds the harness's own benchmark on the GPU (parity/BENCHMARK.md)
+# `python tests/harness_benchmark/harness_benchmark.py`) adds the harness's own benchmark on the GPU (tests/harness_benchmark/BENCHMARK.md)
 # and its profile at the first size (HARNESS_PROFILE=0: not the profile; HARNESS_LIMIT: seconds).
 # The host has no network and no `blake3` (a dependency since bundle schema 4): WHEELS (default
 # .device-wheels) is a folder of wheels for the host's Python, installed from there without an
@@ -64,7 +64,7 @@ fi
 # their test-only dependencies (jsonschema, xmlschema), they are left out rather than failing collection.
 IGNORE=()
 "$PY" -c 'import jsonschema, xmlschema' 2>/dev/null || IGNORE=(--ignore=tests/test_json_schemas.py \
-    --ignore=tests/test_junit.py --ignore=tests/test_benchmark_harness.py)
+    --ignore=tests/test_junit.py --ignore=tests/harness_benchmark)
 step gpu-tests 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider "${IGNORE[@]}" --junitxml="$R/gpu-tests.xml" tests
 step compare-attention 45 "$PY" -m parity compare --golden golden/h200-attention --impl triton \
     --device cuda --budget --quiet --json "$R/compare-attention.json"
@@ -77,11 +77,11 @@ step inspect 90 "$PY" -m parity inspect --target sm_90 --dtype bf16 --dtype fp16
     --head-dim 64 --head-dim 128 --head-dim 256 --json "$R/inspect-sm90.json"
 if [ -n "${HARNESS:-}" ]; then
     # shellcheck disable=SC2086  # word splitting of the argument string is intended
-    step harness "${HARNESS_LIMIT:-480}" "$PY" -m parity.benchmark --device cuda --workdir /tmp/parity-bench \
+    step harness "${HARNESS_LIMIT:-480}" "$PY" tests/harness_benchmark/harness_benchmark.py --device cuda --workdir /tmp/parity-bench \
         --json "$R/harness.json" $HARNESS
     if [ "${HARNESS_PROFILE:-1}" != 0 ]; then
         # shellcheck disable=SC2086
-        step harness-profile 120 "$PY" -m parity.benchmark --device cuda --profile --workdir /tmp/parity-bench \
+        step harness-profile 120 "$PY" tests/harness_benchmark/harness_benchmark.py --device cuda --profile --workdir /tmp/parity-bench \
             --json "$R/harness-profile.json" $HARNESS
     fi
 fi

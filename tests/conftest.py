@@ -7,7 +7,7 @@ import pytest
 def pytest_configure(config):
     # Without a GPU, Triton kernels run on CPU tensors through the interpreter. It must be
     # enabled before triton is first imported, which happens inside tests, not at collection.
-    from parity import platform
+    from parity.run import platform
 
     if not platform.gpu_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -15,13 +15,13 @@ def pytest_configure(config):
 
 @pytest.fixture
 def device():
-    from parity import platform
+    from parity.run import platform
 
     return platform.default_device()
 
 
 def pytest_collection_modifyitems(config, items):
-    from parity import platform
+    from parity.run import platform
 
     if platform.gpu_available():
         return

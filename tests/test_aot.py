@@ -11,9 +11,10 @@ import json
 
 import pytest
 
-from parity import dtypes, platform
-from parity.cli import main
-from parity.kernels import aot
+from parity.base import dtypes
+from parity.run import platform
+from parity.cli.main import main
+from parity.kernels import aot, targets
 
 GFX942_CASES = [("gfx942", dtype, head_dim) for dtype in ("fp16", "bf16") for head_dim in (64, 128, 256)]
 SM90_CASE = ("sm_90", "bf16", 128)
@@ -111,8 +112,8 @@ def test_arguments_match_a_recorded_launcher_call(monkeypatch, case):
     recorder = _RecordingKernel(triton_attention.block_sparse_attn_fwd)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(triton_attention, "block_sparse_attn_fwd", recorder)
-    # The launcher asks platform which architecture the device is: answer the target's name.
-    monkeypatch.setattr(platform, "arch_of", lambda device: target)
+    # The launcher asks the kernel's targets module which architecture the device is: answer the target's name.
+    monkeypatch.setattr(targets, "arch_of", lambda device: target)
     meta = torch.device("meta")
     tdtype = dtypes.torch_dtype(dtype)
     q = torch.empty(2, 8, 1000, head_dim, dtype=tdtype, device=meta)

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from parity.errors import UsageError
+from parity.base.errors import UsageError
 from parity.kernels import benchmark, configs
 
 

@@ -4,7 +4,7 @@ with and without --force, SIGKILL at random moments, and the umask's permissions
 Writers that are killed run in processes forked from a small server process (the "zygote"),
 which imports torch once: each child then costs milliseconds, and its pid is really gone after
 the kill, as the stale-directory cleanup expects. A child is killed at a chosen step by the
-module's ``_fs_step`` hook calling ``os._exit`` (no cleanup, no ``finally``: like SIGKILL).
+commit module's ``_fs_step`` hook calling ``os._exit`` (no cleanup, no ``finally``: like SIGKILL).
 The three ways a bundle can be moved into place are each tested: ``exchange`` (renameat2 with
 RENAME_EXCHANGE), ``journal`` (the exchange unavailable: the old bundle is parked as
 ``.NAME.old-*``) and ``plain`` (no renameat2 at all: plain rename(2)).
@@ -23,17 +23,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity import bundle as B
-from parity.bundle import BundleWriter, open_bundle
-from parity.errors import BundleError, UsageError
+from parity.bundle import commit as B
+from parity.bundle.writer import BundleWriter
+from parity.bundle.reader import open_bundle
+from parity.base.errors import BundleError, UsageError
 
 MODES = ("exchange", "journal", "plain")
 
 ZYGOTE = r"""
 import json, os, sys, time
 import torch
-from parity import bundle as B
-from parity.errors import UsageError
+from parity.bundle import commit as B
+from parity.bundle.writer import BundleWriter
+from parity.base.errors import UsageError
 
 def configure(mode, kill_at, log):
     if mode in ("journal", "plain"):
@@ -58,7 +60,7 @@ def write(spec, gate):
         os.read(gate, 1)
     try:
         for round in range(spec.get("repeat", 1)):
-            with B.BundleWriter(spec["target"], force=spec["force"], shard_bytes=spec.get("shard_bytes", 200)) as w:
+            with BundleWriter(spec["target"], force=spec["force"], shard_bytes=spec.get("shard_bytes", 200)) as w:
                 for i in range(spec.get("tensors", 4)):
                     w.add("output", f"t{i}", torch.full((40,), float(i)))
                 w.commit({"subject": {"spec": "test", "name": spec["tag"], "args": {"round": round}}})
@@ -270,7 +272,7 @@ def test_force_swaps_back_what_is_not_a_bundle(tmp_path, monkeypatch):
     _write_in_process(target, "old")
 
     def someone_else():
-        B._discard(target)
+        B.discard(target)
         target.mkdir()
         (target / "thesis.txt").write_text("precious")
 

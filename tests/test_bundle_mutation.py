@@ -46,9 +46,9 @@ from typing import Any, Callable
 
 import pytest
 
-from parity import bundle as B
-from parity.cli import main
-from parity.manifest import seal
+from parity.bundle import reader as B
+from parity.cli.main import main
+from parity.bundle.manifest import seal
 
 TIME_LIMIT_S = 20.0
 
@@ -156,7 +156,7 @@ def _baseline(path: Path, mode: list[str]) -> tuple[int, str, set]:
 
 
 def _make_base(name: str, path: Path) -> Base:
-    from parity.capture import capture
+    from parity.run.capture import capture
 
     if name == "attention":
         capture("attention", path, subject_args={"cases": [ATTENTION_CASE]}, shard_bytes=2048)

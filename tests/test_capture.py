@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity.bundle import open_bundle
-from parity.capture import CaptureError, capture
-from parity.errors import UsageError
-from parity.recorder import ROOT, Recorder, flatten, replay, select_modules
-from parity.subjects import load_subject, runner_from_manifest
-from parity.subjects.attention import CASE_SETS
+from parity.bundle.reader import open_bundle
+from parity.run.capture import CaptureError, capture
+from parity.base.errors import UsageError
+from parity.run.recorder import ROOT, Recorder, flatten, replay, select_modules
+from parity.run.subjects import Inputs, load_subject, runner_from_manifest
+from parity.run.subjects.attention import CASE_SETS
 
 EXAMPLE = "user_subject_example:make_subject"
 SMALL_DECODER = {"layers": 2, "seq_len": 64, "batch": 1}
@@ -146,7 +146,7 @@ def test_compare_host_rebuilds_from_the_bundle_and_reproduces_it(decoder_bundle)
             mismatches.append(record.name)
 
     with Recorder(module, check):
-        runner.run(module, bundle.subject_inputs())
+        runner.run(module, Inputs.of_bundle(bundle))
     assert mismatches == []
 
     layer = next(layer for layer in bundle.layers() if layer["name"] == "layers.1.attn")
@@ -182,7 +182,7 @@ def test_user_subject_capture_with_layer_globs(tmp_path):
 
 
 def test_the_reference_run_leaves_cores_for_the_writer_on_a_many_core_host(tmp_path, monkeypatch):
-    from parity import runtime
+    from parity.run import runtime
 
     before = torch.get_num_threads()
     try:
@@ -276,8 +276,8 @@ def test_cuda_without_a_gpu_is_a_usage_error(tmp_path):
 
 _TRITON_SCRIPT = """
 import json, sys, time
-from parity.capture import capture
-from parity.bundle import open_bundle
+from parity.run.capture import capture
+from parity.bundle.reader import open_bundle
 report = {}
 for name, spec, args in [("attention", "attention", {"cases": "default"}),
                          ("decoder", "decoder", %(decoder)r)]:
@@ -311,11 +311,11 @@ def test_triton_impl_under_the_interpreter(tmp_path):
 
 @pytest.fixture
 def cli(monkeypatch, capsys):
-    """``parity.cli.main(["capture", ...])`` -> (exit status, stdout, stderr)."""
-    import parity.cli
+    """``parity.cli.main.main(["capture", ...])`` -> (exit status, stdout, stderr)."""
+    import parity.cli.main
 
     def run(args):
-        code = parity.cli.main(["capture", *args])
+        code = parity.cli.main.main(["capture", *args])
         captured = capsys.readouterr()
         return code, captured.out, captured.err
 
@@ -339,7 +339,7 @@ def test_cli_capture_and_force(tmp_path, cli):
 
 
 def test_cli_no_fsync_writes_the_same_bundle_without_syncing_its_files(tmp_path, cli, monkeypatch):
-    from parity import bundle as bundle_module
+    from parity.bundle import commit as bundle_module
 
     synced = []
     real = os.fsync
@@ -400,8 +400,8 @@ def test_cli_user_errors_are_one_line_and_exit_2(tmp_path, cli, args, message):
 
 
 def test_capture_fuzz_records_the_drawn_cases(tmp_path, capsys):
-    from parity.cli import main
-    from parity.fuzz import draw_cases
+    from parity.cli.main import main
+    from parity.run.fuzz import draw_cases
 
     out = tmp_path / "fuzz"
     assert main(["capture", "--subject", "attention", "--fuzz", "3", "--fuzz-seed", "7", "--out", str(out), "--quiet"]) == 0
@@ -411,7 +411,7 @@ def test_capture_fuzz_records_the_drawn_cases(tmp_path, capsys):
 
 
 def test_subject_arguments_that_do_not_fit_are_exit_2_not_a_traceback(tmp_path, capsys):
-    from parity.cli import main
+    from parity.cli.main import main
 
     for arg, message in (("layers=abc", "decoder layers must be a positive integer, got 'abc'"),
                          ("layers=-1", "decoder layers must be a positive integer, got -1"),

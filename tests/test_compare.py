@@ -15,20 +15,18 @@ import pytest
 import torch
 from torch import nn
 
-import parity.cli
-from parity.bundle import edit_manifest, open_bundle
-from parity.capture import capture
-from parity.compare import (
-    DEFAULT_BUDGET_K,
-    compare_bundle,
-    compare_tensors,
-    enable_triton_interpreter,
-    policy_for_cli,
-)
-from parity.errors import UsageError
-from parity.policy import LayerOverride, Policy
-from parity.subjects import Inputs, Subject, trusting
-from parity.subjects.attention import CASE_SETS
+import parity.cli.main
+from parity.bundle.writer import edit_manifest
+from parity.bundle.reader import open_bundle
+from parity.run.capture import capture
+from parity.judge.policy import DEFAULT_BUDGET_K, policy_for_cli
+from parity.judge.compare import compare_bundle
+from parity.judge.engine import compare_tensors
+from parity.run.runtime import enable_triton_interpreter
+from parity.base.errors import UsageError
+from parity.judge.policy import LayerOverride, Policy
+from parity.run.subjects import Inputs, Subject, trusting
+from parity.run.subjects.attention import CASE_SETS
 
 EXAMPLE = "user_subject_example:make_subject"
 SMALL_DECODER = {"layers": 2, "seq_len": 64, "batch": 1}
@@ -415,7 +413,7 @@ def test_policy_for_cli_reads_pyproject_tool_parity(tmp_path):
 @pytest.fixture
 def cli(capsys):
     def run(args):
-        code = parity.cli.main(["compare", *args])
+        code = parity.cli.main.main(["compare", *args])
         captured = capsys.readouterr()
         return code, captured.out, captured.err
 
@@ -535,7 +533,7 @@ def test_cli_unusable_input_is_one_line_and_exit_2(bundles, cli, tmp_path, case,
 
 def test_cli_missing_golden_argument_is_exit_2(capsys):
     # argparse's own usage errors come back from main() as exit status 2, like every user error
-    assert parity.cli.main(["compare", "--impl", "reference"]) == 2
+    assert parity.cli.main.main(["compare", "--impl", "reference"]) == 2
     err = capsys.readouterr().err
     assert err == "parity: error: the following arguments are required: --bundle/--golden\n"
 
@@ -559,8 +557,13 @@ def test_budget_numbers_are_in_golden_order_and_finite(bundles):
 # --- reading goldens ahead (issue 16) -------------------------------------------------------------
 
 def _bench_bundle(tmp_path):
-    from parity import benchmark
-    from parity.subjects import load_subject
+    """A bundle of the harness benchmark's subject (a stack of fp32 blocks, tests/harness_benchmark)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "harness_benchmark"))
+    try:
+        import harness_benchmark as benchmark
+    finally:
+        sys.path.pop(0)
+    from parity.run.subjects import load_subject
 
     runner = load_subject(benchmark.SPEC, {"layers": 3, "width": 8, "tokens": 4})
     capture(runner, tmp_path / "b", impl="reference", device="cpu", reference="fp64", shard_bytes=512)
@@ -583,7 +586,7 @@ def _record_load_threads(bundle, monkeypatch):
 
 
 def test_the_judge_reads_every_golden_and_reference_ahead_on_its_thread_and_judges_as_without(tmp_path, monkeypatch):
-    from parity.engine import Judge, Obtained
+    from parity.judge.engine import Judge, Obtained
 
     bundle = _bench_bundle(tmp_path)
     names = [entry.name for entry in bundle.entries_of("output")]
@@ -604,8 +607,8 @@ def test_the_judge_reads_every_golden_and_reference_ahead_on_its_thread_and_judg
 
 
 def test_read_ahead_out_of_order_and_damage_are_as_without_it(tmp_path):
-    from parity.bundle import BundleError
-    from parity.engine import ReadAhead
+    from parity.base.errors import BundleError
+    from parity.judge.engine import ReadAhead
 
     bundle = _bench_bundle(tmp_path)
     names = [entry.name for entry in bundle.entries_of("output")]

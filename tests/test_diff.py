@@ -19,12 +19,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from parity import checksums
-from parity.bundle import edit_manifest, open_bundle
-from parity.capture import capture
-from parity.cli import main
-from parity.diff import diff_bundles, same_arguments
-from parity.policy import Policy
+from parity.bundle import checksums
+from parity.bundle.writer import edit_manifest
+from parity.bundle.reader import open_bundle
+from parity.run.capture import capture
+from parity.cli.main import main
+from parity.judge.diff import diff_bundles, same_arguments
+from parity.judge.policy import Policy
 
 from bundle_versions import as_version
 
@@ -273,10 +274,3 @@ def test_no_module_imports_another_modules_private_name():
                     alias.name.startswith("_") and not alias.name.startswith("__") for alias in node.names):
                 offenders.append(f"{file.relative_to(REPO)}:{node.lineno}")
     assert offenders == []
-
-
-def test_layer_result_is_a_deprecated_alias_of_tensor_result():
-    from parity.compare import LayerResult, TensorResult
-    from parity.results import TensorResult as Model
-
-    assert LayerResult is TensorResult is Model

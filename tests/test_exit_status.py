@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-import parity.cli
-from parity.capture import capture
-from parity.cli import main
-from parity.errors import EXIT_INTERNAL, EXIT_USAGE, SubjectError, UsageError, classify, describe_exception
+import parity.cli.main
+from parity.run.capture import capture
+from parity.cli.main import main
+from parity.base.errors import EXIT_INTERNAL, EXIT_USAGE, SubjectError, UsageError, classify, describe_exception
 
 EXAMPLE = "user_subject_example:make_subject"
 TESTS_DIR = Path(__file__).resolve().parent
@@ -148,7 +148,7 @@ def test_debug_prints_the_traceback(project, capsys, monkeypatch, where):
 
 
 def test_a_bug_in_parity_is_exit_3_naming_the_place(capsys, monkeypatch, tmp_path):
-    import parity.commands.compare as command
+    import parity.cli.commands.compare as command
 
     def broken(args):
         return {}["layers"]
@@ -166,7 +166,7 @@ def test_a_bug_in_parity_is_exit_3_naming_the_place(capsys, monkeypatch, tmp_pat
 
 def test_subject_errors_keep_usage_errors_apart():
     """Inside subject code, parity's own UsageError stays exit 2; anything else is exit 3."""
-    from parity.subjects import SubjectRunner
+    from parity.run.subjects import SubjectRunner
 
     class Subject:
         args: dict = {}

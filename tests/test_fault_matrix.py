@@ -12,8 +12,8 @@ import pytest
 
 from fault_models import CASES, check_names, capture_model, run_case
 
-from parity.bundle import open_bundle
-from parity.policy import Policy
+from parity.bundle.reader import open_bundle
+from parity.judge.policy import Policy
 
 PASSING = {"pass", "fused-here"}
 

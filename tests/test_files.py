@@ -1,10 +1,10 @@
-"""Report files are written whole or not at all (parity.files), and every report writer uses it."""
+"""Report files are written whole or not at all (parity.base.files), and every report writer uses it."""
 import os
 
 import pytest
 
-from parity import files
-from parity.errors import UsageError
+from parity.base import files
+from parity.base.errors import UsageError
 
 
 def test_writes_the_text_and_leaves_no_temporary_file(tmp_path):
@@ -39,19 +39,20 @@ def test_paths_that_cannot_be_written_are_refused_before_any_work(tmp_path):
 
 def test_the_compare_report_writers_go_through_it(tmp_path, monkeypatch):
     # a JSON report that fails half-way leaves the previous report, not a truncated one
-    from parity import report as report_module
-    from parity.policy import Policy
-    from parity.results import CompareReport
+    from parity.report import json_report, junit, markdown
+    from parity.judge.policy import Policy
+    from parity.judge.results import CompareReport
 
     calls = []
     real = files.write_atomically
-    monkeypatch.setattr(report_module, "write_atomically",
-                        lambda path, text, what: calls.append(what) or real(path, text, what))
+    for module in (json_report, junit, markdown):
+        monkeypatch.setattr(module, "write_atomically",
+                            lambda path, text, what: calls.append(what) or real(path, text, what))
     report = CompareReport(golden="g", subject={"name": "s", "spec": "s"}, impl="triton", golden_impl="reference",
                            device="cpu", policy=Policy(), layers=[], hosts={"golden": {}, "here": {}},
                            fingerprint_differences=[])
-    report_module.write_json(report, tmp_path / "r.json")
-    report_module.write_junit_xml(report, tmp_path / "r.xml")
-    report_module.write_markdown(report, tmp_path / "r.md")
+    json_report.write_json(report, tmp_path / "r.json")
+    junit.write_junit_xml(report, tmp_path / "r.xml")
+    markdown.write_markdown(report, tmp_path / "r.md")
     assert calls == ["--json", "--junit-xml", "--markdown"]
     assert (tmp_path / "r.json").read_text(encoding="utf-8").startswith("{")

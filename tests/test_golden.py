@@ -4,18 +4,18 @@ from pathlib import Path
 
 import pytest
 
-from parity.bundle import open_bundle
-from parity.compare import compare_bundle
-from parity.report import format_text
+from parity.bundle.reader import open_bundle
+from parity.judge.compare import compare_bundle
+from parity.report.text import format_text
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 BUNDLES = ("h200-attention", "h200-decoder")
-# 150 attention cases drawn by parity.fuzz (corpus bounds, seed 2026: every dtype x layout, odd
+# 150 attention cases drawn by parity.run.fuzz (corpus bounds, seed 2026: every dtype x layout, odd
 # lengths) and captured on the H200 with the reference implementation and an fp64 reference.
 FUZZ_CORPUS = "h200-fuzz"
 # These goldens are the fp32-computed reference rounded once to bf16 (its error vs fp64 is
 # output rounding only, rel L2 1.6e-3); a flash kernel also rounds P to bf16 before P.V, which
-# measured 1.17-1.33x that here (numerics.md: an SDPA golden and the kernel both at 2.0e-3).
+# measured 1.17-1.33x that here (parity/NUMERICS.md: an SDPA golden and the kernel both at 2.0e-3).
 # Without the interpreter's rounding fix (truncation) the kernel showed ~2.7x. Allow 1.5x.
 SAME_ERROR_FACTOR = 1.5
 

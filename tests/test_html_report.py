@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import fault_models
-from parity.errors import UsageError
-from parity.html_report import render_html, verdict_line, write_html
-from parity.text import printable
+from parity.base.errors import UsageError
+from parity.report.html import render_html, verdict_line, write_html
+from parity.base.text import printable
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 VOID = {"meta", "input", "br", "img", "link", "hr", "col", "area", "base", "source", "wbr"}
@@ -108,7 +108,8 @@ def _check_series(dom, report, series, *path):
 @pytest.fixture(scope="module")
 def failing_report(tmp_path_factory):
     """A real compare report with --isolate: a zeroed row injected in blocks.3 (introduced there)."""
-    from parity.report import to_json, verdict_line
+    from parity.report.json_report import to_json
+    from parity.judge.results import verdict_line
 
     bundle = fault_models.capture_model(tmp_path_factory.mktemp("html"), "res", "bf16")
     case = next(c for c in fault_models.CASES if c.id == "bf16-zerorow-block3")

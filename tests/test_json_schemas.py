@@ -15,12 +15,14 @@ import pytest
 import torch
 from jsonschema import Draft202012Validator, ValidationError
 
-from parity import jsonformat
-from parity.capture import capture
-from parity.cli import main
-from parity.compare import CompareReport, compare_tensors
-from parity.policy import Policy
-from parity.report import to_json, verdict_line
+from parity.base import jsonformat
+from parity.run.capture import capture
+from parity.cli.main import main
+from parity.judge.results import CompareReport
+from parity.judge.engine import compare_tensors
+from parity.judge.policy import Policy
+from parity.report.json_report import to_json
+from parity.judge.results import verdict_line
 from test_diff import rewrite_tensor  # the same outside edit of a stored tensor as diff's tests
 from plugin_suite import make_plugin_suite
 
@@ -88,7 +90,7 @@ def test_every_format_has_a_valid_schema_shipped_in_the_package():
 
 
 def test_read_float_reads_what_json_safe_float_writes():
-    from parity.metrics import json_safe_float
+    from parity.judge.metrics import json_safe_float
 
     for value in (0.0, -1.25, 3e-7, math.inf, -math.inf):
         assert jsonformat.read_float(json_safe_float(value)) == value
@@ -184,7 +186,7 @@ def test_error_report_of_a_damaged_bundle_validates(bundles, tmp_path, capsys):
 def test_committed_compare_reports_still_validate(name):
     """Reports written before ``verdict`` and ``integrity`` existed (same version: fields are only
     added within a version) still validate, and the HTML page still gets their verdict line."""
-    from parity.html_report import verdict_line as html_verdict
+    from parity.report.html import verdict_line as html_verdict
 
     with gzip.open(REPO / "golden" / "results" / name, "rt") as handle:
         document = validate(strict_loads(handle.read()))
@@ -257,7 +259,7 @@ def test_benchmark_document_validates():
     """The GPU run itself cannot happen here: its document is built by the same function from rows
     shaped as the run writes them (a NaN error included), and the committed H200 results (written
     before the format had a name) still validate."""
-    from parity import platform
+    from parity.run import platform
     from parity.kernels import benchmark, configs
 
     ref = torch.ones(8)

@@ -13,8 +13,8 @@ import pytest
 import torch
 import xmlschema
 
-from parity.capture import capture
-from parity.cli import main
+from parity.run.capture import capture
+from parity.cli.main import main
 from test_diff import rewrite_tensor  # the same outside edit of a stored tensor as diff's tests
 from plugin_suite import make_plugin_suite
 
@@ -70,9 +70,10 @@ def test_compare_junit_validates(bundles, schema, tmp_path, capsys, golden, stat
 
 
 def test_any_name_and_message_stays_valid(schema):
-    from parity.compare import CompareReport, compare_tensors
-    from parity.policy import Policy
-    from parity.report import to_junit_xml
+    from parity.judge.results import CompareReport
+    from parity.judge.engine import compare_tensors
+    from parity.judge.policy import Policy
+    from parity.report.junit import to_junit_xml
 
     odd = "weird\x01<name> & \"quotes\" \ud800"
     results = [compare_tensors(odd, torch.ones(8), torch.zeros(8)), compare_tensors("ok", torch.ones(8), torch.ones(8))]

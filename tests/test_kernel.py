@@ -4,7 +4,8 @@ through the Triton interpreter (conftest sets TRITON_INTERPRET=1); on a GPU for 
 import pytest
 import torch
 
-from parity import dtypes, platform
+from parity.base import dtypes
+from parity.run import platform
 from parity.kernels import (
     LayoutError,
     block_sparse_attention,

@@ -11,7 +11,8 @@ from typing import Callable
 import pytest
 import torch
 
-from parity import dtypes, platform
+from parity.base import dtypes
+from parity.run import platform
 from parity.kernels import (
     BlockLayout,
     LayoutError,
@@ -497,10 +498,10 @@ def test_gpu_launch_variants_with_masks(name):
 def test_mask_cases_capture_and_compare_through_a_bundle(tmp_path, device):
     """The ``masks`` case set captured with the reference and compared with the Triton kernel:
     the element-mask tensors go through the bundle and come back as the same layouts."""
-    from parity.bundle import open_bundle
-    from parity.capture import capture
-    from parity.compare import compare_bundle
-    from parity.subjects.attention import CASE_SETS
+    from parity.bundle.reader import open_bundle
+    from parity.run.capture import capture
+    from parity.judge.compare import compare_bundle
+    from parity.run.subjects.attention import CASE_SETS
 
     capture("attention", tmp_path / "masks", subject_args={"cases": "masks"}, impl="reference", device="cpu")
     layouts = open_bundle(tmp_path / "masks").inputs_meta["layouts"]

@@ -1,11 +1,11 @@
-"""Tests of parity.metrics against hand-computed values."""
+"""Tests of parity.judge.metrics against hand-computed values."""
 import json
 import math
 
 import pytest
 import torch
 
-from parity.metrics import LayerMetrics, compute_error_vs_reference, compute_metrics
+from parity.judge.metrics import LayerMetrics, compute_error_vs_reference, compute_metrics
 
 NAN, INF = math.nan, math.inf
 
@@ -508,7 +508,7 @@ def test_chunked_scan_equals_a_straightforward_float64_computation(shape, out_dt
 @pytest.mark.parametrize("nonfinite", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_metrics_and_errors_in_one_scan_equal_the_three_separate_calls(dtype, nonfinite):
-    from parity.metrics import compute_metrics_and_errors
+    from parity.judge.metrics import compute_metrics_and_errors
 
     reference, _ = _random_pair(7, (3, 10923), torch.float64, torch.float64, nonfinite)
     golden = reference.to(dtype)
@@ -523,7 +523,7 @@ def test_metrics_and_errors_in_one_scan_equal_the_three_separate_calls(dtype, no
 
 
 def test_metrics_and_errors_refuse_what_the_separate_calls_refuse():
-    from parity.metrics import compute_metrics_and_errors
+    from parity.judge.metrics import compute_metrics_and_errors
 
     x = torch.zeros(4)
     with pytest.raises(ValueError, match="less precise"):
@@ -610,7 +610,7 @@ def test_fused_scan_equals_the_separate_calls_and_the_plain_computation(case_id,
     field by field: they share the per-chunk work, not the arithmetic order) and against the plain
     whole-tensor float64 computation (counts, maxima, indices and the values at them exactly; sums
     within the float64 bound above)."""
-    from parity.metrics import compute_metrics_and_errors
+    from parity.judge.metrics import compute_metrics_and_errors
 
     seed = sum(map(ord, case_id)) + len(tolerances)
     out, golden, reference = _differential_case(case_id, seed, size, dtype, nonfinite, golden_kind, chunk or size)

@@ -1,11 +1,11 @@
-"""parity.overrides: the one KEY=VALUE parser (inspect --set, the benchmark's --config, capture --arg)."""
+"""parity.base.overrides: the one KEY=VALUE parser (inspect --set, the benchmark's --config, capture --arg)."""
 import math
 
 import pytest
 
-from parity.cli import main
-from parity.errors import UsageError
-from parity.overrides import boolean, integer, json_value, number, parse_overrides
+from parity.cli.main import main
+from parity.base.errors import UsageError
+from parity.base.overrides import boolean, integer, json_value, number, parse_overrides
 
 SIZES = {"block_m": integer(1, 1024), "one_loop": boolean, "scale": number(0.0, 10.0)}
 

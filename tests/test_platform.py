@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from parity import platform
-from parity.bundle import open_bundle
-from parity.compare import fingerprint_differences
+from parity.run import platform
+from parity.bundle.reader import open_bundle
+from parity.judge.results import fingerprint_differences
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 LIBRARY_KEYS = ("blas_library", "linalg_library", "rocm_fa_library", "sdp_backends", "tunableop_enabled",

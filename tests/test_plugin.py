@@ -10,11 +10,11 @@ import tabulate  # noqa: F401
 import torch
 import triton  # noqa: F401  (conftest has chosen the interpreter before collection)
 
-import parity.capture  # noqa: F401
-import parity.compare  # noqa: F401
-import parity.report  # noqa: F401
-from parity.bundle import open_bundle
-from parity.plugin import ParityFailure, assert_parity, check_parity, default_golden_name
+import parity.run.capture  # noqa: F401
+import parity.judge.compare  # noqa: F401
+import parity.report.text  # noqa: F401
+from parity.bundle.reader import open_bundle
+from parity.testing.goldens import ParityFailure, assert_parity, check_parity, default_golden_name
 
 # The pytester fixture drops, at teardown, every module first imported while it was in use.
 # Importing these here keeps them loaded for the whole session: re-importing Triton's native
@@ -287,7 +287,7 @@ def test_default_golden_names_are_safe_paths():
 
 
 def test_subject_checks_record_compare_and_detect_stale_goldens(tmp_path):
-    from parity.plugin import check_subject
+    from parity.testing.goldens import check_subject
 
     case = {"batch": 1, "heads_q": 2, "heads_kv": 1, "seq_q": 33, "seq_k": 33, "head_dim": 16,
             "layout": "causal", "dtype": "fp16", "seed": 0, "block_m": 16, "block_n": 16}
@@ -326,7 +326,7 @@ import os
 import torch
 from torch import nn
 
-from parity.errors import UsageError
+from parity.base.errors import UsageError
 
 
 class Net(nn.Module):

@@ -1,4 +1,4 @@
-"""Tests of parity.policy: defaults, overrides, config loading, the judge and the error budget."""
+"""Tests of parity.judge.policy: defaults, overrides, config loading, the judge and the error budget."""
 import dataclasses
 import json
 import math
@@ -6,25 +6,14 @@ import math
 import pytest
 import torch
 
-import parity.policy as policy_module
-from parity.errors import UsageError
+import parity.judge.policy as policy_module
+from parity.base.errors import UsageError
 from parity.kernels.layout import layout_from_block_mask
 from parity.kernels.reference import reference_attention
 from parity.kernels.testing import random_qkv
-from parity.metrics import compute_error_vs_reference, compute_metrics
-from parity.policy import (
-    DEFAULT_TOLERANCES,
-    ErrorBudget,
-    LayerOverride,
-    Policy,
-    Tolerance,
-    budget_floors,
-    dtype_class,
-    judge,
-    load_policy,
-    measure,
-    ulp_at,
-)
+from parity.judge.metrics import compute_error_vs_reference, compute_metrics
+from parity.judge.policy import DEFAULT_TOLERANCES, LayerOverride, Policy, Tolerance, dtype_class, load_policy
+from parity.judge.checks import ErrorBudget, budget_floors, judge, measure, ulp_at
 
 
 def judged(out, ref, tol, **kwargs):
@@ -68,7 +57,7 @@ def test_defaults_resolve_per_dtype():
 
 
 # The cross-implementation differences behind the defaults (policy module docstring): "op" from
-# numerics.md (cosine, rel_l2, max abs; attention output RMS 0.126), "decoder" the worst layer of
+# parity/NUMERICS.md (cosine, rel_l2, max abs; attention output RMS 0.126), "decoder" the worst layer of
 # parity's decoder subject, reference vs triton (rel_l2, 1 - cosine, atol_rms for no mismatch).
 MEASURED = {
     "bf16": dict(op_cosine=0.9999995, op_rel_l2=9.8e-4, op_max_abs=3.9e-3,
@@ -493,7 +482,7 @@ def test_budget_floor_covers_rounding_where_the_capture_host_has_zero_error():
 def test_budget_passes_a_bf16_host_that_rounds_some_values_the_other_way():
     """The golden is the reference rounded to nearest; a correct host lands on the other bf16
     neighbour for 10% of the elements: within 2x the golden's own (storage) error. A host
-    that truncates everything (the Triton interpreter's fp32->bf16 cast, numerics.md) is not."""
+    that truncates everything (the Triton interpreter's fp32->bf16 cast, parity/NUMERICS.md) is not."""
     gen = torch.Generator().manual_seed(5)
     reference = torch.randn(20_000, generator=gen, dtype=torch.float64)
     golden = reference.to(torch.bfloat16)

@@ -2,18 +2,19 @@
 rule of parity.kernels.testing); layouts round-trip exactly through their tensors, their block
 masks and their dense form; fuzzed cases captured with the reference replay with the kernel.
 
-Profiles (parity.strategies): PARITY_HYPOTHESIS_PROFILE=local|ci|gpu, default ci when CI is set,
+Profiles (parity.testing.strategies): PARITY_HYPOTHESIS_PROFILE=local|ci|gpu, default ci when CI is set,
 else local. Under ``gpu`` the cases are drawn from GPU_BOUNDS (larger shapes, 200 examples).
 """
 import pytest
 import torch
 from hypothesis import example, given
 
-from parity import fuzz, platform
+from parity.run import fuzz, platform
 from parity.kernels import BlockLayout, layout_from_block_mask
-from parity.strategies import (LayoutSpec, attention_cases, case_bounds, layout_specs, note_case, parity_settings,
-                               profile_name)
-from parity.subjects.attention import AttentionCase
+from parity.testing.strategies import (
+    LayoutSpec, attention_cases, case_bounds, layout_specs, note_case, parity_settings, profile_name,
+)
+from parity.run.subjects.attention import AttentionCase
 
 BOUNDS = case_bounds()
 # Layout checks cost milliseconds: twice the profile's examples.
@@ -152,9 +153,9 @@ def test_dense_mask_is_the_predicate_inside_the_selected_tiles(spec):
 
 
 def test_fuzzed_cases_captured_with_the_reference_replay_with_the_kernel(tmp_path):
-    from parity.bundle import open_bundle
-    from parity.capture import capture
-    from parity.compare import compare_bundle
+    from parity.bundle.reader import open_bundle
+    from parity.run.capture import capture
+    from parity.judge.compare import compare_bundle
 
     cases = fuzz.draw_cases(3, seed=2026)
     assert cases == fuzz.draw_cases(3, seed=2026)

@@ -8,24 +8,17 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from parity.compare import CompareReport, compare_tensors
-from parity.metrics import LayerMetrics
-from parity.policy import LayerOverride, Policy
-from parity.report import (
-    format_cosine,
-    format_number,
-    format_percent,
-    format_shape,
-    format_table,
-    format_text,
-    passing_value,
-    to_json,
-    to_junit_xml,
-    verdict_line,
-    would_pass_text,
-    write_json,
-)
-from parity.errors import UsageError
+from parity.judge.results import CompareReport
+from parity.judge.engine import compare_tensors
+from parity.judge.metrics import LayerMetrics
+from parity.judge.policy import LayerOverride, Policy
+from parity.base.numbers import format_cosine, format_number, format_percent, format_shape
+from parity.report.text import format_table, format_text
+from parity.judge.policy import passing_value
+from parity.report.json_report import to_json, write_json
+from parity.report.junit import to_junit_xml
+from parity.judge.results import verdict_line, would_pass_text
+from parity.base.errors import UsageError
 
 HOST = {"vendor": "nvidia", "arch": "sm_90", "device_name": "NVIDIA H200", "torch": "2.11.0+cu130",
         "triton": "3.6.0", "triton_interpreter": False}

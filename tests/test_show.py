@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from parity.report import markdown_escape
+from parity.report.text import markdown_escape
 
 import fault_models
-from parity.bundle import edit_manifest, open_bundle
-from parity.cli import report_error
-from parity.commands import show as show_command
-from parity.show import describe_bundle, render_show
+from parity.bundle.writer import edit_manifest
+from parity.bundle.reader import open_bundle
+from parity.cli.main import report_error
+from parity.cli.commands import show as show_command
+from parity.report.show import describe_bundle, render_show
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 GOLDENS = ("h200-attention", "h200-decoder", "h200-fuzz")

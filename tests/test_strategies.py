@@ -8,21 +8,14 @@ import hypothesis  # noqa: F401  (kept loaded across pytester's in-process runs)
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 
-from parity import fuzz
-from parity.errors import UsageError
-from parity.fuzz import CPU_BOUNDS, GPU_BOUNDS, CaseBounds
-from parity.strategies import (
-    PROFILES,
-    attention_cases,
-    block_sizes,
-    case_bounds,
-    head_counts,
-    layout_specs,
-    parity_settings,
-    profile_name,
-    seq_lengths,
+from parity.run import fuzz
+from parity.base.errors import UsageError
+from parity.run.fuzz import CPU_BOUNDS, GPU_BOUNDS, CaseBounds
+from parity.testing.strategies import (
+    PROFILES, attention_cases, block_sizes, case_bounds, head_counts, layout_specs, parity_settings,
+    profile_name, seq_lengths,
 )
-from parity.subjects.attention import AttentionCase, AttentionSubject
+from parity.run.subjects.attention import AttentionCase, AttentionSubject
 
 pytest_plugins = ["pytester"]
 
@@ -179,7 +172,7 @@ def test_max_examples_from_the_environment_keeps_each_tests_ratio(monkeypatch):
 def test_a_shrunk_failure_prints_the_command_that_reproduces_it(pytester):
     pytester.makepyfile('''
 from hypothesis import given
-from parity.strategies import attention_cases, note_case, parity_settings
+from parity.testing.strategies import attention_cases, note_case, parity_settings
 
 @parity_settings("ci", max_examples=50)
 @given(case=attention_cases())
@@ -196,13 +189,13 @@ def test_long_sequences_fail(case):
     case = AttentionCase.from_json(json.loads(line.split("--case ", 1)[1].strip("'")))
     assert case.seq_q == 20 and (case.batch, case.heads_q, case.heads_kv) == (1, 1, 1), case.id
     assert f"case {case.id}" in text
-    assert line == f"reproduce: python -m parity.fuzz check --case '{fuzz.case_json(case)}'"
+    assert line == f"reproduce: python -m parity.run.fuzz check --case '{fuzz.case_json(case)}'"
     assert "@reproduce_failure" in text or "derandomize" in text  # print_blob, or the ci profile's replay
 
 
 def test_a_parity_profile_can_be_named_on_the_command_line(pytester):
     pytester.makepyfile('''
-from parity.strategies import GPU_BOUNDS, case_bounds, parity_settings, profile_name
+from parity.testing.strategies import GPU_BOUNDS, case_bounds, parity_settings, profile_name
 
 def test_profile():
     assert profile_name() == "gpu"

@@ -4,9 +4,9 @@ import re
 import pytest
 import torch
 
-from parity.errors import UsageError
-from parity.subjects import Inputs, SubjectRunner, load_subject, runner_from_manifest
-from parity.subjects.attention import CASE_SETS, AttentionCase, AttentionSubject
+from parity.base.errors import UsageError
+from parity.run.subjects import Inputs, SubjectRunner, load_subject, runner_from_manifest
+from parity.run.subjects.attention import CASE_SETS, AttentionCase, AttentionSubject
 
 EXAMPLE = "user_subject_example:make_subject"
 

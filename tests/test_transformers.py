@@ -19,11 +19,11 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from parity.capture import capture  # noqa: E402
-from parity.compare import compare_bundle  # noqa: E402
-from parity.errors import SubjectError  # noqa: E402
+from parity.run.capture import capture  # noqa: E402
+from parity.judge.compare import compare_bundle  # noqa: E402
+from parity.base.errors import SubjectError  # noqa: E402
 from parity.integrations import transformers as parity_tf  # noqa: E402
-from parity.subjects import load_subject, trusting  # noqa: E402
+from parity.run.subjects import load_subject, trusting  # noqa: E402
 
 SPEC = "llama_subject:make_subject"
 CASES = {
@@ -60,7 +60,7 @@ def _trusted():
 @pytest.fixture(scope="module")
 def goldens(tmp_path_factory):
     """Golden bundles captured with parity_sdpa on this host's device, one per case, made on first use."""
-    from parity import platform
+    from parity.run import platform
 
     root = tmp_path_factory.mktemp("llama-goldens")
     made: dict[str, str] = {}
@@ -112,7 +112,7 @@ def test_kernel_holds_parity_with_sdpa_on_every_layer(case, goldens, monkeypatch
 
 
 def test_decode_records_one_attention_call_per_step(goldens):
-    from parity.bundle import open_bundle
+    from parity.bundle.reader import open_bundle
 
     bundle = open_bundle(goldens("decode"))
     names = [layer["name"] for layer in bundle.layers() if layer["module"] == "model.layers.0.self_attn.attn_core"]
@@ -301,7 +301,7 @@ def test_an_implementation_without_a_mask_function_refuses_to_guess():
 
 
 def test_the_harness_never_imports_transformers():
-    code = ("import sys, parity, parity.capture, parity.compare, parity.cli, parity.plugin, parity.integrations, "
+    code = ("import sys, parity, parity.run.capture, parity.judge.compare, parity.cli.main, parity.testing.plugin, parity.integrations, "
             "parity.integrations.transformers; import json; print(json.dumps('transformers' in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(result.stdout) is False

@@ -20,12 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 
-import parity.subjects.base as subjects_base
-from parity.capture import capture
-from parity.cli import main
-from parity.errors import UsageError
-from parity.plugin import check_subject
-from parity.subjects import check_trusted, is_builtin, load_subject, runner_from_manifest, trust_subject, trusting
+import parity.run.subjects.base as subjects_base
+from parity.run.capture import capture
+from parity.cli.main import main
+from parity.base.errors import UsageError
+from parity.testing.goldens import check_subject
+from parity.run.subjects import (
+    check_trusted, is_builtin, load_subject, runner_from_manifest, trust_subject, trusting,
+)
 
 EXAMPLE = "user_subject_example:make_subject"
 TESTS_DIR = Path(__file__).resolve().parent
@@ -62,7 +64,7 @@ def example_bundle(tmp_path_factory) -> Path:
 def edit(bundle: Path, change) -> None:
     """Rewrite a bundle's manifest the way an attacker would: consistently (re-sealed)."""
     try:
-        from parity.bundle import edit_manifest
+        from parity.bundle.writer import edit_manifest
     except ImportError:  # older bundle module: manifests are not sealed
         file = bundle / "manifest.json"
         manifest = json.loads(file.read_text())
@@ -218,7 +220,7 @@ def test_trust_lists_in_a_tolerance_file_and_in_pyproject(example_bundle, tmp_pa
 
 
 def test_check_trusted_rules():
-    for spec in ("attention", "decoder", "parity.subjects.decoder:DecoderSubject"):
+    for spec in ("attention", "decoder", "parity.run.subjects.decoder:DecoderSubject"):
         assert is_builtin(spec)
         check_trusted(spec)
     check_trusted("pkg.mod:make", ["pkg.mod:make"])
@@ -235,7 +237,7 @@ def test_check_trusted_rules():
 
 
 def test_trust_subject_is_for_code_on_this_host(example_bundle):
-    from parity.bundle import open_bundle
+    from parity.bundle.reader import open_bundle
 
     manifest_subject = open_bundle(example_bundle).subject
     with pytest.raises(UsageError, match="does not trust"):
@@ -366,7 +368,7 @@ def test_decoder_checks_its_inputs_and_stored_layouts():
     bad = {"tokens": inputs.tensors["tokens"].clone()}
     bad["tokens"][0, 0] = 256  # outside the vocabulary: an IndexError deep in nn.Embedding otherwise
     module = runner.build("reference", state=state)
-    from parity.subjects import Inputs
+    from parity.run.subjects import Inputs
 
     for tensors, message in ((bad, r"holds ids in \[\d+, 256\], outside the vocabulary \[0, 256\)"),
                              ({}, r"input 'tokens' is missing"),
