@@ -21,7 +21,7 @@ loads). ``launch_arguments`` calls the launcher's own argument builder (``kernel
 representative problem (``Problem``: contiguous [B, H, S, D] meta tensors and a causal layout)
 and ``_specialize`` applies Triton's own ``native_specialize_impl`` with the
 target's backend, so the compiled code is the code the launcher would get for that problem.
-tests/test_aot.py checks this against a recorded launcher call.
+tests/test_kernels_aot.py checks this against a recorded launcher call.
 """
 from __future__ import annotations
 

@@ -59,12 +59,12 @@ if [ -n "${MASKS:-}" ]; then
     # The element-mask cases against FlexAttention (e.g. MASKS=document,padding or all).
     step benchmark-masks 240 "$PY" -m parity.kernels.benchmark --masks "$MASKS" --json "$R/bench-masks.json"
 fi
-# 300 s: the element-mask GPU tests (tests/test_masks.py) compile about 30 more kernel variants.
+# 300 s: the element-mask GPU tests (tests/test_kernels_masks.py) compile about 30 more kernel variants.
 # The modules that validate reports against their schemas hold no GPU test; where the host lacks
 # their test-only dependencies (jsonschema, xmlschema), they are left out rather than failing collection.
 IGNORE=()
-"$PY" -c 'import jsonschema, xmlschema' 2>/dev/null || IGNORE=(--ignore=tests/test_json_schemas.py \
-    --ignore=tests/test_junit.py --ignore=tests/harness_benchmark)
+"$PY" -c 'import jsonschema, xmlschema' 2>/dev/null || IGNORE=(--ignore=tests/test_report_json_schemas.py \
+    --ignore=tests/test_report_junit.py --ignore=tests/harness_benchmark)
 step gpu-tests 300 "$PY" -m pytest -m gpu -q -p no:cacheprovider "${IGNORE[@]}" --junitxml="$R/gpu-tests.xml" tests
 step compare-attention 45 "$PY" -m parity compare --golden golden/h200-attention --impl triton \
     --device cuda --budget --quiet --json "$R/compare-attention.json"
@@ -72,7 +72,7 @@ step compare-decoder 45 "$PY" -m parity compare --golden golden/h200-decoder --i
     --device cuda --budget --isolate --quiet --json "$R/compare-decoder.json"
 step gpu-properties 150 env PARITY_HYPOTHESIS_PROFILE=gpu PARITY_HYPOTHESIS_MAX_EXAMPLES="${PROPERTY_EXAMPLES:-40}" \
     "$PY" -m pytest -q -p no:cacheprovider \
-    tests/test_properties.py -k kernel_matches_reference
+    tests/test_testing_properties.py -k kernel_matches_reference
 step inspect 90 "$PY" -m parity inspect --target sm_90 --dtype bf16 --dtype fp16 --dtype fp32 \
     --head-dim 64 --head-dim 128 --head-dim 256 --json "$R/inspect-sm90.json"
 if [ -n "${HARNESS:-}" ]; then

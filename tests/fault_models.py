@@ -25,7 +25,7 @@ YaRN-extended one (rope scale factor s = 1.65), whose attention temperature is
 ``mscale = 0.1 ln(s) + 1 = 1.050``.
 
 ``CASES`` is the matrix (case id, model, impl, expected verdict, expected introducing and first
-failing layers); ``tests/test_fault_matrix.py`` runs it. ``python tests/fault_models.py`` prints
+failing layers); ``tests/test_judge_fault_matrix.py`` runs it. ``python tests/fault_models.py`` prints
 the measured table (``fault_table()``) in Markdown.
 """
 from __future__ import annotations

@@ -164,6 +164,7 @@ def test_interrupted_replacement_leaves_the_old_bundle_untouched(tmp_path):
     assert open_bundle(target).load("old").tolist() == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.slow  # a writer in a real process, killed
 def test_a_killed_writers_partial_directory_is_removed_by_the_next_writer(tmp_path):
     """A capture killed with SIGKILL cannot clean up its hidden partial directory; the next
     writer of the same target removes it when its process is gone, on this host only."""
@@ -468,6 +469,7 @@ def test_version_2_bundles_are_verified_by_their_whole_file_sha256(bundle_path):
         bundle.verify()
 
 
+@pytest.mark.slow  # one damaged copy per byte of every shard
 @pytest.mark.parametrize("version", [4, 3, 2])
 def test_every_byte_of_every_shard_is_covered_by_a_checksum(bundle_path, version):
     """Flip each byte of both shard files in turn (length prefix, header, padding, every tensor's

@@ -983,6 +983,7 @@ def _check(tally: Tally, minimum: int) -> None:
     assert not tally.failures, f"{len(tally.failures)} variants misbehaved:\n" + "\n".join(tally.failures[:40])
 
 
+@pytest.mark.slow  # hundreds of damaged bundles (the full run has the mutation marker)
 def test_mutation_fast(bases, tmp_path):
     _check(run_mutations(bases, tmp_path, FAST_COUNT, seed=1), minimum=FAST_COUNT * 9 // 10)
 

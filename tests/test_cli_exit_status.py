@@ -157,11 +157,11 @@ def test_a_bug_in_parity_is_exit_3_naming_the_place(capsys, monkeypatch, tmp_pat
     code, out, err = cli(capsys, "compare", "--golden", str(tmp_path), "--json", str(tmp_path / "r.json"))
     line = broken.__code__.co_firstlineno + 1
     assert code == 3 and out == ""
-    assert err == (f"parity: internal error: KeyError: 'layers' at tests/test_exit_status.py:{line}; "
+    assert err == (f"parity: internal error: KeyError: 'layers' at tests/test_cli_exit_status.py:{line}; "
                    "rerun with --debug for the traceback\n")
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["error"] == {"status": 3, "kind": "internal",
-                               "message": f"internal error: KeyError: 'layers' at tests/test_exit_status.py:{line}"}
+                               "message": f"internal error: KeyError: 'layers' at tests/test_cli_exit_status.py:{line}"}
 
 
 def test_subject_errors_keep_usage_errors_apart():
@@ -198,7 +198,7 @@ def test_one_line_descriptions_are_cut_and_escaped():
     except ValueError as err:
         text = describe_exception(err)
     assert "\n" not in text and "\x1b" not in text and "second line" not in text
-    assert text.startswith("ValueError: first line \\x1b[31mred at tests/test_exit_status.py:")
+    assert text.startswith("ValueError: first line \\x1b[31mred at tests/test_cli_exit_status.py:")
     assert classify(ModuleNotFoundError("No module named 'triton'", name="triton")) == (
         EXIT_USAGE, "usage", "this command needs Triton: pip install 'parity[triton]'")
 

@@ -23,7 +23,7 @@ from parity.judge.engine import compare_tensors
 from parity.judge.policy import Policy
 from parity.report.json_report import to_json
 from parity.judge.results import verdict_line
-from test_diff import rewrite_tensor  # the same outside edit of a stored tensor as diff's tests
+from test_judge_diff import rewrite_tensor  # the same outside edit of a stored tensor as diff's tests
 from plugin_suite import make_plugin_suite
 
 pytest_plugins = ["pytester"]
@@ -240,6 +240,7 @@ def test_show_json_validates(small_bundle, capsys):
         validate(document)
 
 
+@pytest.mark.slow  # compiles the kernel ahead of time
 def test_inspect_json_validates(tmp_path, capsys):
     pytest.importorskip("triton")
     target = tmp_path / "inspect.json"

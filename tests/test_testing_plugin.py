@@ -240,6 +240,7 @@ def test_twice(parity_check):
     assert not (pytester.path / "escape").exists()
 
 
+@pytest.mark.slow  # a pytest run with xdist workers in a real process
 def test_xdist_summary_and_json_report(suite):
     _golden(suite)
     _golden(suite, "single", torch.linspace(-1, 1, 1000).reshape(10, 100).to(torch.bfloat16))

@@ -105,6 +105,7 @@ def test_equal_captures_hold_with_every_tensor_bitwise_equal(bundles, cli, tmp_p
     assert all(layer["budget"]["rel_l2_ratio"] == 1 for layer in report["layers"])  # the same arithmetic
 
 
+@pytest.mark.slow  # a CPU capture of the decoder
 def test_h200_goldens_against_a_cpu_capture_hold(tmp_path):
     """Real material from another host: the committed H200 capture of the attention cases against
     the same subject captured here on the CPU (inputs drawn on the CPU, so their checksums agree)."""

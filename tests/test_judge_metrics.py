@@ -601,6 +601,7 @@ _DIFFERENTIAL_TOLERANCES = [
 ]
 
 
+@pytest.mark.slow  # an exhaustive differential check: seconds per case
 @pytest.mark.parametrize("tolerances", _DIFFERENTIAL_TOLERANCES, ids=["none", "atol-rms", "rtol-only"])
 @pytest.mark.parametrize("case_id, dtype, size, chunk, nonfinite, golden_kind", _DIFFERENTIAL_CASES,
                          ids=[case[0] for case in _DIFFERENTIAL_CASES])

@@ -15,7 +15,7 @@ import xmlschema
 
 from parity.run.capture import capture
 from parity.cli.main import main
-from test_diff import rewrite_tensor  # the same outside edit of a stored tensor as diff's tests
+from test_judge_diff import rewrite_tensor  # the same outside edit of a stored tensor as diff's tests
 from plugin_suite import make_plugin_suite
 
 pytest_plugins = ["pytester"]

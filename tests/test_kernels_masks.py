@@ -30,7 +30,7 @@ from parity.kernels import (
 from parity.kernels import benchmark
 from parity.kernels.layout import pack_mask_bits, unpack_mask_bits
 from parity.kernels.testing import random_qkv
-from test_kernel import _check_variants, run_and_check
+from test_kernels_attention import _check_variants, run_and_check
 
 DTYPES = {name: dtypes.torch_dtype(name) for name in dtypes.KERNEL_DTYPES}
 
@@ -215,7 +215,7 @@ def test_each_element_mask_changes_the_output(device):
 
 
 @pytest.mark.skipif(platform.gpu_available(), reason="interpreter tiles: test_gpu_launch_variants_with_masks "
-                    "checks the GPU at its pinned tiles (as tests/test_kernel.py does)")
+                    "checks the GPU at its pinned tiles (as tests/test_kernels_attention.py does)")
 @pytest.mark.parametrize("kind", ["documents", "padding", "bits"])
 def test_launch_variants_with_element_masks(kind, device):
     """One loop or two, tiles of the layout block or of a quarter of it (a 64-key layout block as
