@@ -35,7 +35,7 @@ from parity.base.numbers import format_cosine, format_dtype, format_number, form
 from parity.base.text import printable
 from parity.judge.policy import would_pass_from_checks
 from parity.judge.results import verdict_from_counts
-from parity.report.text import verdict_cell
+from parity.report.text import host_text, verdict_cell
 
 NAME_LIMIT = 100_000  # names are escaped, not cut, in attributes (the page is checked against the JSON)
 
@@ -85,7 +85,7 @@ def _number(value: Any) -> Any:
 
 def verdict_line(report: dict[str, Any]) -> str:
     """The text report's last line: the JSON's ``verdict``; a report written before that field
-    existed gets it from its summary, by the text report's own wording (``report.verdict_from_counts``)."""
+    existed gets it from its summary, by the text report's own wording (``parity.judge.results.verdict_from_counts``)."""
     if isinstance(report.get("verdict"), str):
         return printable(report["verdict"], limit=2000)
     layers = report.get("layers") or []
@@ -103,19 +103,8 @@ def verdict_text(result: dict[str, Any]) -> str:
 
 def would_pass_text(result: dict[str, Any]) -> str | None:
     """The smallest tolerance that would have passed a failing result, as TOML ``key = value``
-    (only values the policy loader accepts: ``parity.report.would_pass_from_checks``)."""
+    (only values the policy loader accepts: ``parity.judge.policy.would_pass_from_checks``)."""
     return would_pass_from_checks(result.get("failed_checks") or {})
-
-
-def _host_text(host: dict[str, Any] | None) -> str:
-    host = host or {}
-    parts = [str(host.get("vendor") or "?")]
-    for key in ("arch", "device_name"):
-        if host.get(key) and str(host[key]) not in parts:
-            parts.append(str(host[key]))
-    text = " ".join(parts) + f", torch {host.get('torch') or '?'}"
-    text += f", triton {host['triton']}" if host.get("triton") else ", no triton"
-    return text + (" (interpreter)" if host.get("triton_interpreter") else "")
 
 
 def _growth_text(growth: dict[str, Any] | None) -> str:
@@ -428,8 +417,8 @@ def _summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [
         ("golden bundle", printable(report.get("golden"))),
         ("subject", f"{printable(subject.get('name') or subject.get('spec') or '?')} (spec {printable(subject.get('spec'))})"),
-        ("golden host", f"{_host_text(hosts.get('golden'))}; impl {printable(report.get('golden_impl'))}"),
-        ("this host", f"{_host_text(hosts.get('here'))}; impl {printable(report.get('impl'))} on {printable(report.get('device'))}"),
+        ("golden host", f"{host_text(hosts.get('golden'))}; impl {printable(report.get('golden_impl'))}"),
+        ("this host", f"{host_text(hosts.get('here'))}; impl {printable(report.get('impl'))} on {printable(report.get('device'))}"),
         ("policy", printable(policy.get("source") or "?")
          + ("; layers replayed on golden inputs (--isolate)" if report.get("isolate") else "")),
         ("rules", ", ".join(f"{name}: {count} tensors" for name, count in rules.items()) or "no tensor compared"),

@@ -1,4 +1,5 @@
-"""Reports of a comparison: a text report with a table for people, JSON and JUnit XML for machines.
+"""The comparison report for people: the text report and its table (Markdown, JSON, JUnit XML and
+HTML are the sibling modules of :mod:`parity.report`; their parts are described here once).
 
 Text (:func:`format_text`), in this order: a header naming the bundle and both hosts (vendor,
 arch, device name, torch, Triton), warnings (numerics-relevant fingerprint differences, checks the
@@ -323,7 +324,9 @@ def format_table(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_row
     return tabulate(cells, headers=kept, tablefmt=tablefmt, disable_numparse=True)
 
 
-def host_text(host: dict[str, Any]) -> str:
+def host_text(host: dict[str, Any] | None) -> str:
+    """``nvidia sm_90 NVIDIA H200, torch 2.11.0, triton 3.6.0``: a host of the report's ``hosts``."""
+    host = host or {}
     parts = [str(host.get("vendor") or "?")]
     for key in ("arch", "device_name"):  # a CPU host is "cpu cpu x86_64" otherwise
         if host.get(key) and str(host[key]) not in parts:
