@@ -145,7 +145,7 @@ def flex_block_mask(layout: BlockLayout, device):
 
 
 def rel_l2(out, ref) -> float | str:
-    """Relative L2 error, as the JSON carries it ("nan"/"inf" where not finite: parity.base.jsonformat)."""
+    """Relative L2 error, as the JSON carries it ("nan"/"inf" where not finite: parity.jsonformat)."""
     diff = (out.double() - ref.double()).norm()
     return json_safe_float(float(diff / ref.double().norm().clamp_min(1e-30)))
 
