@@ -11,6 +11,8 @@ The public API, listed here and nowhere else; each name is imported when first u
 - :func:`capture`: run a subject and record its inputs and per-layer outputs into a bundle.
 - :func:`compare_bundle`: run a bundle's subject here and judge every recorded tensor.
 - :func:`diff_bundles`: judge bundle B against golden bundle A without running anything.
+- :class:`Subject` and :class:`Inputs`: what a user's own subject (``--subject pkg.mod:factory``)
+  is written with (the protocol: :mod:`parity.run.subjects`).
 - the pytest plugin's fixture ``parity_check`` and marker ``parity`` (registered through the
   ``pytest11`` entry point, :mod:`parity.testing.plugin`), and the golden lifecycle's
   :func:`check_parity`, :func:`assert_parity`, :class:`ParityFailure`.
@@ -25,6 +27,8 @@ _API = {
     "capture": "parity.run.capture",
     "compare_bundle": "parity.judge.compare",
     "diff_bundles": "parity.judge.diff",
+    "Subject": "parity.run.subjects.base",
+    "Inputs": "parity.run.subjects.base",
     "check_parity": "parity.testing.goldens",
     "assert_parity": "parity.testing.goldens",
     "ParityFailure": "parity.testing.goldens",

@@ -294,11 +294,13 @@ def test_the_public_api_is_listed_once_and_import_parity_stays_cheap():
     from parity.judge.compare import compare_bundle
     from parity.judge.diff import diff_bundles
     from parity.run.capture import capture
+    from parity.run.subjects.base import Inputs, Subject
     from parity.testing.goldens import ParityFailure, assert_parity, check_parity
 
     assert (parity.capture, parity.compare_bundle, parity.diff_bundles) == (capture, compare_bundle, diff_bundles)
     assert (parity.check_parity, parity.assert_parity, parity.ParityFailure) == (check_parity, assert_parity,
                                                                                  ParityFailure)
+    assert (parity.Subject, parity.Inputs) == (Subject, Inputs)
     assert parity.kernels.__name__ == "parity.kernels" and callable(parity.kernels.block_sparse_attention)
     with pytest.raises(AttributeError, match="no attribute 'compare'"):
         parity.compare  # noqa: B018  (the deprecated module-level names are gone)
