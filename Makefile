@@ -15,7 +15,7 @@ STAMP := $(VENV)/.parity-installed
 # An existing .venv is kept: `make clean` first to reinstall.
 TORCH_INDEX ?=
 TORCH_SPEC ?= torch==2.13.0
-# Triton 3.9.0's interpreter works with numpy 2.4 (3.6.0's does not: numerics.md). 3.9.0 has no
+# Triton 3.9.0's interpreter works with numpy 2.4 (3.6.0's does not: parity/NUMERICS.md). 3.9.0 has no
 # wheel for Python 3.10, whose newest numpy is 2.2 and newest Triton 3.8.0: the markers pick one.
 TRITON_SPEC ?= triton==3.9.0; python_version >= "3.11"
 TRITON_SPEC_PY310 ?= triton==3.8.0; python_version < "3.11"

@@ -21,7 +21,7 @@ loads). ``launch_arguments`` calls the launcher's own argument builder (``kernel
 representative problem (``Problem``: contiguous [B, H, S, D] meta tensors and a causal layout)
 and ``_specialize`` applies Triton's own ``native_specialize_impl`` with the
 target's backend, so the compiled code is the code the launcher would get for that problem.
-tests/test_aot.py checks this against a recorded launcher call.
+tests/test_kernels_aot.py checks this against a recorded launcher call.
 """
 from __future__ import annotations
 
@@ -35,14 +35,15 @@ import sys
 import time
 from typing import Any
 
-from parity import dtypes
+from . import dtypes, targets
 
 __all__ = [
     "DTYPES", "TARGETS", "Problem", "AotResult", "inspect_configs", "inspect_cases", "launch_arguments",
-    "expects_matrix_unit", "kernel_source_digest", "pinned_config", "check_request", "KERNELS", "DECODE_PROBLEM",
+    "expects_matrix_unit", "kernel_source_digest", "pinned_config", "check_request", "RequestError", "KERNELS",
+    "DECODE_PROBLEM",
 ]
 
-# Compile targets; each must have an ArchSpec in parity.platform and rows in kernels.configs.
+# Compile targets; each must have an ArchSpec in kernels.targets and rows in kernels.configs.
 TARGETS = ("gfx942", "gfx90a", "gfx950", "sm_80", "sm_90")
 DTYPES = dtypes.KERNEL_DTYPES
 _RESULT_MARK = "PARITY-AOT-RESULT "
@@ -110,7 +111,7 @@ class AotResult:
     shared_bytes: int | None = None
     static_shared_bytes: int | None = None
     shared_limit_bytes: int | None = None
-    # AMD occupancy in waves per SIMD: by VGPRs (platform table), by LDS, the minimum, and the
+    # AMD occupancy in waves per SIMD: by VGPRs (kernels.targets table), by LDS, the minimum, and the
     # compiler's own estimate (LLVM's "; Occupancy:" comment) as a cross-check. LLVM's figure is
     # also capped by waves_per_eu (Triton sets "amdgpu-waves-per-eu"="N,N"), which the hardware
     # does not know: it fits as many waves as the registers and LDS allow.
@@ -146,22 +147,27 @@ def expects_matrix_unit(target: str, dtype: str) -> bool:
     return not (dtype == "fp32" and not target.startswith("gfx"))
 
 
+class RequestError(ValueError):
+    """A target, dtype, head dim or config change that ahead-of-time inspection cannot take; its
+    message is one line (``parity inspect`` prints it as a usage error)."""
+
+
 # ---- arguments, exactly as the launcher passes them --------------------------------------------
 
 def check_request(target: str, dtype: str, head_dim: int) -> None:
-    """Raise UsageError (one line) for an unknown target, dtype or head dim."""
-    from parity import platform
-    from parity.errors import UsageError
-
+    """Raise RequestError (one line) for an unknown target, dtype or head dim."""
     from .attention import SUPPORTED_HEAD_DIMS
 
     if target not in TARGETS:
-        platform.arch_spec(target)  # raises UsageError for names platform does not know
-        raise UsageError(f"target {target!r} has no ahead-of-time support; use one of {', '.join(TARGETS)}")
+        try:
+            targets.arch_spec(target)
+        except ValueError as err:  # a name no target has
+            raise RequestError(str(err)) from None
+        raise RequestError(f"target {target!r} has no ahead-of-time support; use one of {', '.join(TARGETS)}")
     if dtype not in DTYPES:  # short names only: a report's rows and JSON keys use them
-        raise UsageError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+        raise RequestError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise UsageError(f"head_dim {head_dim} is not supported; use one of "
+        raise RequestError(f"head_dim {head_dim} is not supported; use one of "
                          f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))}")
 
 
@@ -170,13 +176,11 @@ def pinned_config(target: str, dtype: str, head_dim: int, overrides: dict[str, i
     """The launcher's pinned config for ``target`` (kernels.configs), with ``overrides`` applied
     (``configs.OVERRIDE_KEYS``; AMD knobs on AMD targets only), before the clamp. For the decode
     kernel, its ``DecodeConfig`` (no overrides: ``--set`` names prefill fields)."""
-    from parity.errors import UsageError
-
     from . import configs
 
     if kernel == "decode":
         if overrides:
-            raise UsageError("--set changes the prefill config; it cannot be combined with --kernel decode")
+            raise RequestError("--set changes the prefill config; it cannot be combined with --kernel decode")
         return configs.decode_config_for(target, head_dim, dtypes.torch_dtype(dtype))
     cfg = configs.config_for(target, head_dim, dtypes.torch_dtype(dtype))
     if not overrides:
@@ -184,7 +188,7 @@ def pinned_config(target: str, dtype: str, head_dim: int, overrides: dict[str, i
     try:
         return configs.with_overrides(cfg, overrides, target)
     except ValueError as err:
-        raise UsageError(str(err)) from None
+        raise RequestError(str(err)) from None
 
 
 def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = Problem(),
@@ -268,13 +272,11 @@ def _compile_one(request: dict[str, Any]) -> dict[str, Any]:
     from triton.compiler import ASTSource
     from triton.compiler.compiler import make_backend
 
-    from parity import platform
-
     from . import triton_attention
 
     target, dtype, head_dim = request["target"], request["dtype"], int(request["head_dim"])
     problem = Problem(**request["problem"])
-    spec = platform.arch_spec(target)
+    spec = targets.arch_spec(target)
     kernel_name = request.get("kernel", "prefill")
     result = AotResult(target=target, vendor=spec.vendor, dtype=dtype, head_dim=head_dim, config={}, kernel=kernel_name,
                        overrides=dict(request.get("overrides") or {}),
@@ -456,7 +458,7 @@ def inspect_cases(cases, *, problem: Problem = Problem(), overrides: dict[str, i
     """Compile each (target, dtype, head_dim) case with the launcher's config; compile-only.
 
     ``overrides`` replace fields of the pinned config (as if ``config=`` were given to the launcher),
-    to evaluate a proposed change. Raises UsageError for an unknown target, dtype, head dim or
+    to evaluate a proposed change. Raises RequestError for an unknown target, dtype, head dim or
     config key. A config that fails to compile is returned with ``error`` set (and fails its
     verdict). ``jobs`` child processes compile in parallel (default: one per available core, at
     most one per case); each costs about 2 s of start-up (importing torch and Triton).

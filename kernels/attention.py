@@ -10,10 +10,10 @@ import math
 
 import torch
 
-from parity import dtypes, platform
-
-from . import configs
+from . import configs, dtypes
+from . import targets as platform
 from .decode import MAX_ROWS, build_decode_launch, compute_units, decode_eligible, run_decode
+from .inputs import check_inputs
 from .launch import build_launch, element_mask_arguments, tma_fits
 from .layout import BlockLayout, LayoutError
 
@@ -22,37 +22,6 @@ __all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_co
 SUPPORTED_DTYPES = tuple(dtypes.torch_dtype(name) for name in dtypes.KERNEL_DTYPES)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 96, 128, 256)
 _AUTOTUNED: dict[tuple, configs.LaunchConfig] = {}
-
-
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout) -> None:
-    """Raise ValueError (or LayoutError) naming the problem; shared with the reference."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [batch, heads, seq, head_dim], got shape {list(t.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    batch, heads_q, seq_q, head_dim = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {list(k.shape)} and {list(v.shape)}")
-    if k.shape[0] != batch or k.shape[3] != head_dim:
-        raise ValueError(f"k/v shape {list(k.shape)} does not match q {list(q.shape)} in batch or head_dim")
-    heads_kv = k.shape[1]
-    if heads_kv == 0 or heads_q % heads_kv:
-        raise ValueError(f"query heads ({heads_q}) must be a multiple of key/value heads ({heads_kv})")
-    if not isinstance(layout, BlockLayout):
-        raise ValueError(f"layout must be a BlockLayout, got {type(layout).__name__}")
-    if layout.seq_q != seq_q or layout.seq_k != k.shape[2]:
-        raise LayoutError(
-            f"layout is for seq_q={layout.seq_q}, seq_k={layout.seq_k} but q/k have {seq_q}, {k.shape[2]}"
-        )
-    # Over the block tensors and the element masks (each is 1 or one common size, layout.py).
-    lb, lh = layout.broadcast_batch_heads
-    if lb not in (1, batch) or lh not in (1, heads_q):
-        raise LayoutError(f"layout batch/head dims {lb}x{lh} must be 1 or match q's {batch}x{heads_q}")
 
 
 def _arch(device: torch.device) -> str:
@@ -146,7 +115,7 @@ def block_sparse_attention(
     emulate_bf16 = interpreter and q.dtype == torch.bfloat16
     result = out if out is not None else torch.empty_like(q)
     # Interpreter + bf16: the kernel stores fp32 and torch does the final round-to-nearest-even
-    # cast, because the interpreter's own fp32 -> bf16 cast truncates (numerics.md).
+    # cast, because the interpreter's own fp32 -> bf16 cast truncates (parity/NUMERICS.md).
     staging = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device) if emulate_bf16 else result
     lse = (lse_out if lse_out is not None
            else torch.empty(batch, heads_q, seq_q, dtype=torch.float32, device=q.device) if return_lse

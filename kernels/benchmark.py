@@ -27,10 +27,11 @@ import sys
 
 import torch
 
-from parity import jsonformat, platform
-from parity.errors import UsageError
-from parity.metrics import json_safe_float
-from parity.overrides import parse_overrides
+from parity.base import jsonformat
+from parity.run import platform
+from parity.base.errors import UsageError
+from parity.judge.metrics import json_safe_float
+from parity.base.overrides import parse_overrides
 
 from . import configs
 from .attention import block_sparse_attention, launch_config

@@ -42,6 +42,7 @@ from .decode import build_decode_launch, compute_units
 from .layout import BlockLayout, causal_layout, padding_layout, random_layout, sink_layout, sliding_window_layout
 from .reference import reference_attention
 from .testing import random_qkv
+import time
 
 FORMAT, VERSION = "parity-decode-benchmark-report", 1
 HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
@@ -108,7 +109,6 @@ def timed(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> tupl
     """(median of ``repeats`` do_bench medians in microseconds, spread (max - min) / median).
     On the CPU (the interpreter: a smoke run of this script, not a measurement) one plain call."""
     if device.type != "cuda":
-        import time
 
         start = time.perf_counter()
         fn()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from parity import dtypes, overrides
+from . import dtypes
 
 __all__ = ["LaunchConfig", "DecodeConfig", "DECODE_CONFIGS", "DECODE_MAX_SEQ_Q", "decode_config_for", "CONFIGS", "OVERRIDE_KEYS", "config_for", "candidates", "known_archs", "with_overrides"]
 
@@ -87,7 +87,7 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
         (256, _amd(64, 32, 8, 1)),
     ),
     # CDNA3 (MI300X): the common attention starting point BLOCK_M=128, BLOCK_N=64, 1 stage,
-    # waves_per_eu=2, 16x16 MFMA (numerics.md), with 8 warps: at 4 warps D=128 and D=256 spill
+    # waves_per_eu=2, 16x16 MFMA (parity/NUMERICS.md), with 8 warps: at 4 warps D=128 and D=256 spill
     # 160-385 VGPRs to scratch (`python -m parity inspect --target gfx942`, compile-only).
     "gfx942": (
         (64, _amd(128, 64, 8, 1)),
@@ -239,23 +239,25 @@ def config_for(arch: str, head_dim: int, dtype: object = None, *, irregular: boo
 # The keys a proposed config may change (``inspect --set``, the benchmark's ``--config``) and how
 # each value is read. Bounds: beyond them a value is a typo. waves_per_eu=0 and
 # matrix_instr_nonkdim=0 are the compiler's "no constraint" / "pick one", hence minimum 0.
-_SIZE = overrides.integer(1, 2**16)
-_KNOB = overrides.integer(0, 2**16)
+# Each key's kind and bounds, as plain data: ("int", minimum, maximum) or ("bool",); the harness
+# turns them into its converters (parity.base.overrides).
+_SIZE = ("int", 1, 2**16)
+_KNOB = ("int", 0, 2**16)
 LAUNCH_FIELDS = {"block_m": _SIZE, "block_n": _SIZE, "num_warps": _SIZE, "num_stages": _KNOB,
-                 "tma": overrides.boolean, "one_loop": overrides.boolean}
+                 "tma": ("bool",), "one_loop": ("bool",)}
 AMD_KNOBS = {"waves_per_eu": _KNOB, "matrix_instr_nonkdim": _KNOB, "kpack": _KNOB}
 OVERRIDE_KEYS = {**LAUNCH_FIELDS, **AMD_KNOBS}
 
 
 def with_overrides(config: LaunchConfig, changes: dict[str, Any], arch: str = "") -> LaunchConfig:
     """``config`` with fields (``LAUNCH_FIELDS``) and AMD knobs replaced by ``changes`` (values as
-    ``parity.overrides.parse_overrides(..., allowed=OVERRIDE_KEYS)`` returns them). An AMD knob
+    ``parity.base.overrides.parse_overrides(..., allowed=OVERRIDE_KEYS)`` returns them). An AMD knob
     for a config without AMD knobs is a ValueError naming the keys ``arch`` accepts."""
     amd = dict(config.amd)
     plain = {}
     for key, value in changes.items():
         if key in LAUNCH_FIELDS:
-            plain[key] = bool(value) if LAUNCH_FIELDS[key] is overrides.boolean else int(value)
+            plain[key] = bool(value) if LAUNCH_FIELDS[key][0] == "bool" else int(value)
         elif key in amd:
             amd[key] = int(value)
         else:

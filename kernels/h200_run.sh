@@ -14,7 +14,7 @@
 # element-mask benchmark; PROPERTY_EXAMPLES sets the property test's cases; DECODE_ARGS the decode
 # benchmark's arguments; GPU_TESTS which test files the GPU tests take (default: all of tests/). STEPS (names,
 # space-separated) runs only those of the steps 2-6 (install always runs). HARNESS (arguments of
-# `python -m parity.benchmark`) adds the harness's own benchmark on the GPU (parity/BENCHMARK.md)
+# `python tests/harness_benchmark/harness_benchmark.py`) adds the harness's own benchmark on the GPU (tests/harness_benchmark/BENCHMARK.md)
 # and its profile at the first size (HARNESS_PROFILE=0: not the profile; HARNESS_LIMIT: seconds).
 # The host has no network and no `blake3` (a dependency since bundle schema 4): WHEELS (default
 # .device-wheels) is a folder of wheels for the host's Python, installed from there without an
@@ -64,12 +64,13 @@ fi
 # e.g. --sweep --threshold --variant KEY=VALUE,...
 # shellcheck disable=SC2086  # word splitting of the argument string is intended
 step decode "${DECODE_LIMIT:-480}" "$PY" -m parity.kernels.benchmark_decode --json "$R/decode.json" ${DECODE_ARGS:-}
-# 300 s: the element-mask GPU tests (tests/test_masks.py) compile about 30 more kernel variants.
+# 300 s: the element-mask GPU tests (tests/test_kernels_masks.py) compile about 30 more kernel variants.
 # The modules that validate reports against their schemas hold no GPU test; where the host lacks
 # their test-only dependencies (jsonschema, xmlschema), they are left out rather than failing collection.
 IGNORE=()
-"$PY" -c 'import jsonschema, xmlschema' 2>/dev/null || IGNORE=(--ignore=tests/test_json_schemas.py \
-    --ignore=tests/test_junit.py --ignore=tests/test_benchmark_harness.py)
+"$PY" -c 'import jsonschema, xmlschema' 2>/dev/null || IGNORE=(--ignore=tests/test_report_json_schemas.py \
+    --ignore=tests/test_report_junit.py --ignore=tests/harness_benchmark)
+# shellcheck disable=SC2086  # GPU_TESTS: test paths, split on spaces
 step gpu-tests "${GPU_TESTS_LIMIT:-300}" "$PY" -m pytest -m gpu -q -p no:cacheprovider "${IGNORE[@]}" \
     --junitxml="$R/gpu-tests.xml" ${GPU_TESTS:-tests}
 step compare-attention 45 "$PY" -m parity compare --golden golden/h200-attention --impl triton \
@@ -78,18 +79,18 @@ step compare-decoder 45 "$PY" -m parity compare --golden golden/h200-decoder --i
     --device cuda --budget --isolate --quiet --json "$R/compare-decoder.json"
 step gpu-properties 150 env PARITY_HYPOTHESIS_PROFILE=gpu PARITY_HYPOTHESIS_MAX_EXAMPLES="${PROPERTY_EXAMPLES:-40}" \
     "$PY" -m pytest -q -p no:cacheprovider \
-    tests/test_properties.py -k kernel_matches_reference
+    tests/test_testing_properties.py -k kernel_matches_reference
 step inspect 90 "$PY" -m parity inspect --target sm_90 --dtype bf16 --dtype fp16 --dtype fp32 \
     --head-dim 64 --head-dim 128 --head-dim 256 --json "$R/inspect-sm90.json"
 step inspect-decode 90 "$PY" -m parity inspect --kernel decode --target sm_90 --dtype bf16 --dtype fp16 --dtype fp32 \
     --head-dim 64 --head-dim 128 --head-dim 256 --json "$R/inspect-decode-sm90.json"
 if [ -n "${HARNESS:-}" ]; then
     # shellcheck disable=SC2086  # word splitting of the argument string is intended
-    step harness "${HARNESS_LIMIT:-480}" "$PY" -m parity.benchmark --device cuda --workdir /tmp/parity-bench \
+    step harness "${HARNESS_LIMIT:-480}" "$PY" tests/harness_benchmark/harness_benchmark.py --device cuda --workdir /tmp/parity-bench \
         --json "$R/harness.json" $HARNESS
     if [ "${HARNESS_PROFILE:-1}" != 0 ]; then
         # shellcheck disable=SC2086
-        step harness-profile 120 "$PY" -m parity.benchmark --device cuda --profile --workdir /tmp/parity-bench \
+        step harness-profile 120 "$PY" tests/harness_benchmark/harness_benchmark.py --device cuda --profile --workdir /tmp/parity-bench \
             --json "$R/harness-profile.json" $HARNESS
     fi
 fi

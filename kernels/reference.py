@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from parity import dtypes
-
+from . import dtypes
+from .inputs import check_inputs  # one set of input checks for kernel and reference
 from .layout import BlockLayout
 
 __all__ = ["reference_attention", "PRECISIONS"]
@@ -49,8 +49,6 @@ def reference_attention(
     Returns out [B, Hq, Sq, D] in the compute dtype, and with ``return_lse`` the natural-log
     LSE [B, Hq, Sq] (fp32, or fp64 for "fp64"); rows with no visible key give 0 and -inf.
     """
-    from .attention import check_inputs  # one set of input checks for kernel and reference
-
     check_inputs(q, k, v, layout)
     dtype = _compute_dtype(precision, q.dtype)
     batch, heads_q, seq_q, head_dim = q.shape

@@ -18,7 +18,7 @@ LN2 = 0.6931471805599453
 @triton.jit
 def _round_to_bf16(x):
     # Interpreter mode only: Triton's interpreter converts fp32 -> bf16 by truncation, not
-    # round-to-nearest-even (numerics.md, measured on 3.6.0 and 3.9.0). Round with integer
+    # round-to-nearest-even (parity/NUMERICS.md, measured on 3.6.0 and 3.9.0). Round with integer
     # operations instead and keep the value in fp32: add 0x7FFF plus the lowest kept bit, then
     # clear the 16 low bits. Inputs are finite probabilities in [0, 1], so no NaN handling.
     bits = x.to(tl.uint32, bitcast=True)
@@ -117,7 +117,7 @@ def _attend_block(
         k, v = _load_kv_tiles(k_ptrs0, v_ptrs0, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
                               HEAD_DIM, BLOCK_D, MASKED or RUNTIME_MASK)
     if EMULATE_BF16:
-        # Interpreter mode only: its bf16 tl.dot multiplies raw bit patterns (numerics.md).
+        # Interpreter mode only: its bf16 tl.dot multiplies raw bit patterns (parity/NUMERICS.md).
         # Products of two bf16 values are exact in fp32, so an fp32 dot on upcast tiles is the
         # same mathematics as a bf16 matrix unit accumulating in fp32.
         k = k.to(tl.float32)

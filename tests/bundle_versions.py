@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from parity.bundle import edit_manifest
+from parity.bundle.writer import edit_manifest
 
 
 def _raw_bytes(tensor: torch.Tensor) -> bytes:

@@ -30,8 +30,8 @@ import signal
 import torch
 from torch import nn
 
-from parity.subjects import Inputs
-from parity.subjects.base import Subject
+from parity.run.subjects import Inputs
+from parity.run.subjects.base import Subject
 
 
 def _rank() -> int:

@@ -25,7 +25,7 @@ YaRN-extended one (rope scale factor s = 1.65), whose attention temperature is
 ``mscale = 0.1 ln(s) + 1 = 1.050``.
 
 ``CASES`` is the matrix (case id, model, impl, expected verdict, expected introducing and first
-failing layers); ``tests/test_fault_matrix.py`` runs it. ``python tests/fault_models.py`` prints
+failing layers); ``tests/test_judge_fault_matrix.py`` runs it. ``python tests/fault_models.py`` prints
 the measured table (``fault_table()``) in Markdown.
 """
 from __future__ import annotations
@@ -42,15 +42,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import parity.subjects
+import parity.run.subjects
 from parity.kernels import causal_layout, reference_attention, sliding_window_layout
-from parity.subjects import Inputs, Subject
+from parity.run.subjects import Inputs, Subject
 
 SPEC = "fault_models:make_subject"
 # Compare re-creates a user subject named by a bundle only if this host trusts it; a test suite
 # is code on this host and vouches for its own subject (older checkouts have no trust rule).
-if hasattr(parity.subjects, "trust_subject"):
-    parity.subjects.trust_subject(SPEC)
+if hasattr(parity.run.subjects, "trust_subject"):
+    parity.run.subjects.trust_subject(SPEC)
 
 # YaRN's attention temperature for a rope scale factor of 1.65: 0.1 * ln(1.65) + 1 = 1.0501.
 MSCALE = 0.1 * math.log(1.65) + 1.0
@@ -530,7 +530,7 @@ CASES: tuple[Case, ...] = (
 
 def capture_model(root: str | Path, model: str, dtype: str) -> Path:
     """Capture the ``reference`` golden of one model (fp64 reference, recorded inputs)."""
-    from parity.capture import capture
+    from parity.run.capture import capture
 
     out = Path(root) / f"{model}-{dtype}"
     capture(SPEC, out, subject_args={"model": model, "dtype": dtype}, impl="reference", device="cpu",
@@ -539,7 +539,7 @@ def capture_model(root: str | Path, model: str, dtype: str) -> Path:
 
 
 def run_case(bundle: str | Path, case: Case, policy=None, **kwargs):
-    from parity.compare import compare_bundle
+    from parity.judge.compare import compare_bundle
 
     return compare_bundle(bundle, impl=case.impl, device="cpu", isolate=True, policy=policy, **kwargs)
 
@@ -649,7 +649,7 @@ def fault_table(cases: tuple[Case, ...] = CASES, root: str | Path | None = None)
     the default run checks no budget (a checkout before the default budget), the numbers come
     from a ``budget=True`` run of the same case, with that checkout's floor.
     """
-    from parity.compare import compare_bundle
+    from parity.judge.compare import compare_bundle
 
     with tempfile.TemporaryDirectory(prefix="fault-matrix-") as tmp:
         root = Path(root or tmp)

@@ -24,9 +24,9 @@ import inspect
 import torch
 from torch import nn
 
-from parity.errors import UsageError
+from parity.base.errors import UsageError
 from parity.integrations import transformers as parity_tf
-from parity.subjects import Inputs, Subject
+from parity.run.subjects import Inputs, Subject
 
 CASES = ("padded_left", "padded_right", "packed", "decode")
 PAD_LENGTHS = (20, 13, 7)

@@ -24,7 +24,7 @@ def test_plain():
 
 def make_plugin_suite(pytester):
     """Write the suite into ``pytester`` and record the golden ``pair`` it checks; returns pytester."""
-    from parity.plugin import check_parity
+    from parity.testing.goldens import check_parity
 
     pytester.makepyfile(test_suite=TESTS)
     x = torch.linspace(-1, 1, 1000).reshape(10, 100)

@@ -20,15 +20,15 @@ import dataclasses
 import torch
 from torch import nn
 
-import parity.subjects
-from parity.subjects import Inputs, Subject
-from parity.subjects.decoder import DecoderSubject
+import parity.run.subjects
+from parity.run.subjects import Inputs, Subject
+from parity.run.subjects.decoder import DecoderSubject
 
 MATMUL_SPEC = "speed_subjects:make_matmul"
 DECODER_SPEC = "speed_subjects:make_decoder"
 CASES_SPEC = "speed_subjects:make_cases"
 for _spec in (MATMUL_SPEC, DECODER_SPEC, CASES_SPEC):
-    parity.subjects.trust_subject(_spec)
+    parity.run.subjects.trust_subject(_spec)
 
 
 class ChunkedProjection(nn.Module):

@@ -10,15 +10,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from parity.bundle import (
-    MANIFEST_NAME,
-    SCHEMA_VERSION,
-    BundleReader,
-    BundleWriter,
-    edit_manifest,
-    open_bundle,
-)
-from parity.errors import BundleError, UsageError
+from parity.bundle.manifest import MANIFEST_NAME, SCHEMA_VERSION
+from parity.bundle.reader import BundleReader, open_bundle
+from parity.bundle.writer import BundleWriter, edit_manifest
+from parity.base.errors import BundleError, UsageError
 
 from bundle_versions import as_version
 
@@ -109,7 +104,7 @@ def test_layer_names_never_become_file_names(tmp_path):
 
 
 def test_nested_outputs_round_trip_through_flatten(tmp_path):
-    from parity.recorder import flatten, unflatten
+    from parity.run.recorder import flatten, unflatten
 
     value = {"logits": torch.randn(2, 3), "stats": (torch.ones(2), [torch.zeros(1, dtype=torch.bfloat16), None]),
              "a/b": torch.arange(3), 3: torch.tensor(True), "scale": 0.5, "nan": float("nan")}
@@ -169,6 +164,7 @@ def test_interrupted_replacement_leaves_the_old_bundle_untouched(tmp_path):
     assert open_bundle(target).load("old").tolist() == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.slow  # a writer in a real process, killed
 def test_a_killed_writers_partial_directory_is_removed_by_the_next_writer(tmp_path):
     """A capture killed with SIGKILL cannot clean up its hidden partial directory; the next
     writer of the same target removes it when its process is gone, on this host only."""
@@ -176,10 +172,10 @@ def test_a_killed_writers_partial_directory_is_removed_by_the_next_writer(tmp_pa
     import subprocess
     import sys
 
-    from parity.bundle import _partial_prefix
+    from parity.bundle.commit import _partial_prefix
 
     target = tmp_path / "b"
-    code = ("import sys, torch; from parity.bundle import BundleWriter\n"
+    code = ("import sys, torch; from parity.bundle.writer import BundleWriter\n"
             f"w = BundleWriter({str(target)!r}, shard_bytes=64)\n"
             "w.add('output', 'x', torch.zeros(64)); w.add('output', 'z', torch.zeros(64))\n"
             "print('ready', flush=True); sys.stdin.read()")
@@ -438,7 +434,7 @@ def test_shard_checksum_catches_damage_outside_the_tensors(bundle_path):
 
 def test_blake3_digests_are_of_the_bytes_on_disk(bundle_path):
     """The recorded digests are BLAKE3 of exactly the bytes a safetensors reader sees, computed
-    here with the blake3 package directly, not through parity.checksums."""
+    here with the blake3 package directly, not through parity.bundle.checksums."""
     import blake3
 
     manifest = json.loads((bundle_path / MANIFEST_NAME).read_text())
@@ -473,6 +469,7 @@ def test_version_2_bundles_are_verified_by_their_whole_file_sha256(bundle_path):
         bundle.verify()
 
 
+@pytest.mark.slow  # one damaged copy per byte of every shard
 @pytest.mark.parametrize("version", [4, 3, 2])
 def test_every_byte_of_every_shard_is_covered_by_a_checksum(bundle_path, version):
     """Flip each byte of both shard files in turn (length prefix, header, padding, every tensor's
@@ -667,7 +664,7 @@ def test_schema_errors_name_the_field(bundle_path, edit, message):
 
 
 def test_verify_command_summary_and_exit_status(bundle_path, capsys):
-    from parity.cli import main
+    from parity.cli.main import main
 
     edit_manifest(bundle_path, lambda m: m["subject"].update(name="evil\x1b[31m\nPARITY HOLDS"))
     assert main(["verify", str(bundle_path)]) == 0
@@ -685,7 +682,7 @@ def test_verify_command_summary_and_exit_status(bundle_path, capsys):
 
 
 def test_reader_exposes_checked_manifest_fields(tmp_path):
-    from parity.capture import capture
+    from parity.run.capture import capture
 
     tiny = {"layers": 1, "seq_len": 16, "batch": 1, "d_model": 32, "heads": 2, "kv_heads": 1, "head_dim": 16,
             "ffn_dim": 32, "vocab": 32, "block": 16, "window": 16, "layer_layouts": ["causal"]}

@@ -46,9 +46,9 @@ from typing import Any, Callable
 
 import pytest
 
-from parity import bundle as B
-from parity.cli import main
-from parity.manifest import seal
+from parity.bundle import reader as B
+from parity.cli.main import main
+from parity.bundle.manifest import seal
 
 TIME_LIMIT_S = 20.0
 
@@ -156,7 +156,7 @@ def _baseline(path: Path, mode: list[str]) -> tuple[int, str, set]:
 
 
 def _make_base(name: str, path: Path) -> Base:
-    from parity.capture import capture
+    from parity.run.capture import capture
 
     if name == "attention":
         capture("attention", path, subject_args={"cases": [ATTENTION_CASE]}, shard_bytes=2048)
@@ -983,6 +983,7 @@ def _check(tally: Tally, minimum: int) -> None:
     assert not tally.failures, f"{len(tally.failures)} variants misbehaved:\n" + "\n".join(tally.failures[:40])
 
 
+@pytest.mark.slow  # hundreds of damaged bundles (the full run has the mutation marker)
 def test_mutation_fast(bases, tmp_path):
     _check(run_mutations(bases, tmp_path, FAST_COUNT, seed=1), minimum=FAST_COUNT * 9 // 10)
 

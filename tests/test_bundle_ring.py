@@ -1,6 +1,6 @@
 """The bundle writer's copy ring: one shard's bytes, reused first in, first out (issue 16's memory bound).
 
-The writer keeps its copies in :class:`parity.bundle._Ring`; these tests drive the ring on its
+The writer keeps its copies in :class:`parity.bundle.writer._Ring`; these tests drive the ring on its
 own (placement, wrapping, waiting for space the writing thread owes back, never waiting for space
 nothing will free) and through the writer (every copy of a long write lands in the ring, the
 bundle reads back bit for bit, and a failing shard write gives its space back).
@@ -12,9 +12,10 @@ import time
 import pytest
 import torch
 
-from parity import bundle as B
-from parity.bundle import BundleWriter, open_bundle
-from parity.errors import UsageError
+from parity.bundle import writer as B
+from parity.bundle.writer import BundleWriter
+from parity.bundle.reader import open_bundle
+from parity.base.errors import UsageError
 
 
 def test_places_in_order_wraps_and_refuses_what_cannot_fit():
@@ -98,7 +99,7 @@ def test_a_long_write_keeps_every_copy_in_one_shards_ring(tmp_path, monkeypatch)
 
 
 def test_a_failed_shard_write_gives_its_space_back_and_fails_one_line(tmp_path, monkeypatch):
-    real_write = B._write_all
+    real_write = B.write_all
     calls = {"n": 0}
 
     def failing(fd, chunk):
@@ -107,7 +108,7 @@ def test_a_failed_shard_write_gives_its_space_back_and_fails_one_line(tmp_path, 
             raise OSError(28, "No space left on device")
         return real_write(fd, chunk)
 
-    monkeypatch.setattr(B, "_write_all", failing)
+    monkeypatch.setattr(B, "write_all", failing)
     with pytest.raises(UsageError, match=r"cannot write .*shard-00000\.safetensors: No space left on device"):
         with BundleWriter(tmp_path / "b", shard_bytes=40_000) as writer:
             for number in range(12):
@@ -117,14 +118,14 @@ def test_a_failed_shard_write_gives_its_space_back_and_fails_one_line(tmp_path, 
 
 
 def test_an_add_that_fails_leaves_the_writer_as_it_was(tmp_path, monkeypatch):
-    real_hash = B._tensor_checksum
+    real_hash = B.tensor_checksum
 
     def failing_once(tensor):
         if tensor.numel() == 7:  # inline-hashed (small): the failure reaches add()'s caller
             raise RuntimeError("hash failed")
         return real_hash(tensor)
 
-    monkeypatch.setattr(B, "_tensor_checksum", failing_once)
+    monkeypatch.setattr(B, "tensor_checksum", failing_once)
     with BundleWriter(tmp_path / "b", shard_bytes=40_000) as writer:
         writer.add("output", "a", torch.ones(3, 1000))
         with pytest.raises(RuntimeError, match="hash failed"):
@@ -147,7 +148,7 @@ def test_a_shard_that_cannot_be_handed_to_the_writing_thread_closes_its_file(tmp
         with BundleWriter(tmp_path / "b", shard_bytes=40_000) as writer:
             for number in range(3):
                 writer.add("output", f"t{number}", torch.full((3, 1000), float(number)))
-            monkeypatch.setattr(B, "_shard_chunks", broken)
+            monkeypatch.setattr(B, "shard_chunks", broken)
             writer.add("output", "t3", torch.zeros(3, 1000))  # fills the first shard: its flush fails
     assert len(os.listdir("/proc/self/fd")) == fds_before  # the shard's file was closed
     assert list(tmp_path.iterdir()) == []  # and everything written was deleted

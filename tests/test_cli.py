@@ -14,14 +14,15 @@ import torch
 from torch import nn
 
 import parity
-import parity.cli
-from parity import options
-from parity.capture import capture
-from parity.compare import compare_tensors
-from parity.policy import Policy, Tolerance
-from parity.report import markdown_escape, shorten_name, unrelaxable_checks, would_pass_text
-from parity.subjects import Inputs, Subject, trusting
-from parity.subjects.attention import CASE_SETS
+import parity.cli.main
+from parity.cli import options
+from parity.run.capture import capture
+from parity.judge.engine import compare_tensors
+from parity.judge.policy import Policy, Tolerance
+from parity.report.text import markdown_escape, shorten_name
+from parity.judge.results import unrelaxable_checks, would_pass_text
+from parity.run.subjects import Inputs, Subject, trusting
+from parity.run.subjects.attention import CASE_SETS
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -35,11 +36,11 @@ def _flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
 
 @pytest.fixture(scope="module")
 def commands():
-    return _subparsers(parity.cli.build_parser())
+    return _subparsers(parity.cli.main.build_parser())
 
 
 def run(capsys, *argv):
-    code = parity.cli.main(list(argv))
+    code = parity.cli.main.main(list(argv))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -58,7 +59,7 @@ def test_version_falls_back_to_the_package_attribute(monkeypatch):
         raise metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(metadata, "version", missing)
-    assert parity.cli.version() == parity.__version__
+    assert parity.cli.main.version() == parity.__version__
 
 
 # ---- one spelling per flag -------------------------------------------------------------------------
@@ -107,14 +108,14 @@ def test_old_spellings_still_parse_and_say_they_are_deprecated(commands, command
     assert canonical != flag and "deprecated alias" in action.help and flag in action.help
     argv = {"capture": ["capture", "--subject", "decoder"], "compare": ["compare"]}[command]
     value = "x=1" if flag == "--arg" else "somewhere"
-    old = parity.cli.build_parser().parse_args([*argv, flag, value] + (["--bundle", "b"] if flag == "--arg" else []))
-    new = parity.cli.build_parser().parse_args([*argv, canonical, value]
+    old = parity.cli.main.build_parser().parse_args([*argv, flag, value] + (["--bundle", "b"] if flag == "--arg" else []))
+    new = parity.cli.main.build_parser().parse_args([*argv, canonical, value]
                                                + (["--bundle", "b"] if flag == "--arg" else []))
     assert vars(old) == vars(new) and getattr(old, action.dest) in (value, [value])
 
 
 def test_inspect_has_quiet_and_set(commands):
-    args = parity.cli.build_parser().parse_args(["inspect", "--quiet", "--set", "num_warps=8", "--json", "-"])
+    args = parity.cli.main.build_parser().parse_args(["inspect", "--quiet", "--set", "num_warps=8", "--json", "-"])
     assert args.quiet is True and args.overrides == ["num_warps=8"] and args.json == "-"
 
 
@@ -131,8 +132,8 @@ def test_help_shows_defaults_without_none_noise(commands, capsys):
 
 
 def test_impl_help_lists_each_builtin_subjects_impls(commands):
-    from parity.subjects.attention import AttentionSubject
-    from parity.subjects.decoder import DecoderSubject
+    from parity.run.subjects.attention import AttentionSubject
+    from parity.run.subjects.decoder import DecoderSubject
 
     text = _flags(commands["compare"])["--impl"].help
     assert "attention implementation" not in text
@@ -145,7 +146,7 @@ def test_device_auto_follows_torch(monkeypatch, gpu, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
     assert options.resolve_device("auto") == expected
     assert options.resolve_device("cpu") == "cpu"
-    assert parity.cli.build_parser().parse_args(["capture", "--subject", "x", "--bundle", "b"]).device == "auto"
+    assert parity.cli.main.build_parser().parse_args(["capture", "--subject", "x", "--bundle", "b"]).device == "auto"
 
 
 def test_capture_device_auto_captures_on_cpu_without_a_gpu(monkeypatch, tmp_path, capsys):

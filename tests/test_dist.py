@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity.bundle import edit_manifest
-from parity.cli import main
+from parity.bundle.reader import edit_manifest
+from parity.cli.main import main
 from parity.dist.compare import compare_rank_set, diff_sets, open_golden
 from parity.dist.rankset import TOP_NAME, open_rank_set
-from parity.errors import BundleError
-from parity.manifest import seal
+from parity.base.errors import BundleError
+from parity.bundle.manifest import seal
 
 TESTS = Path(__file__).resolve().parent
 SPEC = "dist_subject:TPDecoderSubject"
@@ -75,7 +75,7 @@ def _stderr(ranks: list[subprocess.CompletedProcess]) -> str:
 @pytest.fixture(scope="module")
 def sets(tmp_path_factory):
     """TP=2 (through torchrun itself), TP=4, a manual Megatron split with a placement map, and one process."""
-    from parity.capture import capture
+    from parity.run.capture import capture
 
     root = tmp_path_factory.mktemp("ranksets")
     torchrun = subprocess.run(
@@ -97,7 +97,7 @@ def sets(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def trust_the_test_subject():
-    from parity.subjects.base import trusting
+    from parity.run.subjects.base import trusting
 
     with trusting(SPEC):
         yield
@@ -157,7 +157,7 @@ def _valid(document):
     """The report validates against its published JSON Schema (parity/schemas)."""
     from jsonschema import Draft202012Validator
 
-    from parity import jsonformat
+    from parity.base import jsonformat
 
     Draft202012Validator(jsonformat.schema_for(document["format"])).validate(document)
     return document
@@ -247,9 +247,9 @@ def test_missing_or_stale_rank_is_refused(sets, tmp_path):
 
 
 def test_one_process_records_each_tensor_device_and_places_pipeline_stages(sets, tmp_path):
-    from parity.bundle import open_bundle
-    from parity.capture import capture
-    from parity.compare import compare_bundle
+    from parity.bundle.reader import open_bundle
+    from parity.run.capture import capture
+    from parity.judge.compare import compare_bundle
 
     bundle = open_bundle(sets / "tp1")
     assert {entry.device for entry in bundle.entries_of("output")} == {"cpu"}
@@ -262,7 +262,7 @@ def test_one_process_records_each_tensor_device_and_places_pipeline_stages(sets,
 
 def test_prepare_invalidates_the_old_set_first_and_never_touches_other_directories(sets, tmp_path):
     from parity.dist.rankset import prepare
-    from parity.errors import UsageError
+    from parity.base.errors import UsageError
 
     old = _copy(sets, "tp4", tmp_path)
     with pytest.raises(UsageError, match="already exists; pass --force"):
@@ -338,10 +338,10 @@ def test_gpu_smoke_single_rank_nccl(tmp_path):
 @pytest.mark.gpu
 def test_gpu_modules_on_two_devices_in_one_process(tmp_path):
     """Pipeline stages in one process: the embedding and block 0 on the CPU, the rest on the GPU."""
-    from parity.bundle import open_bundle
-    from parity.capture import capture
-    from parity.compare import compare_bundle
-    from parity.subjects.base import trusting
+    from parity.bundle.reader import open_bundle
+    from parity.run.capture import capture
+    from parity.judge.compare import compare_bundle
+    from parity.run.subjects.base import trusting
 
     with trusting(SPEC):
         capture(SPEC, tmp_path / "pipe", subject_args={"pipeline": True}, device="cuda")

@@ -13,7 +13,7 @@ from parity.dist.placement import (
     style_output_placement,
     unwrap_dtensor,
 )
-from parity.errors import BundleError, UsageError
+from parity.base.errors import BundleError, UsageError
 
 
 def _pieces(full: torch.Tensor, world: int, dim: int) -> list[torch.Tensor]:

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from parity.cli import main
-from parity.jsonformat import schema_for
+from parity.cli.main import main
+from parity.base.jsonformat import schema_for
 
 import speed_subjects
 from speed_subjects import CASES_SPEC, MATMUL_SPEC
@@ -74,7 +74,7 @@ def test_fastest_correct_exits_0_and_prints_the_table(tmp_path, capsys):
 
 
 def test_against_a_golden_bundle(tmp_path):
-    from parity.capture import capture
+    from parity.run.capture import capture
 
     golden = tmp_path / "golden"
     capture(MATMUL_SPEC, golden, impl="reference", reference="fp64")
@@ -126,7 +126,7 @@ def test_unusable_input_is_exit_2_with_one_line(argv, message, capsys):
 
 
 def test_subject_must_match_the_bundle(tmp_path, capsys):
-    from parity.capture import capture
+    from parity.run.capture import capture
 
     golden = tmp_path / "golden"
     capture(MATMUL_SPEC, golden, impl="reference", reference="none")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from parity.cli import main
-from parity.jsonformat import schema_for
+from parity.cli.main import main
+from parity.base.jsonformat import schema_for
 from parity.speed.importers import NSYS, ROCPROF_V1, ROCPROFV3, import_profile, read_kernel_table
 from parity.speed.profile import Event, ProfileError, account, kernel_key
 

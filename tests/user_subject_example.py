@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from parity.subjects import Inputs, Subject
+from parity.run.subjects import Inputs, Subject
 
 
 class GatedBlock(nn.Module):

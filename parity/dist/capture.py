@@ -35,16 +35,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import platform
-from ..bundle import DEFAULT_SHARD_BYTES, BundleWriter
-from ..errors import ParityError, SubjectError, UsageError
-from ..manifest import DIGEST_FIELD
-from ..recorder import RecordedTensor, Recorder, flatten
-from ..runtime import Progress, launch_configs
-from ..subjects import Inputs, SubjectRunner, load_subject
+from parity.run import platform
+from parity.bundle.writer import DEFAULT_SHARD_BYTES, BundleWriter
+from parity.base.errors import ParityError, SubjectError, UsageError
+from parity.bundle.manifest import DIGEST_FIELD
+from parity.bundle.reader import open_bundle
+from parity.run.recorder import RecordedTensor, Recorder, flatten
+from parity.run.runtime import Progress, launch_configs
+from parity.run.subjects import Inputs, SubjectRunner, load_subject
 from . import rankset
 from .group import Group, join
-from .placement import REPLICATE, Placement, PlacementMap, unwrap_dtensor
+from .placement import REPLICATE, Placement, PlacementMap, placement_from_json, unwrap_dtensor
 
 REFERENCE_CHOICES = ("fp64", "fp32", "none")
 
@@ -270,14 +271,12 @@ def record_ranks(
 
 
 def _manifest_digest(path: Path) -> str:
-    from ..bundle import open_bundle
 
     return str(open_bundle(path).manifest[DIGEST_FIELD])
 
 
 def _merge_placements(report: list[dict[str, Any]]) -> dict[str, Placement]:
     """One placement per tensor; a CaptureError where two ranks placed a tensor differently."""
-    from .placement import placement_from_json
 
     first = {name: placement_from_json(value, name) for name, value in report[0]["placements"].items()}
     for item in report[1:]:

@@ -14,8 +14,14 @@ import dataclasses
 import os
 from pathlib import Path
 
-from ..errors import UsageError
-from ..text import printable
+from parity.base.errors import UsageError
+from parity.base.text import printable
+from parity.judge.policy import policy_for_cli
+from parity.run.subjects.base import add_cwd_to_sys_path, check_trusted, is_builtin, remove_from_sys_path
+
+from .capture import capture_rank_set, stderr_progress
+from .compare import compare_distributed, compare_rank_set, diff_sets, open_golden
+from .group import join, launched
 from .placement import PlacementMap
 
 REPORT_FLAGS = ("json", "junit_xml", "html", "markdown")
@@ -43,8 +49,6 @@ def placement_map(args: argparse.Namespace) -> PlacementMap:
 
 def capture(args: argparse.Namespace, *, subject_args: dict, shard_bytes: int, device: str) -> int:
     """``capture`` on one rank of a launch: this rank's bundle, and on rank 0 the committed set."""
-    from .capture import capture_rank_set, stderr_progress
-    from .group import join
 
     if args.record_inputs:
         raise UsageError("--record-inputs is not available for a distributed capture (layers of a split model "
@@ -67,7 +71,6 @@ def capture(args: argparse.Namespace, *, subject_args: dict, shard_bytes: int, d
 
 
 def _trusted(args: argparse.Namespace, spec: object, where: Path, policy) -> tuple[str, ...]:
-    from ..subjects.base import check_trusted
 
     trusted = tuple(policy.trusted_subjects)
     if args.subject is not None:
@@ -82,10 +85,6 @@ def _trusted(args: argparse.Namespace, spec: object, where: Path, policy) -> tup
 def compare(args: argparse.Namespace, *, device: str | None, progress):
     """``compare`` of a rank set in one process, or of any golden under a launch.
     Returns ``(report or None, passed)``; the report is None on ranks other than 0."""
-    from ..policy import policy_file, policy_for_cli, refuse_policy_inside
-    from ..subjects.base import add_cwd_to_sys_path, is_builtin, remove_from_sys_path
-    from .compare import compare_distributed, compare_rank_set, open_golden
-    from .group import join, launched
 
     if args.isolate:
         raise UsageError("--isolate is not available for rank sets or distributed runs (a layer of a split model "
@@ -93,15 +92,12 @@ def compare(args: argparse.Namespace, *, device: str | None, progress):
     view = open_golden(args.golden)  # reads manifests; imports and runs nothing
     root = Path(view.path).resolve()
     remove_from_sys_path(root)
-    refuse_policy_inside(policy_file(args.tolerances), view.path)
-    policy = policy_for_cli(args.tolerances)
+    policy = policy_for_cli(args.tolerances, bundles=[view.path], strict_structure=args.strict_structure)
     trusted = _trusted(args, view.subject.get("spec"), view.path, policy)
     if not is_builtin(view.subject.get("spec")):
         add_cwd_to_sys_path()
         remove_from_sys_path(root)
     policy = dataclasses.replace(policy, trusted_subjects=trusted)
-    if args.strict_structure:
-        policy = dataclasses.replace(policy, strict_structure=True)
     if not launched():
         if getattr(args, "placements", None):
             raise UsageError("--placement applies to a distributed compare; run it under torchrun")
@@ -122,13 +118,8 @@ def compare(args: argparse.Namespace, *, device: str | None, progress):
 
 def diff(args: argparse.Namespace, progress):
     """``diff A B`` where A or B is a rank set."""
-    from ..policy import policy_file, policy_for_cli, refuse_policy_inside
-    from .compare import diff_sets, open_golden
 
     golden, candidate = open_golden(args.golden), open_golden(args.candidate)
-    for view in (golden, candidate):
-        refuse_policy_inside(policy_file(args.tolerances), view.path)
-    policy = policy_for_cli(args.tolerances)
-    if args.strict_structure:
-        policy = dataclasses.replace(policy, strict_structure=True)
+    policy = policy_for_cli(args.tolerances, bundles=[golden.path, candidate.path],
+                            strict_structure=args.strict_structure)
     return diff_sets(golden, candidate, policy=policy, budget=args.budget, progress=progress)

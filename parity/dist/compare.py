@@ -34,17 +34,18 @@ from typing import Any
 
 import torch
 
-from .. import platform
-from ..bundle import BundleReader, open_bundle
-from ..diff import check_same_run
-from ..engine import Judge, Obtained, bundle_outputs, compare_tensors, fused_warning, notes_as_warnings
-from ..errors import ParityError, UsageError
-from ..policy import Policy, Tolerance, as_policy
-from ..recorder import RecordedTensor, Recorder
-from ..results import CompareReport, TensorResult, fingerprint_differences, hosts_summary
-from ..runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
-from ..subjects import Inputs, runner_from_manifest
-from ..text import printable
+from parity.run import platform
+from parity.bundle.reader import BundleReader, open_bundle
+from parity.judge.diff import check_same_run
+from parity.judge.engine import Judge, Obtained, bundle_outputs, compare_tensors, fused_warning, notes_as_warnings
+from parity.base.errors import ParityError, UsageError
+from parity.judge.policy import Policy, Tolerance, as_policy
+from parity.run.recorder import RecordedTensor, Recorder
+from parity.judge.results import CompareReport, TensorResult, fingerprint_differences, hosts_summary
+from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
+from parity.run.subjects import Inputs, runner_from_manifest
+from parity.base.text import printable
+from .capture import record_ranks
 from .group import Group, join
 from .placement import PlacementMap
 from .rankset import RankSet, looks_like_rank_set, open_rank_set
@@ -359,7 +360,6 @@ def compare_distributed(
     judge it (module docstring). Returns ``(report, passed)``: the report on rank 0 (None on the
     others) and the verdict on every rank. ``scratch``: where the scratch set is written (default:
     the system's temporary directory; a directory every rank can reach)."""
-    from .capture import record_ranks
 
     started = time.monotonic()
     group = group or join(device)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..errors import UsageError, classify
+from parity.base.errors import UsageError, classify
 
 # Environment variables a launcher sets for every rank (torchrun, torch.multiprocessing users).
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE")

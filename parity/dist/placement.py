@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from .. import dtypes
-from ..errors import BundleError, UsageError
-from ..text import printable
+from parity.base import dtypes
+from parity.base.errors import BundleError, UsageError
+from parity.base.text import printable
 
 KINDS = ("shard", "replicate", "partial")
 _TEXT = re.compile(r"\s*(shard|replicate|partial)\s*(?:\(\s*([^)]*?)\s*\))?\s*", re.IGNORECASE)

@@ -37,12 +37,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..bundle import BundleReader, open_bundle
-from ..errors import BundleError, UsageError
-from ..files import write_atomically
-from ..manifest import DIGEST_FIELD, MANIFEST_NAME, canonical_json, manifest_digest, parse_json, seal
-from ..text import printable
+from parity import __version__
+from parity.bundle.reader import BundleReader, open_bundle
+from parity.base.errors import BundleError, UsageError
+from parity.base.files import write_atomically
+from parity.bundle.manifest import DIGEST_FIELD, MANIFEST_NAME, canonical_json, manifest_digest, parse_json, seal
+from parity.base.text import printable
 from .placement import Placement, placement_from_json
 
 TOP_NAME = "rankset.json"

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from ..bundle import BundleReader, Entry
-from ..engine import integrity
-from ..errors import BundleError
-from ..manifest import ITEMSIZE
-from ..text import printable
+from parity.bundle.reader import BundleReader, Entry
+from parity.judge.engine import integrity
+from parity.base.errors import BundleError
+from parity.bundle.manifest import ITEMSIZE
+from parity.base.text import printable
 from .placement import REPLICATE, Disagreement, Placement, full_shape, rebuild, shard_offsets
 from .rankset import RankSet
 

@@ -63,7 +63,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UsageError
+from parity.base.errors import UsageError
 
 __all__ = ["KERNEL_NAME", "REFERENCE_NAME", "CORE_NAME", "IMPLS", "ParityAttention", "register", "attach",
            "attention_cores", "kernel_layout"]

@@ -48,11 +48,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import platform
-from ..errors import UsageError
-from ..jsonformat import BENCH_REPORT, envelope, finite
-from ..recorder import ROOT, flatten, module_display_name, tensor_name
+from parity.run import platform
+from parity.base.errors import UsageError
+from parity.base.jsonformat import BENCH_REPORT, envelope, finite
+from parity.run.recorder import ROOT, flatten, module_display_name, tensor_name
 from . import stats
+from parity.run.runtime import check_triton_mode, fresh_copy
+from parity.run.subjects import Inputs, load_subject, runner_from_manifest
+from parity.judge.engine import Judge, Obtained, compare_tensors
+from parity.judge.policy import as_policy
+from parity.run.runtime import check_device
 
 DEFAULT_WARMUP = 3
 DEFAULT_REPS = 20
@@ -160,8 +165,6 @@ def prepare(subject: str | None, subject_args: Mapping[str, Any] | None, *, impl
             device: torch.device, bundle: Any | None = None, trusted: Sequence[str] = ()) -> Prepared:
     """Load the subject (from ``bundle``'s manifest when given), build every impl with the same
     weights, and put the same inputs on ``device``."""
-    from ..runtime import check_triton_mode, fresh_copy
-    from ..subjects import Inputs, load_subject, runner_from_manifest
 
     if bundle is not None:
         runner = runner_from_manifest(bundle.subject, trusted=trusted, bundle_dir=bundle.path)
@@ -369,7 +372,6 @@ def _golden_names(bundle: Any, paths: Sequence[str]) -> dict[str, str]:
 def judge_outputs(outputs: Mapping[str, Any], *, impls: Sequence[str], bundle: Any | None, policy: Any,
                   case_ids: Sequence[str] = ()) -> dict[str, ParityOutcome]:
     """Each impl's timed output judged against the golden (or the first impl's output)."""
-    from ..engine import Judge, Obtained, compare_tensors
 
     outcomes: dict[str, ParityOutcome] = {}
     baseline_tensors = dict(flatten(outputs[impls[0]])[1])
@@ -429,8 +431,6 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
               options: BenchOptions, device: torch.device | str = "cpu", policy: Any = None,
               trusted: Sequence[str] = (), progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run the benchmark and return the report document (``parity-bench-report``)."""
-    from ..policy import as_policy
-    from ..runtime import check_device
 
     options.check()
     started = time.monotonic()

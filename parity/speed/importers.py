@@ -25,9 +25,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError, check_readable_file
-from ..jsonformat import PROFILE_REPORT, envelope, finite
-from ..text import printable
+from parity.base.errors import UsageError, check_readable_file
+from parity.base.jsonformat import PROFILE_REPORT, envelope, finite
+from parity.base.text import printable
 from .tables import fmt_time, time_unit
 
 MAX_BYTES = 256 * 2**20

@@ -11,7 +11,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..text import printable
+from parity.base.text import printable
 from .tables import fmt_percent, fmt_time, time_unit
 
 BAR_WIDTH, BAR_HEIGHT, BAR_LABEL = 900, 22, 330

@@ -42,10 +42,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
-from ..jsonformat import PROFILE_REPORT, envelope, finite
+from parity.base.errors import UsageError
+from parity.base.jsonformat import PROFILE_REPORT, envelope, finite
 from . import stats
 from .bench import group_name
+from torch.autograd.profiler import record_function
+from parity.run.recorder import module_display_name
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+from parity.run.runtime import check_device, check_triton_mode
+from parity.run.subjects import load_subject
+from parity.run import platform
+from .bench import synchronize
+from .tables import fmt_time, time_unit
 
 RANGE_PREFIX = "parity/"
 STEP_PREFIX = "ProfilerStep"
@@ -330,7 +339,6 @@ def _union(intervals: list[tuple[int, int]]) -> int:
 
 def headline(hot: Mapping[str, Any] | None, totals: Mapping[str, Any], what: str = "device time") -> str:
     """``hot module M: 85.0% of 12.3 ms of device time over 10 steps; ... at most 6.67x (Amdahl)``."""
-    from .tables import fmt_time, time_unit
 
     seconds = float(totals["device_ns"]) / 1e9
     unit, scale = time_unit([seconds])
@@ -351,9 +359,7 @@ class ModuleRanges:
     """A ``record_function`` range ``parity/<module>`` around every module's forward (hooks)."""
 
     def __init__(self, root: Any):
-        from torch.autograd.profiler import record_function
 
-        from ..recorder import module_display_name
 
         self.record_function = record_function
         self.open: dict[int, list[Any]] = {}
@@ -384,13 +390,7 @@ def profile_subject(subject: str, *, subject_args: Mapping[str, Any] | None = No
                     active: int = DEFAULT_ACTIVE, trace: str | os.PathLike | None = None,
                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Profile ``impl`` of ``subject`` on ``device`` and return the report document."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile, schedule
 
-    from .. import platform
-    from ..runtime import check_device, check_triton_mode
-    from ..subjects import load_subject
-    from .bench import synchronize
 
     for value, flag, low in ((skip_first, "--skip", 0), (warmup, "--warmup", 0), (active, "--active", 1)):
         if not low <= value <= 10_000:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..report import TABLE_FORMAT, shorten_name
-from ..text import printable
+from parity.report.text import TABLE_FORMAT, shorten_name
+from parity.base.text import printable
+from tabulate import tabulate
 
 NAME_WIDTH = 48
 
@@ -46,7 +47,6 @@ def fmt_percent(fraction: Any) -> str:
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
-    from tabulate import tabulate
 
     return tabulate(rows, headers=headers, tablefmt=TABLE_FORMAT, disable_numparse=True)
 

@@ -1,0 +1,83 @@
+"""Which vendor, which architecture: the compile targets the kernel knows and the device it runs on.
+
+The one place of the kernel layer that inspects ``torch.version.hip``, device properties and
+``TRITON_INTERPRET``; the harness's platform module (``parity.run.platform``) builds its
+fingerprint on these answers. Torch only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchSpec:
+    """Static facts about a compilation target (used by configs and ahead-of-time inspection)."""
+
+    name: str  # "sm_90", "gfx942", ...
+    vendor: str  # "nvidia" | "amd"
+    backend: str  # Triton backend name: "cuda" | "hip"
+    warp_size: int
+    shared_mem_bytes: int  # per workgroup / CTA usable shared memory (LDS on AMD)
+    max_warps: int
+    # AMD: VGPR budget per SIMD lane, to turn a kernel's VGPR count into waves per SIMD.
+    vgpr_waves: tuple[tuple[int, int], ...] = ()
+    max_waves_per_simd: int = 0
+
+    @property
+    def triton_arch(self) -> int | str:
+        """The ``arch`` value of ``triton.backends.compiler.GPUTarget`` for this target."""
+        if self.backend == "cuda":
+            return int(self.name.removeprefix("sm_"))
+        return self.name
+
+
+# gfx9 CDNA: 512 VGPRs per SIMD lane; waves per SIMD by VGPRs used (parity/NUMERICS.md; AMD CDNA3 ISA
+# guide, "VGPR allocation"). gfx90a and gfx942 share the table; gfx950 too (same VGPR file).
+_CDNA_VGPR_WAVES = ((64, 8), (96, 5), (128, 4), (168, 3), (256, 2), (512, 1))
+
+ARCHS: dict[str, ArchSpec] = {
+    spec.name: spec
+    for spec in (
+        ArchSpec("sm_80", "nvidia", "cuda", 32, 163 * 1024, 32),
+        ArchSpec("sm_90", "nvidia", "cuda", 32, 227 * 1024, 32),
+        ArchSpec("gfx90a", "amd", "hip", 64, 64 * 1024, 16, _CDNA_VGPR_WAVES, 8),
+        ArchSpec("gfx942", "amd", "hip", 64, 64 * 1024, 16, _CDNA_VGPR_WAVES, 8),
+        ArchSpec("gfx950", "amd", "hip", 64, 160 * 1024, 16, _CDNA_VGPR_WAVES, 8),
+    )
+}
+
+
+def arch_spec(name: str) -> ArchSpec:
+    """The facts of a target; ValueError naming the known ones for any other name."""
+    try:
+        return ARCHS[name]
+    except KeyError:
+        raise ValueError(f"unknown target {name!r}; known targets: {', '.join(ARCHS)}") from None
+
+
+def triton_interpreter_enabled() -> bool:
+    """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def vendor_of(device: torch.device | str) -> str:
+    """"nvidia", "amd" or "cpu" for a torch device."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu"
+    return "amd" if torch.version.hip else "nvidia"
+
+
+def arch_of(device: torch.device | str) -> str:
+    """Architecture name of a device: "sm_90", "gfx942", or "cpu" (Triton interpreter)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return "cpu"
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip:
+        # gcnArchName looks like "gfx942:sramecc+:xnack-"
+        return props.gcnArchName.split(":")[0]
+    return f"sm_{props.major}{props.minor}"

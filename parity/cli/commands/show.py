@@ -1,0 +1,57 @@
+"""``python -m parity show``: what a golden bundle holds (subject, capture host, every tensor), checksums verified."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from parity.base.files import check_writable, write_atomically
+from parity.cli.options import HelpFormatter, add_cli_options
+
+EPILOG = """\
+Reads the manifest (checked against its schema) and, unless --no-verify, every shard and every
+tensor checksum, as `verify` does. Prints the subject (spec and arguments), how it was captured,
+the capture host's platform fingerprint (the numerics settings on their own line), totals by
+kind, then one table per kind of tensor: name, dtype, shape, bytes, and for recorded outputs
+whether the bundle holds a high-precision reference and how many module inputs were recorded.
+Nothing named in the bundle is imported or run. Exit status: 0 shown, 2 damaged or unusable
+bundle or argument (one line on stderr).
+"""
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "show", help="show what a golden bundle holds: subject, platform, tensors, checksums",
+        description="Show a golden bundle's subject, capture platform and every stored tensor "
+                    "(kind, dtype, shape, bytes, reference, module inputs), with its checksums verified.",
+        epilog=EPILOG, formatter_class=HelpFormatter,
+    )
+    parser.add_argument("bundle", help="the bundle directory")
+    add_cli_options(parser, "json")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="do not read the tensors to check their checksums (the manifest is still checked)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def _write_json(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (``parity.base.files``)."""
+
+    write_atomically(path, text, "--json")
+
+
+def run(args: argparse.Namespace) -> int:
+    from parity.report.show import describe_bundle, render_show
+
+    if args.json and args.json != "-":
+        check_writable(args.json, "--json")  # now, before a long verification
+    description = describe_bundle(args.bundle, verify=args.verify)
+    if args.json != "-":
+        print(render_show(description))
+    if args.json:
+        text = json.dumps(description, indent=1, ensure_ascii=False) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            _write_json(args.json, text)
+    return 0

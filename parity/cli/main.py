@@ -1,0 +1,98 @@
+"""Command line entry point: argparse subcommands, thin over the library API.
+
+Each subcommand lives in ``parity/cli/commands/<name>.py`` and provides ``add_parser(subparsers)``
+(which sets ``func`` on its parser and returns it) and a ``run(args) -> int``. Exit status
+(:mod:`parity.base.errors`): 0 parity holds, 1 parity fails, 2 the input was unusable (one line on
+stderr, no traceback), 3 internal error (one line naming the failing place; ``--debug``, before
+or after the subcommand, or ``PARITY_DEBUG=1`` prints the traceback), 130 interrupted.
+
+``python -m parity`` and the ``parity`` console script behave the same: ``__main__`` takes off
+``sys.path`` the current directory that ``python -m`` puts there, and the commands put it back
+only for a subject spec the user named (``--subject``, or the ``trust`` list of their own config).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from importlib import metadata
+
+from parity import __version__
+from parity.base.errors import (
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    classify,
+    debug_from_environment,
+    print_traceback,
+)
+from parity.cli.options import HelpFormatter, OneLineParser
+
+COMMANDS = ("capture", "compare", "diff", "inspect", "show", "verify", "profile", "bench")
+
+EXIT_OK, EXIT_FAIL = 0, 1  # re-exported for callers of the CLI; the full table is in parity.base.errors
+
+_DEBUG_HELP = "on an error, print the full traceback (also PARITY_DEBUG=1)"
+
+
+def version() -> str:
+    """The installed distribution's version (importlib.metadata), else ``parity.__version__``."""
+
+    try:
+        return metadata.version("parity")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+
+        return __version__
+
+
+class _Parser(OneLineParser):
+    error_prefix = "parity"  # argparse's own usage errors: one line, exit 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m parity", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"parity {version()}")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in COMMANDS:
+        module = importlib.import_module(f"parity.cli.commands.{name}")
+        command = module.add_parser(sub)
+        if command is not None:
+            # SUPPRESS: given after the subcommand it sets args.debug; absent, it leaves the
+            # top-level parser's value alone.
+            command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
+    return parser
+
+
+def report_error(err: BaseException, *, debug: bool) -> int:
+    """Print ``err`` as the CLI does (one line; the traceback too with ``debug``); its exit status."""
+    status, _, message = classify(err)
+    if debug:
+        print_traceback(err)
+    if status == EXIT_USAGE:
+        line = f"parity: error: {message}"
+    else:
+        line = f"parity: {message}" + ("" if debug else "; rerun with --debug for the traceback")
+    print(line, file=sys.stderr, flush=True)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    debug = debug_from_environment()
+    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # argparse's usage errors (2) and --help (0), as a return value
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+        debug = debug or bool(getattr(args, "debug", False))
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("parity: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # noqa: BLE001 - every exception becomes exit 2 or 3 with one line
+        return report_error(err, debug=debug)
+
+
+__all__ = ["COMMANDS", "EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "build_parser", "main", "report_error",
+           "version"]

@@ -1,0 +1,149 @@
+"""Compare: run a golden bundle's subject on this host and judge every recorded tensor as it is produced.
+
+How a bundle is compared (:func:`compare_bundle`):
+
+1. Open the bundle (lazy, checksummed); re-create its subject from the manifest (only a trusted
+   spec: :mod:`parity.run.subjects.base`); build the module for ``impl`` on ``device`` from the
+   bundle's stored state, and run it once on the bundle's stored inputs (never regenerated: GPU
+   random generators differ between vendors).
+2. A :class:`~parity.run.recorder.Recorder` (with the capture's own ``--layers`` globs) hands over
+   each tensor as it is produced, on its own device, to the :class:`~parity.judge.engine.Judge`, which
+   loads its golden counterpart only then (the engine's module docstring has the statuses, the
+   ``fused-here`` rule and the error-budget modes of ``budget``).
+3. ``isolate=True`` (bundles captured with ``--record-inputs``): every recorded layer call is
+   replayed on its *golden* inputs (:func:`~parity.judge.engine.replayed_layers`) and judged again. A
+   layer that fails end to end but passes in isolation inherits its error from upstream; one that
+   fails in isolation introduces it (``CompareReport.introducing_layers`` keeps the innermost).
+   Isolated results are diagnostic: ``report.passed`` is decided by the end-to-end results alone.
+
+Platform. Differences between the two hosts' fingerprints in ``platform.NUMERICS_KEYS`` (TF32,
+reduced-precision reductions, deterministic mode, Triton FP fusion and fp32 dot precision) are
+warnings: informational, never failures. Versions and device names differ by design and are
+shown in the report header only.
+
+The result model lives in :mod:`parity.judge.results`, the engine in :mod:`parity.judge.engine`,
+device and interpreter checks in :mod:`parity.run.runtime`, policy loading in :mod:`parity.judge.policy`.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from parity.base.errors import UsageError
+from parity.bundle.reader import BundleReader, open_bundle
+from parity.judge.engine import Judge, Obtained, fused_warning, integrity, notes_as_warnings, replayed_layers
+from parity.judge.policy import Policy, as_policy
+from parity.judge.results import CompareReport, TensorResult, fingerprint_differences, hosts_summary
+from parity.run import platform
+from parity.run.recorder import RecordedTensor, Recorder, select_modules
+from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
+from parity.run.subjects import Inputs, runner_from_manifest
+
+
+def compare_bundle(
+    golden: str | os.PathLike | BundleReader,
+    *,
+    impl: str = "triton",
+    device: torch.device | str | None = None,
+    policy: Policy | str | os.PathLike | None = None,
+    isolate: bool = False,
+    progress: Callable[[str], None] | None = None,
+    budget: bool | None = None,
+) -> CompareReport:
+    """Run the golden bundle's subject here with ``impl`` and compare every recorded tensor.
+
+    ``golden``: a bundle directory (or an open reader). ``device``: default ``cuda`` when a GPU is
+    present, else ``cpu``. ``policy``: a Policy, a tolerance file path, or None for the built-in
+    defaults (the CLI also reads ``[tool.parity]`` from ``./pyproject.toml``; this function does
+    not). ``isolate``: also replay each layer on its golden inputs. ``budget``: the error-budget
+    mode (:mod:`parity.judge.engine`). ``progress``: called with progress messages.
+
+    Raises UsageError (BundleError) for an unusable bundle, a subject that cannot be re-created,
+    an unknown impl, a bad device, Triton on the CPU without the interpreter, ``isolate`` without
+    recorded inputs, and ``budget=True`` without references. Tensor-level problems are results.
+    """
+    started = time.monotonic()
+    say = Progress(progress)
+    policy = as_policy(policy)
+    bundle = golden if isinstance(golden, BundleReader) else open_bundle(golden)
+    runner = runner_from_manifest(bundle.subject, trusted=policy.trusted_subjects, bundle_dir=bundle.path)
+    runner.check_impl(impl)
+    device = check_device(device if device is not None else platform.default_device())
+    check_triton_mode(impl, device)
+    if isolate and not bundle.record_inputs:
+        raise UsageError(f"--isolate needs a bundle captured with --record-inputs; {bundle.path} was captured "
+                         "without recorded layer inputs")
+    if budget is True and not bundle.entries_of("reference"):
+        raise UsageError(f"--budget needs high-precision references in the bundle; {bundle.path} was captured "
+                         "with --reference none")
+
+    warnings: list[str] = []
+    say(f"{bundle.path}: subject {runner.name}, {len(bundle.entries_of('output'))} recorded tensors, captured with "
+        f"impl {bundle.impl} on {bundle.platform.get('device_name') or bundle.platform.get('arch')}")
+    module = runner.build(impl, state=bundle.subject_state(), device=device)
+    stored = Inputs.of_bundle(bundle)
+    inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in stored.tensors.items()}, stored.meta)
+    del stored
+
+    # The goldens are read ahead in the order this run will produce them (the golden's own order).
+    judge = Judge(bundle, policy, budget, read_ahead=[entry.name for entry in bundle.entries_of("output")])
+    results: list[TensorResult] = []
+
+    def on_tensor(record: RecordedTensor) -> None:
+        if record.kind != "output":
+            return
+        results.append(judge(Obtained(record.name, record.tensor, layer=record.layer, path=record.path)))
+        say.tick(lambda: f"compared {len(results)} tensors ({sum(not r.passed for r in results)} failing)")
+
+    say(f"run impl {impl} on {device}")
+    # copy=False: each output is judged before its hook returns, so the module's own tensor is
+    # used as it is (no copy of every output).
+    try:
+        with Recorder(module, on_tensor, layers=_capture_globs(bundle, module, warnings), copy=False):
+            runner.run(module, inputs)
+    finally:
+        judge.close()
+    del inputs
+    ordered = judge.in_golden_order(results)
+
+    if isolate:
+        replay_judge = Judge(bundle, policy, budget)
+        isolated = {result.name: result
+                    for result in replay_judge.judge_all(replayed_layers(bundle, module, device, say))}
+        ordered = [replace(result, isolated=isolated.get(result.name)) if result.status != "missing-in-golden"
+                   else result for result in ordered]
+
+    golden_fp, here_fp = bundle.platform, platform.fingerprint(device)
+    differences = fingerprint_differences(golden_fp, here_fp)
+    warnings = [d.message for d in differences] + warnings + notes_as_warnings(ordered) + fused_warning(ordered)
+    report = CompareReport(
+        golden=str(bundle.path), subject=bundle.subject, impl=impl, golden_impl=bundle.impl, device=str(device),
+        policy=policy, layers=ordered, hosts=hosts_summary(golden_fp, here_fp), fingerprint_differences=differences,
+        platforms={"golden": dict(golden_fp), "here": here_fp},
+        isolate=isolate, budget=budget, warnings=warnings,
+        kernel_configs={"golden": (bundle.kernel_configs or {}).get("used"), "here": launch_configs(module)},
+        seconds=time.monotonic() - started,
+        integrity=integrity(bundle),
+    )
+    say(f"compared {len(ordered)} tensors in {report.seconds:.1f} s: {len(report.failing)} failing")
+    return report
+
+
+def _capture_globs(bundle: BundleReader, module: torch.nn.Module, warnings: list[str]) -> list[str] | None:
+    """The capture's ``--layers`` globs, without those that match no module here (a warning each)."""
+    globs = bundle.capture_layers
+    if globs is None:
+        return None
+    usable = []
+    for pattern in globs:
+        try:
+            select_modules(module, [pattern])
+        except UsageError:
+            warnings.append(f"capture --layers glob {pattern!r} matches no module of this host's model")
+            continue
+        usable.append(pattern)
+    return usable

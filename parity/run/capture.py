@@ -1,0 +1,205 @@
+"""Capture: run a subject with hooks, stream every recorded tensor into a golden bundle.
+
+Steps: make the inputs and the state on the CPU; build the module for ``impl`` on ``device``;
+run it once without hooks and once with (the recorded run), and insist that the two final
+outputs are bitwise equal, so recording cannot have changed what it measures; optionally run
+the subject again as a high-precision reference (impl ``reference`` in fp64 on the CPU, or fp32
+on the device) and record it under the same layer names as ``kind="reference"``; write all of it
+shard by shard; commit the bundle atomically.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from parity.base import dtypes
+from parity.base.errors import UsageError
+from parity.bundle.shards import DEFAULT_SHARD_BYTES
+from parity.bundle.writer import BundleWriter
+from parity.run import platform
+from parity.run.recorder import RecordedTensor, Recorder, flatten
+from parity.run.runtime import Progress, check_device, check_triton_mode, cores_left_for, launch_configs
+from parity.run.subjects import SubjectRunner, load_subject
+
+REFERENCE_CHOICES = ("fp64", "fp32", "none")
+
+
+class CaptureError(UsageError):
+    """The subject cannot be captured faithfully (e.g. recording changed its outputs)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptureResult:
+    path: Path
+    layers: int  # recorded layer calls (outputs)
+    tensors: int  # tensors stored, every kind
+    bytes: int  # bytes of shards written
+    hooks_check: dict[str, Any]
+    reference: str | None
+
+
+def _reference_plan(reference: str | None, device: torch.device) -> tuple[torch.device, torch.dtype] | None:
+    if reference in (None, "none"):
+        return None
+    if reference == "fp64":
+        # fp64 on the CPU: the same high-precision arithmetic on every capture host.
+        return torch.device("cpu"), torch.float64
+    if reference == "fp32":
+        return device, torch.float32
+    raise UsageError(f"unknown --reference {reference!r}; choose from {', '.join(REFERENCE_CHOICES)}")
+
+
+def _cpu_tensors(result: Any) -> list[tuple[str, torch.Tensor]]:
+    _, tensors = flatten(result)
+    return [(path, tensor.detach().to("cpu", copy=True)) for path, tensor in tensors]
+
+
+def _first_difference(off: list[tuple[str, torch.Tensor]], on: list[tuple[str, torch.Tensor]]) -> str | None:
+    """Where two runs' outputs differ bit for bit (NaN payloads and signed zeros included)."""
+    if [path for path, _ in off] != [path for path, _ in on]:
+        return "the structure of the output"
+    for (path, a), (_, b) in zip(off, on):
+        where = path or "<output>"
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return f"{where} ({a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)})"
+        bytes_a = a.contiguous().reshape(-1).view(torch.uint8)
+        bytes_b = b.contiguous().reshape(-1).view(torch.uint8)
+        if not torch.equal(bytes_a, bytes_b):
+            return where
+    return None
+
+
+def stderr_progress(message: str) -> None:
+    print(f"parity capture: {message}", file=sys.stderr, flush=True)
+
+
+def capture(
+    subject: SubjectRunner | str,
+    out: str | os.PathLike,
+    *,
+    subject_args: Mapping[str, Any] | None = None,
+    impl: str = "reference",
+    device: torch.device | str = "cpu",
+    layers: Sequence[str] | None = None,
+    record_inputs: bool = False,
+    reference: str | None = "fp64",
+    kernel_configs: Mapping[str, Any] | None = None,
+    force: bool = False,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    progress: Callable[[str], None] | None = None,
+    durable: bool = True,
+) -> CaptureResult:
+    """Capture ``subject`` (a SubjectRunner, or a spec with ``subject_args``) into a bundle at ``out``.
+
+    ``layers``: fnmatch globs over module paths (default: every module that produces tensors).
+    ``record_inputs``: also store each recorded module's inputs, so compare can replay one layer.
+    ``reference``: ``"fp64"`` (impl reference, fp64, CPU), ``"fp32"`` (impl reference, fp32,
+    ``device``) or ``None``/``"none"``. ``kernel_configs``: launch configs to record next to the
+    ones the modules report. ``durable=False`` skips the fsync of every shard and the manifest
+    (:class:`~parity.bundle.BundleWriter`). Raises UsageError for bad arguments and CaptureError
+    when the hooks-on run differs from the hooks-off run; on any error nothing is left at ``out``.
+    """
+    runner = subject if isinstance(subject, SubjectRunner) else load_subject(subject, subject_args)
+    runner.check_impl(impl)
+    device = check_device(device)
+    check_triton_mode(impl, device)
+    plan = _reference_plan(reference, device)
+    if plan is not None:
+        runner.check_impl(runner.reference_impl)
+    say = Progress(progress)
+    importing = platform.prefetch_imports()  # overlaps the runs; the fingerprint is taken after them
+
+    with BundleWriter(out, force=force, shard_bytes=shard_bytes, progress=say.emit, durable=durable) as writer:
+        state = runner.make_state(impl)
+        module = runner.build(impl, state=state, device=device)
+
+        def store(record: RecordedTensor) -> None:
+            # The recorder hands over the module's own tensor (copy=False); the writer copies it
+            # once, into its shard arena, before this returns.
+            writer.add(record.kind, record.name, record.tensor, layer=record.layer, module=record.module,
+                       call_index=record.call_index, path=record.path, copy=True, device=str(record.tensor.device))
+            say.tick(lambda: f"recorded {len(recorder.calls)} layers, {recorder.tensor_count} tensors "
+                             f"({recorder.byte_count / 2**20:.1f} MiB)")
+
+        recorder = Recorder(module, store, layers=layers, record_inputs=record_inputs, copy=False)  # checks the globs
+        inputs = runner.make_inputs()
+        say(f"{runner.name}: {len(recorder.modules)} modules selected; inputs and state made on the CPU")
+        for name, tensor in inputs.tensors.items():
+            writer.add("input", name, tensor)
+        for name, tensor in state.items():
+            writer.add("state", name, tensor)
+
+        device_inputs = inputs.to(device)
+        say(f"{runner.name}: impl {impl} on {device}: run without hooks")
+        hooks_off = _cpu_tensors(runner.run(module, device_inputs))
+        say(f"{runner.name}: impl {impl} on {device}: recorded run")
+        with recorder:
+            hooks_on = _cpu_tensors(runner.run(module, device_inputs))
+        difference = _first_difference(hooks_off, hooks_on)
+        hooks_check = {"bitwise_equal": difference is None, "tensors_compared": len(hooks_off),
+                       "first_difference": difference}
+        if difference is not None:
+            raise CaptureError(
+                f"subject {runner.name}: the recorded run's output differs from the run without hooks at "
+                f"{difference}; recording changed the result or the subject is not deterministic run to run"
+            )
+        if not recorder.calls:
+            raise UsageError(f"subject {runner.name}: the selected layers produced no tensors; nothing to capture")
+        calls = [call.to_json() for call in recorder.calls]
+        # What the module reports about its launches is all capture needs of it from here on: free
+        # it (host or device memory) before the reference module is built.
+        used_configs = launch_configs(module)
+        del module, recorder, device_inputs
+
+        reference_calls: list[dict[str, Any]] = []
+        reference_info = None
+        if plan is not None:
+            ref_device, ref_dtype = plan
+            say(f"{runner.name}: reference run: impl {runner.reference_impl} in {reference} on {ref_device}")
+            ref_module = runner.build(runner.reference_impl, state=state, device=ref_device, dtype=ref_dtype)
+            recorder = Recorder(ref_module, store, layers=layers, kind="reference", copy=False)
+            # The writer hashes and writes what the run records meanwhile: on a many-core host,
+            # torch's threads leave it some cores (the run's own outputs are not the golden).
+            threads = writer.busy_threads if ref_device.type == "cpu" else 0
+            with recorder, cores_left_for(threads):
+                runner.run(ref_module, inputs.to(ref_device, ref_dtype))
+            reference_calls = [call.to_json() for call in recorder.calls]
+            outputs, references = writer.names("output"), writer.names("reference")
+            reference_info = {
+                "precision": reference, "impl": runner.reference_impl, "device": str(ref_device),
+                "dtype": dtypes.dtype_text(ref_dtype),
+                "outputs_without_reference": sorted(outputs - references),
+            }
+            del ref_module, recorder
+
+        importing.join()
+        manifest = {
+            "subject": runner.describe(),
+            "impl": impl,
+            "device": str(device),
+            "capture": {
+                "layers": list(layers) if layers is not None else None,
+                "record_inputs": record_inputs,
+                "reference": reference_info,
+                "shard_bytes": shard_bytes,
+                "durable": durable,
+            },
+            "platform": platform.fingerprint(device),
+            "kernel_configs": {"used": used_configs, "provided": dict(kernel_configs) if kernel_configs else None},
+            "hooks_check": hooks_check,
+            "inputs_meta": inputs.meta,
+            "layers": calls,
+            "reference_layers": reference_calls,
+        }
+        path = writer.commit(manifest)
+        result = CaptureResult(path=path, layers=len(calls), tensors=len(writer.entries),
+                               bytes=writer.bytes_written, hooks_check=hooks_check,
+                               reference=reference if plan is not None else None)
+    return result
+

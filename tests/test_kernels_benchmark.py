@@ -1,0 +1,67 @@
+"""The benchmark's CPU-side pieces: variant parsing and the document's tables from a result."""
+import json
+
+import pytest
+
+from parity.base.errors import UsageError
+from parity.kernels import benchmark, configs
+
+
+def test_variant_spec_replaces_fields_of_the_pinned_config():
+    base = configs.config_for("sm_90", 128, "bf16")
+    cfg = benchmark.parse_variant("block_n=128, num_stages=2,one_loop=0", base)
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.one_loop) == (128, 128, 8, 2, False)
+    assert benchmark._label(benchmark.parse_variant("tma=1", base)) == "128x64 w8 s3 +tma +one_loop"
+    with pytest.raises(UsageError, match="--config 'warps=8': unknown config key 'warps'; use one of block_m, "):
+        benchmark.parse_variant("warps=8", base)
+    with pytest.raises(UsageError, match="--config 'block_n=big': expected an integer"):
+        benchmark.parse_variant("block_n=big", base)
+    with pytest.raises(UsageError, match="'block_n' is given twice"):
+        benchmark.parse_variant("block_n=64,block_n=128", base)
+    with pytest.raises(UsageError, match="unknown config key 'waves_per_eu'"):  # an AMD knob: not here
+        benchmark.parse_variant("waves_per_eu=2", base)
+
+
+@pytest.mark.parametrize("spec, needle", [
+    ("block_n=big", "--config 'block_n=big': expected an integer from 1 to 65536"),
+    ("num_warps=inf", "--config 'num_warps=inf': expected an integer"),
+    ("block_m=1048576", "expected an integer from 1 to 65536, got 1048576"),
+    ("one_loop=2", "--config 'one_loop=2': expected 0 or 1"),
+    ("block_n", "--config 'block_n' must look like KEY=VALUE"),
+    (",", "--config ',' names no KEY=VALUE"),
+])
+def test_bad_config_is_one_line_and_exit_2_before_looking_for_a_gpu(capsys, spec, needle):
+    assert benchmark.main(["--config", spec]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("benchmark: ") and needle in err, err
+
+
+def _row(seq, impl, mask, ms, tflops, **extra):
+    return {"seq": seq, "impl": impl, "mask": mask, "density": 0.5, "ms": ms, "eff_tflops": tflops,
+            "rel_l2_vs_fp32_ref": 2e-3 if seq == 4096 else None, **extra}
+
+
+def test_markdown_tables_from_a_result(tmp_path, capsys):
+    result = {"rows": [
+        _row(4096, "parity triton", "causal", 0.7, 410.0, config="128x64 w8 s3 +one_loop"),
+        _row(4096, "FlexAttention", "causal", 0.76, 373.0),
+        _row(4096, "SDPA", "causal", 0.52, 539.0),
+        _row(4096, "parity 128x128 w8 s3 +one_loop", "causal", 0.69, 412.0),
+        {"seq": 4096, "impl": "parity 256x128 w8 s3", "mask": "causal", "error": "OutOfResources"},
+        _row(4096, "SDPA dense", "dense", 0.9, 605.0),
+    ]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(result))
+    assert benchmark.main(["--markdown", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "| 4096 | causal | 0.500 | 0.7 | 410 | 0.76 | 373 | 1.10 | 0.52 (539) | 2.00e-03 / 2.00e-03 |" in text
+    assert "| 4096 | dense, SDPA | 1.000 |" in text
+    assert "| parity triton (128x64 w8 s3 +one_loop) | 410 |" in text
+    assert "| parity 128x128 w8 s3 +one_loop | 412 |" in text
+    assert "256x128" not in text  # a variant that did not fit has no timing row
+
+
+def test_markdown_of_a_missing_file_is_one_line_and_exit_2(tmp_path, capsys):
+    assert benchmark.main(["--markdown", str(tmp_path / "none.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("benchmark: cannot read") and err.count("\n") == 1
