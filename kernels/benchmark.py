@@ -14,7 +14,7 @@ on every length and mask, next to the pinned config and FlexAttention; the pinne
 FlexAttention are timed a second time after the variants, to show the run-to-run spread.
 
 Effective TFLOP/s counts only the computed blocks: 4 * B * H * D * (query x key elements in
-computed blocks) / time, as in numerics.md. Times are medians of triton.testing.do_bench
+computed blocks) / time, as in parity/NUMERICS.md. Times are medians of triton.testing.do_bench
 (CUDA events, warm-up excluded). Before timing, every implementation's output is checked against
 the fp32 PyTorch reference on the same inputs (relative L2 error). Needs a GPU.
 """
@@ -23,22 +23,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 
 import torch
 
-from parity.base import jsonformat
-from parity.run import platform
-from parity.base.errors import UsageError
-from parity.judge.metrics import json_safe_float
-from parity.base.overrides import parse_overrides
 
-from . import configs
+from . import configs, targets
 from .attention import block_sparse_attention, launch_config
 from .layout import (BlockLayout, causal_layout, document_layout, padding_layout, random_layout,
                      sliding_window_layout)
 from .reference import reference_attention
 from .testing import random_qkv
+
+# The result's JSON format; the harness registers it with its schema (parity.base.jsonformat).
+FORMAT, VERSION = "parity-benchmark-report", 1
 
 MASKS = {
     "causal": lambda s: causal_layout(s, s, block_m=128, block_n=128),
@@ -145,9 +144,10 @@ def flex_block_mask(layout: BlockLayout, device):
 
 
 def rel_l2(out, ref) -> float | str:
-    """Relative L2 error, as the JSON carries it ("nan"/"inf" where not finite: parity.jsonformat)."""
-    diff = (out.double() - ref.double()).norm()
-    return json_safe_float(float(diff / ref.double().norm().clamp_min(1e-30)))
+    """Relative L2 error, as the JSON carries it: a number, or "nan"/"inf"/"-inf" where not
+    finite (the harness's JSON convention, parity.base.jsonformat)."""
+    value = float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+    return value if math.isfinite(value) else str(value)
 
 
 def bench(fn) -> float:
@@ -211,11 +211,8 @@ def run_masks(names, seqs, heads, head_dim, check: bool):
 
 def parse_config(spec: str) -> dict:
     """``block_n=64,num_stages=3,one_loop=1`` -> ``{"block_n": 64, "num_stages": 3, "one_loop": True}``
-    (keys and bounds: ``configs.LAUNCH_FIELDS``); a UsageError names a bad item."""
-    items = [item for item in spec.split(",") if item.strip()]
-    if not items:
-        raise UsageError(f"--config {spec!r} names no KEY=VALUE")
-    return parse_overrides(items, flag="--config", allowed=configs.LAUNCH_FIELDS, key_name="config key")
+    (keys and bounds: ``configs.LAUNCH_FIELDS``); a ValueError names a bad item."""
+    return configs.parse_fields(spec, configs.LAUNCH_FIELDS, flag="--config")
 
 
 def parse_variant(spec: str, base: configs.LaunchConfig) -> configs.LaunchConfig:
@@ -292,7 +289,7 @@ def run(seqs, batch, heads, head_dim, sweep: bool, check: bool, variants=()):
                     rows[-1]["config"] = _label(pinned)
                 print(json.dumps(rows[-1]), flush=True)
             if sweep and seq == seqs[0]:
-                for cand in configs.candidates(platform.arch_of(device), head_dim):
+                for cand in configs.candidates(targets.arch_of(device), head_dim):
                     try:
                         ms = bench(lambda: block_sparse_attention(q, k, v, layout, config=cand))
                     except OutOfResources as err:  # a candidate that does not fit is recorded
@@ -428,15 +425,32 @@ def main(argv=None) -> int:
     else:
         rows, sweep_rows = run(args.seq or [4096, 16384], args.batch, args.heads, args.head_dim, args.sweep,
                                not args.no_check, variants)
-    result = result_document(platform.fingerprint("cuda"), pinned, args.batch, args.heads, args.head_dim,
+    result = result_document(environment(), pinned, args.batch, args.heads, args.head_dim,
                              rows, sweep_rows, mask_rows)
-    from tabulate import tabulate
-
-    print(tabulate(rows or mask_rows, headers="keys", tablefmt="github"))
+    print(_rows_table(rows or mask_rows))
     if args.json:
         with open(args.json, "w") as fh:
-            fh.write(jsonformat.dumps(result, indent=2, ensure_ascii=True))
+            fh.write(json.dumps(result, indent=2, ensure_ascii=True, allow_nan=False))
     return 0
+
+
+def _rows_table(rows: list[dict]) -> str:
+    """The rows as a Markdown table (every key of every row, in first-seen order)."""
+    keys = list(dict.fromkeys(key for row in rows for key in row))
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join("" if row.get(key) is None else str(row[key]) for key in keys) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def environment() -> dict:
+    """What the numbers were measured on: the GPU, its multiprocessors, torch, CUDA/ROCm, Triton
+    (the harness's full fingerprint is ``parity.run.platform.fingerprint``; the kernel layer
+    records these)."""
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    return {"device": props.name, "multiprocessors": props.multi_processor_count, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "hip": torch.version.hip, "triton": triton.__version__}
 
 
 def result_document(fingerprint: dict, pinned: configs.LaunchConfig, batch: int, heads: int, head_dim: int,
@@ -445,7 +459,7 @@ def result_document(fingerprint: dict, pinned: configs.LaunchConfig, batch: int,
     Results committed before the format had a name (kernels/results/h200-*.json) lack the
     ``format``/``version`` keys and are otherwise the same."""
     return {
-        **jsonformat.envelope(jsonformat.BENCHMARK_REPORT),
+        "format": FORMAT, "version": VERSION,
         "fingerprint": fingerprint,
         "pinned_config": dataclasses.asdict(pinned),
         "shape": {"batch": batch, "heads": heads, "head_dim": head_dim, "dtype": "bf16"},

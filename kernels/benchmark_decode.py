@@ -57,30 +57,12 @@ SWEEP = (
     {"num_stages": 2}, {"num_stages": 2, "programs_per_unit": 2}, {"num_stages": 4, "programs_per_unit": 8},
     {"block_n": 32}, {"block_n": 32, "programs_per_unit": 2},
 )
-_FIELDS = {field.name: field.type for field in dataclasses.fields(configs.DecodeConfig) if field.name != "amd"}
 
 
 def parse_variant(spec: str) -> dict[str, int]:
-    """``block_n=128,num_stages=4`` -> ``{"block_n": 128, "num_stages": 4}``; ValueError names a bad item."""
-    out: dict[str, int] = {}
-    for item in (part.strip() for part in spec.split(",")):
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or key not in _FIELDS:
-            raise ValueError(f"bad --variant item {item!r}: use KEY=VALUE with KEY one of {', '.join(_FIELDS)}")
-        if key in out:
-            raise ValueError(f"bad --variant item {item!r}: {key} is given twice")
-        try:
-            number = int(value)
-        except ValueError:
-            raise ValueError(f"bad --variant item {item!r}: {value!r} is not an integer") from None
-        if not 1 <= number <= 1024:
-            raise ValueError(f"bad --variant item {item!r}: expected 1..1024")
-        out[key] = number
-    if not out:
-        raise ValueError(f"--variant {spec!r} names no KEY=VALUE")
-    return out
+    """``block_n=128,num_stages=4`` -> ``{"block_n": 128, "num_stages": 4}`` (``configs.DECODE_FIELDS``);
+    a ValueError names a bad item."""
+    return configs.parse_fields(spec, configs.DECODE_FIELDS, flag="--variant")
 
 
 def label(cfg: configs.DecodeConfig) -> str:
@@ -368,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep", action="store_true", help="also time the decode configs in SWEEP")
     parser.add_argument("--threshold", action="store_true", help="also time Sq = 1..64, decode vs prefill path")
     parser.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE,...",
-                        help=f"also time this change of the pinned decode config ({', '.join(_FIELDS)})")
+                        help=f"also time this change of the pinned decode config ({', '.join(configs.DECODE_FIELDS)})")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
     parser.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
     parser.add_argument("--dense-only", action="store_true", help="only the dense cases (and the sweep)")

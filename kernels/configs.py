@@ -16,7 +16,7 @@ from typing import Any
 
 from . import dtypes
 
-__all__ = ["LaunchConfig", "DecodeConfig", "DECODE_CONFIGS", "DECODE_MAX_SEQ_Q", "decode_config_for", "CONFIGS", "OVERRIDE_KEYS", "config_for", "candidates", "known_archs", "with_overrides"]
+__all__ = ["LaunchConfig", "DecodeConfig", "DECODE_CONFIGS", "DECODE_MAX_SEQ_Q", "decode_config_for", "DECODE_FIELDS", "parse_fields", "CONFIGS", "OVERRIDE_KEYS", "config_for", "candidates", "known_archs", "with_overrides"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +247,44 @@ LAUNCH_FIELDS = {"block_m": _SIZE, "block_n": _SIZE, "num_warps": _SIZE, "num_st
                  "tma": ("bool",), "one_loop": ("bool",)}
 AMD_KNOBS = {"waves_per_eu": _KNOB, "matrix_instr_nonkdim": _KNOB, "kpack": _KNOB}
 OVERRIDE_KEYS = {**LAUNCH_FIELDS, **AMD_KNOBS}
+
+
+# The decode config's fields a benchmark variant may change (``benchmark_decode --variant``).
+DECODE_FIELDS = {"block_n": _SIZE, "num_warps": _SIZE, "num_stages": _KNOB, "programs_per_unit": _SIZE,
+                 "min_tiles_per_split": _SIZE, "max_splits": _SIZE}
+
+
+def parse_fields(spec: str, fields: dict[str, tuple], *, flag: str) -> dict[str, Any]:
+    """``"block_n=64, one_loop=1"`` -> ``{"block_n": 64, "one_loop": True}`` for config fields given
+    as data (``("int", minimum, maximum)`` or ``("bool",)``): the kernel layer's own reader of its
+    benchmarks' variants (the harness reads ``--set`` through ``parity.base.overrides`` from the
+    same data). A ValueError names the flag, the item and the problem."""
+    out: dict[str, Any] = {}
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        key, sep, text = (part.strip() for part in item.partition("="))
+        if not sep:
+            raise ValueError(f"{flag} {item!r} must look like KEY=VALUE")
+        if key not in fields:
+            raise ValueError(f"{flag} {item!r}: unknown config key {key!r}; use one of {', '.join(sorted(fields))}")
+        if key in out:
+            raise ValueError(f"{flag} {item!r}: config key {key!r} is given twice")
+        kind, *bounds = fields[key]
+        if kind == "bool":
+            if text.lower() not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+                raise ValueError(f"{flag} {item!r}: expected 0 or 1 (or true/false), got {text!r}")
+            out[key] = text.lower() in ("1", "true", "yes", "on")
+            continue
+        low, high = bounds
+        if not text.lstrip("+-").isdigit() or len(text) > 20:
+            raise ValueError(f"{flag} {item!r}: expected an integer from {low} to {high}, got {text!r}")
+        if not low <= int(text) <= high:
+            raise ValueError(f"{flag} {item!r}: expected an integer from {low} to {high}, got {int(text)}")
+        out[key] = int(text)
+    if not out:
+        raise ValueError(f"{flag} {spec!r} names no KEY=VALUE")
+    return out
 
 
 def with_overrides(config: LaunchConfig, changes: dict[str, Any], arch: str = "") -> LaunchConfig:

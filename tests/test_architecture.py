@@ -43,11 +43,7 @@ STAGES = {
 }
 
 # Imports that break the rules on purpose, each with its reason.
-EXEMPT_MODULES = {
-    # The kernel benchmark (timings, its JSON report) uses the harness's JSON envelope, platform
-    # and metrics; it is owned by the kernel's maintainer and moves out of the kernel layer next.
-    "parity.kernels.benchmark": "moves out of the kernel layer (kernel maintainer)",
-}
+EXEMPT_MODULES: dict[str, str] = {}
 
 # Late imports: (module pattern, imported pattern) -> why the import waits until it is needed.
 # fnmatch patterns over dotted names; a relative import is resolved first.
@@ -67,11 +63,10 @@ LATE_IMPORTS = {
     ("parity.kernels.*", "parity.kernels.triton_attention"): "the @triton.jit kernels are defined only after "
                                                              "TRITON_INTERPRET is chosen",
     ("parity.testing.plugin", "_pytest.junitxml"): "pytest's private JUnit helper, only when --junit-xml is given",
-    ("parity.kernels.benchmark", "*"): "moves out of the kernel layer (kernel maintainer)",
     ("parity.dist.*", "torch.distributed*"): "torch.distributed and DTensor (which loads dynamo) only when a "
                                              "process group is joined or a DTensor output is seen",
-    ("parity.kernels.benchmark_decode", "torch.nn.attention.flex_attention"): "FlexAttention is absent from "
-                                                                               "older torch; the benchmark runs without it",
+    ("parity.kernels.benchmark*", "torch.nn.attention.flex_attention"): "FlexAttention is absent from older "
+                                                                         "torch; a benchmark runs without it",
 }
 
 # Modules whose start-up time matters: a late import there is allowed where what it imports is

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from parity.base.errors import UsageError
+from parity.base import jsonformat
 from parity.kernels import benchmark, configs
 
 
@@ -12,13 +12,13 @@ def test_variant_spec_replaces_fields_of_the_pinned_config():
     cfg = benchmark.parse_variant("block_n=128, num_stages=2,one_loop=0", base)
     assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.one_loop) == (128, 128, 8, 2, False)
     assert benchmark._label(benchmark.parse_variant("tma=1", base)) == "128x64 w8 s3 +tma +one_loop"
-    with pytest.raises(UsageError, match="--config 'warps=8': unknown config key 'warps'; use one of block_m, "):
+    with pytest.raises(ValueError, match="--config 'warps=8': unknown config key 'warps'; use one of block_m, "):
         benchmark.parse_variant("warps=8", base)
-    with pytest.raises(UsageError, match="--config 'block_n=big': expected an integer"):
+    with pytest.raises(ValueError, match="--config 'block_n=big': expected an integer"):
         benchmark.parse_variant("block_n=big", base)
-    with pytest.raises(UsageError, match="'block_n' is given twice"):
+    with pytest.raises(ValueError, match="'block_n' is given twice"):
         benchmark.parse_variant("block_n=64,block_n=128", base)
-    with pytest.raises(UsageError, match="unknown config key 'waves_per_eu'"):  # an AMD knob: not here
+    with pytest.raises(ValueError, match="unknown config key 'waves_per_eu'"):  # an AMD knob: not here
         benchmark.parse_variant("waves_per_eu=2", base)
 
 
@@ -65,3 +65,11 @@ def test_markdown_of_a_missing_file_is_one_line_and_exit_2(tmp_path, capsys):
     assert benchmark.main(["--markdown", str(tmp_path / "none.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("benchmark: cannot read") and err.count("\n") == 1
+
+
+def test_the_kernel_benchmarks_write_the_format_the_harness_registers():
+    # The kernel layer writes its report without importing the harness; the harness holds the schema.
+    from parity.kernels import benchmark
+
+    assert (benchmark.FORMAT, benchmark.VERSION) == (jsonformat.BENCHMARK_REPORT,
+                                                      jsonformat.FORMATS[jsonformat.BENCHMARK_REPORT][0])
