@@ -72,10 +72,10 @@ class Problem:
 
 # The kernels ``inspect`` can compile: the prefill kernel and the decode path's split kernel.
 KERNELS = ("prefill", "decode")
-# The decode path's representative launch: one token against a 32k cache, GQA 32:8, split over
-# DECODE_SPLITS programs per group (the split variant, which writes partial outputs, is the heavier).
+# The decode path's representative launch: one token against a 32k cache, GQA 32:8, split as the
+# launcher would split it on the target (the split variant, which writes partial outputs, is the
+# heavier one).
 DECODE_PROBLEM = Problem(batch=8, heads_q=32, heads_kv=8, seq_q=1, seq_k=32768)
-DECODE_SPLITS = 8
 
 
 @dataclasses.dataclass
@@ -222,8 +222,9 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
         from .decode import build_decode_launch
 
         cfg = pinned_config(target, dtype, head_dim, kernel="decode").clamp(layout.block_n)
+        # The split count the launcher would choose on the target's flagship part.
         launch = build_decode_launch(q, k, v, torch.empty_like(q), lse, layout, cfg, sm_scale=head_dim ** -0.5,
-                                     num_splits=DECODE_SPLITS)
+                                     units=targets.arch_spec(target).compute_units)
         return launch.args, launch.constexprs, launch.options, launch.config
     cfg = pinned_config(target, dtype, head_dim, overrides).clamp(layout.block_m, layout.block_n)
     launch = build_launch(q, k, v, torch.empty_like(q), lse, layout, cfg, sm_scale=head_dim ** -0.5,
@@ -287,6 +288,10 @@ def _compile_one(request: dict[str, Any]) -> dict[str, Any]:
                                                           request.get("overrides"), kernel_name)
         result.config = cfg.to_dict()
         result.constexprs = constexprs
+        if kernel_name == "decode":
+            splits = args["PartOut"].shape[2]
+            result.notes.append(f"{splits} splits of the key range: the launcher's choice on {spec.compute_units} "
+                                f"compute units for this problem")
         gpu_target = GPUTarget(spec.backend, spec.triton_arch, spec.warp_size)
         fn = (triton_attention.block_sparse_decode_fwd if kernel_name == "decode"
               else triton_attention.block_sparse_attn_fwd)

@@ -12,7 +12,7 @@ import torch
 
 from . import configs, dtypes
 from . import targets as platform
-from .decode import MAX_ROWS, build_decode_launch, compute_units, decode_eligible, run_decode
+from .decode import MAX_ROWS, build_decode_launch, decode_eligible, run_decode
 from .inputs import check_inputs
 from .launch import build_launch, element_mask_arguments, tma_fits
 from .layout import BlockLayout, LayoutError
@@ -124,7 +124,7 @@ def block_sparse_attention(
     if use_decode:
         cfg = config if isinstance(config, configs.DecodeConfig) else decode_config(q.device, head_dim, q.dtype)
         run_decode(build_decode_launch(q, k, v, staging, lse, layout, cfg.clamp(layout.block_n), sm_scale=scale,
-                                       num_splits=num_splits, units=compute_units(q.device),
+                                       num_splits=num_splits, units=platform.compute_units(q.device),
                                        emulate_bf16=emulate_bf16))
     else:
         cfg = _resolve_config(config, q, k, v, layout, scale).clamp(layout.block_m, layout.block_n)

@@ -38,7 +38,8 @@ import torch
 
 from . import configs
 from .attention import block_sparse_attention, decode_config
-from .decode import build_decode_launch, compute_units
+from .decode import build_decode_launch
+from .targets import compute_units
 from .layout import BlockLayout, causal_layout, padding_layout, random_layout, sink_layout, sliding_window_layout
 from .reference import reference_attention
 from .testing import random_qkv

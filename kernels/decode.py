@@ -24,11 +24,12 @@ from typing import Any
 import torch
 
 from .configs import DECODE_MAX_SEQ_Q, DecodeConfig
+from .targets import compute_units
 from .launch import element_mask_arguments, named_strides
 from .layout import BlockLayout
 
 __all__ = ["DecodeLaunch", "decode_eligible", "heads_per_program", "choose_splits", "build_decode_launch",
-           "compute_units", "run_decode", "MAX_ROWS"]
+           "run_decode", "MAX_ROWS"]
 
 # Query rows of one program (heads of a group x query positions): a group is split into fewer
 # heads per program beyond this, to keep the tile's registers bounded.
@@ -53,13 +54,6 @@ def heads_per_program(gqa_group: int, seq_q: int, layout: BlockLayout) -> int:
         if gqa_group % heads == 0 and heads * seq_q <= MAX_ROWS:
             best = heads
     return best
-
-
-def compute_units(device: torch.device) -> int:
-    """Multiprocessors (NVIDIA) or compute units (AMD) of a GPU; 1 for the CPU interpreter."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def choose_splits(programs: int, max_tiles: int, units: int, config: DecodeConfig) -> int:

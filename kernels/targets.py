@@ -25,6 +25,9 @@ class ArchSpec:
     # AMD: VGPR budget per SIMD lane, to turn a kernel's VGPR count into waves per SIMD.
     vgpr_waves: tuple[tuple[int, int], ...] = ()
     max_waves_per_simd: int = 0
+    # Multiprocessors / compute units of the target's flagship part, for ahead-of-time answers
+    # (the decode path's split count); at run time the device's own count is read.
+    compute_units: int = 0
 
     @property
     def triton_arch(self) -> int | str:
@@ -41,11 +44,13 @@ _CDNA_VGPR_WAVES = ((64, 8), (96, 5), (128, 4), (168, 3), (256, 2), (512, 1))
 ARCHS: dict[str, ArchSpec] = {
     spec.name: spec
     for spec in (
-        ArchSpec("sm_80", "nvidia", "cuda", 32, 163 * 1024, 32),
-        ArchSpec("sm_90", "nvidia", "cuda", 32, 227 * 1024, 32),
-        ArchSpec("gfx90a", "amd", "hip", 64, 64 * 1024, 16, _CDNA_VGPR_WAVES, 8),
-        ArchSpec("gfx942", "amd", "hip", 64, 64 * 1024, 16, _CDNA_VGPR_WAVES, 8),
-        ArchSpec("gfx950", "amd", "hip", 64, 160 * 1024, 16, _CDNA_VGPR_WAVES, 8),
+        # A100: 108 SMs; H100/H200 SXM: 132 (read on the H200); MI250X: 110 CUs per die;
+        # MI300X: 304 CUs (parity/NUMERICS.md); MI355X: 256 CUs (vendors' datasheets).
+        ArchSpec("sm_80", "nvidia", "cuda", 32, 163 * 1024, 32, compute_units=108),
+        ArchSpec("sm_90", "nvidia", "cuda", 32, 227 * 1024, 32, compute_units=132),
+        ArchSpec("gfx90a", "amd", "hip", 64, 64 * 1024, 16, _CDNA_VGPR_WAVES, 8, compute_units=110),
+        ArchSpec("gfx942", "amd", "hip", 64, 64 * 1024, 16, _CDNA_VGPR_WAVES, 8, compute_units=304),
+        ArchSpec("gfx950", "amd", "hip", 64, 160 * 1024, 16, _CDNA_VGPR_WAVES, 8, compute_units=256),
     )
 }
 
@@ -81,3 +86,12 @@ def arch_of(device: torch.device | str) -> str:
         # gcnArchName looks like "gfx942:sramecc+:xnack-"
         return props.gcnArchName.split(":")[0]
     return f"sm_{props.major}{props.minor}"
+
+
+def compute_units(device: torch.device | str) -> int:
+    """Multiprocessors (NVIDIA) or compute units (AMD) of a GPU device; 1 for the CPU (the
+    interpreter runs one program at a time)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 1
+    return torch.cuda.get_device_properties(device).multi_processor_count

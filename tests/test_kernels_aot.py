@@ -159,6 +159,10 @@ def test_decode_kernel_compiles_spill_free_with_matrix_instructions(compiled_dec
     assert any(op.startswith(prefix) for op in r.matrix_instructions), describe(r)
     # One token of a 32:8 GQA group: 4 query rows padded to the 16-row tile, split programs.
     assert r.constexprs["GROUP"] == 4 and r.constexprs["BLOCK_M"] == 16 and r.constexprs["SPLIT"] is True
+    # The launcher's split count on the target's flagship part: 8 x 8 (batch x K/V heads) programs,
+    # about 4 per compute unit in whole waves: 132 x 4 // 64 = 8 on an H200, 304 x 4 // 64 = 19 on MI300X.
+    splits = {"sm_90": 8, "gfx942": 19}[target]
+    assert f"{splits} splits of the key range" in " ".join(r.notes), describe(r)
 
 
 def test_decode_refuses_prefill_overrides(capsys):
