@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from parity.bundle.reader import edit_manifest
+from parity.bundle.writer import edit_manifest
 from parity.cli.main import main
 from parity.dist.compare import compare_rank_set, diff_sets, open_golden
 from parity.dist.rankset import TOP_NAME, open_rank_set

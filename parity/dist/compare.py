@@ -260,7 +260,7 @@ def compare_rank_set(
     _check_budget(budget, view)
     say(f"{describe(view)}: subject {runner.name}, {len(view.entries_of('output'))} recorded tensors")
     module = runner.build(impl, state=view.rank0.subject_state(), device=device)
-    stored = view.rank0.subject_inputs()
+    stored = Inputs.of_bundle(view.rank0)
     inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in stored.tensors.items()}, stored.meta)
     results: list[TensorResult] = []
     judge = Judge(view, policy, budget)
@@ -372,7 +372,7 @@ def compare_distributed(
         runner.check_impl(impl)
         check_triton_mode(impl, group.device)
         _check_budget(budget, view)
-        state, inputs = view.rank0.subject_state(), view.rank0.subject_inputs()
+        state, inputs = view.rank0.subject_state(), Inputs.of_bundle(view.rank0)
     except ParityError as err:
         error = err
     group.agree(error, "opening the golden")

@@ -168,7 +168,7 @@ def prepare(subject: str | None, subject_args: Mapping[str, Any] | None, *, impl
 
     if bundle is not None:
         runner = runner_from_manifest(bundle.subject, trusted=trusted, bundle_dir=bundle.path)
-        stored = bundle.subject_inputs()
+        stored = Inputs.of_bundle(bundle)
         inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in stored.tensors.items()}, stored.meta)
         state = bundle.subject_state()
         source = f"bundle {bundle.path}"
