@@ -200,16 +200,25 @@ FP32_DECODE_CONFIGS: dict[str, tuple[tuple[int, DecodeConfig], ...]] = {
 
 def decode_config_for(arch: str, head_dim: int, dtype: object = None) -> DecodeConfig:
     """The pinned decode config for an architecture, head dim and dtype (as ``config_for``)."""
-    fp32 = dtype is not None and dtypes.short_name(dtype) == "fp32"
-    table = FP32_DECODE_CONFIGS if fp32 else DECODE_CONFIGS
+    table = FP32_DECODE_CONFIGS if _is_fp32(dtype) else DECODE_CONFIGS
+    return _row_for(table, arch, head_dim, "decode config")
+
+
+def _is_fp32(dtype: object) -> bool:
+    return dtype is not None and dtypes.short_name(dtype) == "fp32"
+
+
+def _row_for(table: dict[str, tuple[tuple[int, Any], ...]], arch: str, head_dim: int, what: str):
+    """The first row of ``table[arch]`` whose max head dim covers ``head_dim``; ValueError naming
+    the known architectures or the largest head dim otherwise."""
     try:
         rows = table[arch]
     except KeyError:
-        raise ValueError(f"no decode config for architecture {arch!r}; known: {', '.join(table)}") from None
+        raise ValueError(f"no {what} for architecture {arch!r}; known: {', '.join(table)}") from None
     for max_head_dim, config in rows:
         if head_dim <= max_head_dim:
             return config
-    raise ValueError(f"head_dim {head_dim} is larger than any decode config for {arch} (max {rows[-1][0]})")
+    raise ValueError(f"head_dim {head_dim} is larger than any {what} for {arch} (max {rows[-1][0]})")
 
 
 def known_archs() -> tuple[str, ...]:
@@ -220,20 +229,12 @@ def config_for(arch: str, head_dim: int, dtype: object = None, *, irregular: boo
     """The pinned config for an architecture, head dim and dtype (torch dtype or "fp32"/"bf16"/
     "fp16"; None means a 16-bit dtype). ``irregular``: the layout carries per-token element
     masks (``IRREGULAR_CONFIGS`` where a row exists, else the pinned config)."""
-    fp32 = dtype is not None and dtypes.short_name(dtype) == "fp32"
+    fp32 = _is_fp32(dtype)
     if irregular and not fp32:
         for max_head_dim, config in IRREGULAR_CONFIGS.get(arch, ()):
             if head_dim <= max_head_dim:
                 return config
-    table = FP32_CONFIGS if fp32 else CONFIGS
-    try:
-        rows = table[arch]
-    except KeyError:
-        raise ValueError(f"no launch config for architecture {arch!r}; known: {', '.join(CONFIGS)}") from None
-    for max_head_dim, config in rows:
-        if head_dim <= max_head_dim:
-            return config
-    raise ValueError(f"head_dim {head_dim} is larger than any config for {arch} (max {rows[-1][0]})")
+    return _row_for(FP32_CONFIGS if fp32 else CONFIGS, arch, head_dim, "launch config")
 
 
 # The keys a proposed config may change (``inspect --set``, the benchmark's ``--config``) and how

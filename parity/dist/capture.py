@@ -310,7 +310,7 @@ def capture_rank_set(
     Call it on every rank (inside an initialised group, or under torchrun: ``group`` defaults to
     :func:`parity.dist.group.join` on ``device``). ``placements``: the user's placement map
     (``["layers.*.mlp.up_proj=shard(-1)"]`` or ``{glob: placement}``) for plain tensors of a manual
-    split. The other arguments are :func:`parity.capture.capture`'s. UsageError (on every rank,
+    split. The other arguments are :func:`parity.run.capture.capture`'s. UsageError (on every rank,
     naming the rank that failed) for bad arguments or a failed rank; nothing is committed then.
     """
     group = group or join(device)

@@ -11,7 +11,7 @@ Which tensors are judged against which:
   slice fails are named in the verdict; replicated copies that disagree fail the tensor, naming
   the rank.
 
-Every rule of the engine applies unchanged (:class:`parity.engine.Judge`): thresholds, the error
+Every rule of the engine applies unchanged (:class:`parity.judge.engine.Judge`): thresholds, the error
 budget against the golden's reference (rebuilt like any tensor), ``fused-here``, strict structure.
 
 A run under torchrun (:func:`compare_distributed`) runs the golden's subject split over this
@@ -248,7 +248,7 @@ def compare_rank_set(
 ) -> CompareReport:
     """Run a rank set's subject in this one process (not split) and judge every tensor against the
     golden's full tensors, rebuilt from its placements; the arguments are
-    :func:`parity.compare.compare_bundle`'s (``isolate`` is not available for rank sets)."""
+    :func:`parity.judge.compare.compare_bundle`'s (``isolate`` is not available for rank sets)."""
     started = time.monotonic()
     say = Progress(progress)
     policy = as_policy(policy)

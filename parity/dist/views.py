@@ -139,7 +139,7 @@ class FullView:
                 for rank, (start, length) in enumerate(shard_offsets(placement, [p.shape for p in pieces]))]
 
     def integrity(self) -> dict[str, Any]:
-        """Every rank bundle's :func:`parity.engine.integrity`, added up."""
+        """Every rank bundle's :func:`parity.judge.engine.integrity`, added up."""
         total: dict[str, Any] = {"tensors": 0, "verified": 0, "not_read": {}}
         for reader in self.readers:
             part = integrity(reader)
