@@ -15,6 +15,6 @@ if sys.path and not getattr(sys.flags, "safe_path", False):
     except OSError:  # the current directory was removed: nothing to match
         pass
 
-from parity.cli.main import main  # noqa: E402  (after the sys.path fix, on purpose)
+from parity.cli.main import entry  # noqa: E402  (after the sys.path fix, on purpose)
 
-sys.exit(main())
+entry()

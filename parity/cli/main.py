@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from importlib import metadata
 
@@ -94,5 +95,23 @@ def main(argv: list[str] | None = None) -> int:
         return report_error(err, debug=debug)
 
 
-__all__ = ["COMMANDS", "EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "build_parser", "main", "report_error",
-           "version"]
+def entry() -> None:
+    """The program (``parity`` and ``python -m parity``): :func:`main`, then exit with its status.
+
+    A rank of a distributed launch that joined its process group here ends with ``os._exit`` once
+    its output is flushed (bundles and reports are already committed and synced by then): at a
+    normal interpreter exit, C++ destructors of the communication library's threads have aborted
+    rank processes after successful runs ("terminate called without an active exception",
+    SIGABRT, seen with gloo on a loaded CPU machine), turning a finished rank into a failed one.
+    """
+    status = main()
+    group = sys.modules.get("parity.dist.group")
+    if group is not None and group.joined_here():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
+__all__ = ["COMMANDS", "EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "build_parser", "entry", "main",
+           "report_error", "version"]

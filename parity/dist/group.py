@@ -29,6 +29,14 @@ class RankFailed(UsageError):
     """Another rank of this run failed; this rank stops at the same step."""
 
 
+_JOINED_HERE = False
+
+
+def joined_here() -> bool:
+    """Whether this process initialised a process group through :func:`join` (a rank of a launch)."""
+    return _JOINED_HERE
+
+
 def launched() -> bool:
     """Whether this process is one rank of a distributed launch (torchrun sets ``RANK`` and
     ``WORLD_SIZE``), or already inside an initialised process group."""
@@ -136,6 +144,8 @@ def join(device: torch.device | str | None = None, *, timeout_s: float | None = 
         except (RuntimeError, ValueError) as err:  # an unreachable master, a port in use
             raise UsageError(f"cannot join the process group ({backend}): {' '.join(str(err).split())[:300]}") from None
         owned = True
+        global _JOINED_HERE
+        _JOINED_HERE = True
     backend = str(dist.get_backend())
     return Group(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device, backend=backend, owned=owned)
 
