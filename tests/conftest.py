@@ -43,6 +43,9 @@ SLOW_FILES = {
     "test_cli_exit_status.py": "every exit status in real processes",
     "test_install.py": "pip resolves the Makefile's pins",
     "test_harness_benchmark.py": "the harness benchmark in real processes",
+    "test_kernels_decode.py": "the decode path at every split count through the Triton interpreter",
+    "test_dist.py": "rank processes (2 and 4) importing torch and DTensor",
+    "test_report_html_layout.py": "a headless Chromium renders every page",
     "test_judge_fault_matrix.py": "a fault-injected model compared per case",
 }
 # Markers whose tests are slow too: the full mutation run of the bundle reader.
