@@ -425,7 +425,7 @@ def main(argv=None) -> int:
     else:
         rows, sweep_rows = run(args.seq or [4096, 16384], args.batch, args.heads, args.head_dim, args.sweep,
                                not args.no_check, variants)
-    result = result_document(environment(), pinned, args.batch, args.heads, args.head_dim,
+    result = result_document(targets.environment("cuda"), pinned, args.batch, args.heads, args.head_dim,
                              rows, sweep_rows, mask_rows)
     print(_rows_table(rows or mask_rows))
     if args.json:
@@ -440,17 +440,6 @@ def _rows_table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     lines += ["| " + " | ".join("" if row.get(key) is None else str(row[key]) for key in keys) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def environment() -> dict:
-    """What the numbers were measured on: the GPU, its multiprocessors, torch, CUDA/ROCm, Triton
-    (the harness's full fingerprint is ``parity.run.platform.fingerprint``; the kernel layer
-    records these)."""
-    import triton
-
-    props = torch.cuda.get_device_properties(0)
-    return {"device": props.name, "multiprocessors": props.multi_processor_count, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "hip": torch.version.hip, "triton": triton.__version__}
 
 
 def result_document(fingerprint: dict, pinned: configs.LaunchConfig, batch: int, heads: int, head_dim: int,

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import configs
+from . import configs, targets
 from .attention import block_sparse_attention, decode_config
 from .decode import build_decode_launch
 from .targets import compute_units
@@ -266,7 +266,7 @@ def run(*, sweep: bool, threshold: bool, variants: list[dict[str, int]], check: 
                                        q, k, v, ceilings, {f"decode {label(cfg)}": meta}, check=False)
         del q, k, v
     if dense_only:
-        return {"format": FORMAT, "version": VERSION, "environment": environment(device), "ceilings": ceilings,
+        return {"format": FORMAT, "version": VERSION, "environment": targets.environment(device), "ceilings": ceilings,
                 "pinned_config": pinned.to_dict(), "units": compute_units(device), "dense": dense, "sparse": [],
                 "ragged": [], "sweep": sweep_rows, "threshold": []}
     q, k, v = random_qkv(sizes.sparse_batch, sizes.heads_q, sizes.heads_kv, 1, sizes.sparse_seq, sizes.head_dim, torch.bfloat16, seed=1,
@@ -312,18 +312,10 @@ def run(*, sweep: bool, threshold: bool, variants: list[dict[str, int]], check: 
                     {"parity decode": fn,
                      "parity prefill path": lambda: block_sparse_attention(qq, k, v, layout, decode=False)},
                     qq, k, v, ceilings, {"parity decode": meta}, check=seq_q <= 16 and batch * seq_k <= 2**18)
-    return {"format": FORMAT, "version": VERSION, "environment": environment(device), "ceilings": ceilings,
+    return {"format": FORMAT, "version": VERSION, "environment": targets.environment(device), "ceilings": ceilings,
             "pinned_config": pinned.to_dict(), "units": compute_units(device),
             "shape": {"heads_q": sizes.heads_q, "heads_kv": sizes.heads_kv, "head_dim": sizes.head_dim, "dtype": "bf16"},
             "dense": dense, "sparse": sparse, "ragged": ragged, "sweep": sweep_rows, "threshold": threshold_rows}
-
-
-def environment(device: torch.device) -> dict[str, Any]:
-    import triton
-
-    name = torch.cuda.get_device_properties(device).name if device.type == "cuda" else "cpu (Triton interpreter)"
-    return {"device": name, "multiprocessors": compute_units(device), "torch": torch.__version__,
-            "cuda": torch.version.cuda, "hip": torch.version.hip, "triton": triton.__version__}
 
 
 def markdown(result: dict[str, Any]) -> str:

@@ -95,3 +95,16 @@ def compute_units(device: torch.device | str) -> int:
     if device.type != "cuda":
         return 1
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def environment(device: torch.device | str) -> dict:
+    """What a measurement ran on: the device's name and multiprocessor / compute-unit count,
+    torch, its CUDA or ROCm version, Triton (the harness's fuller record is
+    ``parity.run.platform.fingerprint``)."""
+    import triton
+
+    device = torch.device(device)
+    name = torch.cuda.get_device_properties(device).name if device.type == "cuda" else "cpu (Triton interpreter)"
+    return {"device": name, "vendor": vendor_of(device), "multiprocessors": compute_units(device),
+            "torch": torch.__version__, "cuda": torch.version.cuda, "hip": torch.version.hip,
+            "triton": triton.__version__}

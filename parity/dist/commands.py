@@ -55,15 +55,15 @@ def capture(args: argparse.Namespace, *, subject_args: dict, shard_bytes: int, d
                          "cannot be replayed alone)")
     rules = placement_map(args)
     group = join(device)
+    finished = False
     try:
         result = capture_rank_set(args.subject, args.out, subject_args=subject_args, impl=args.impl,
                                   layers=args.layers, reference=args.reference, placements=rules, force=args.force,
                                   shard_bytes=shard_bytes, durable=args.durable, group=group,
                                   progress=None if args.quiet else stderr_progress(group.rank))
-    except BaseException:
-        group.close(synchronize=False)
-        raise
-    group.close()
+        finished = True
+    finally:  # after an error another rank may be gone: no barrier then
+        group.close(synchronize=finished)
     if group.rank == 0:
         print(f"wrote rank set {result.path}: {result.world_size} ranks, {len(result.placements)} recorded tensors "
               f"per rank; hooks on/off bitwise equal on every rank")
@@ -105,14 +105,14 @@ def compare(args: argparse.Namespace, *, device: str | None, progress):
                                   progress=progress)
         return report, report.passed
     group = join(device)
+    finished = False
     try:
         outcome = compare_distributed(view.path, impl=args.impl, policy=policy, budget=args.budget,
                                       placements=placement_map(args), progress=progress if group.rank == 0 else None,
                                       group=group)
-    except BaseException:
-        group.close(synchronize=False)
-        raise
-    group.close()
+        finished = True
+    finally:  # after an error another rank may be gone: no barrier then
+        group.close(synchronize=finished)
     return outcome
 
 
