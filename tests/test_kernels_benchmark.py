@@ -73,3 +73,23 @@ def test_the_kernel_benchmarks_write_the_format_the_harness_registers():
 
     assert (benchmark.FORMAT, benchmark.VERSION) == (jsonformat.BENCHMARK_REPORT,
                                                       jsonformat.FORMATS[jsonformat.BENCHMARK_REPORT][0])
+
+
+def test_the_decode_benchmark_writes_the_format_the_harness_registers_and_its_runs_validate():
+    jsonschema = pytest.importorskip("jsonschema")
+    from pathlib import Path
+
+    from parity.kernels import benchmark_decode
+
+    assert (benchmark_decode.FORMAT, benchmark_decode.VERSION) == (
+        jsonformat.DECODE_BENCHMARK_REPORT, jsonformat.FORMATS[jsonformat.DECODE_BENCHMARK_REPORT][0])
+    schema = jsonformat.schema_for(jsonformat.DECODE_BENCHMARK_REPORT)
+    results = Path(__file__).resolve().parent.parent / "kernels" / "results"
+    runs = sorted(results.glob("h200-decode-*.json"))
+    assert len(runs) == 2
+    for path in runs:
+        jsonschema.validate(json.loads(path.read_text()), schema)
+    bad = json.loads(runs[0].read_text())
+    bad["dense"][0]["graph_us"] = "fast"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)

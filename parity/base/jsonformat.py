@@ -18,6 +18,8 @@ format                        version  written by
 ``parity-benchmark-report``   1        ``python -m parity.kernels.benchmark --json``
 ``parity-profile-report``     1        ``profile --json`` (parity.speed.profile)
 ``parity-bench-report``       1        ``bench --json`` (parity.speed.bench)
+``parity-decode-benchmark-    1        ``python -m parity.kernels.benchmark_decode --json``
+report``
 ============================  =======  =========================================================
 
 ``parity-harness-benchmark-report`` (version 2) is written by ``python tests/harness_benchmark/harness_benchmark.py
@@ -44,6 +46,7 @@ BENCHMARK_REPORT = "parity-benchmark-report"
 HARNESS_BENCHMARK_REPORT = "parity-harness-benchmark-report"
 PROFILE_REPORT = "parity-profile-report"
 BENCH_REPORT = "parity-bench-report"
+DECODE_BENCHMARK_REPORT = "parity-decode-benchmark-report"
 
 # format -> (current version, schema file in SCHEMA_DIR)
 FORMATS: dict[str, tuple[int, str]] = {
@@ -55,6 +58,7 @@ FORMATS: dict[str, tuple[int, str]] = {
     HARNESS_BENCHMARK_REPORT: (2, "harness-benchmark-report.schema.json"),
     PROFILE_REPORT: (1, "profile-report.schema.json"),
     BENCH_REPORT: (1, "bench-report.schema.json"),
+    DECODE_BENCHMARK_REPORT: (1, "decode-benchmark-report.schema.json"),
 }
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
@@ -115,6 +119,6 @@ def dumps(document: Any, *, indent: int | None = 1, ensure_ascii: bool = False) 
     return json.dumps(document, indent=indent, ensure_ascii=ensure_ascii, allow_nan=False)
 
 
-__all__ = ["BENCHMARK_REPORT", "BENCH_REPORT", "PROFILE_REPORT", "COMPARE_REPORT", "FORMATS", "HARNESS_BENCHMARK_REPORT", "INSPECT_REPORT",
+__all__ = ["BENCHMARK_REPORT", "BENCH_REPORT", "DECODE_BENCHMARK_REPORT", "PROFILE_REPORT", "COMPARE_REPORT", "FORMATS", "HARNESS_BENCHMARK_REPORT", "INSPECT_REPORT",
            "NON_FINITE", "PYTEST_REPORT", "SCHEMA_DIR", "SHOW_REPORT", "dumps", "envelope", "finite", "read_float",
            "schema_for", "schema_path", "version_of"]
