@@ -17,7 +17,8 @@ from pathlib import Path
 from parity.base.errors import UsageError
 from parity.base.text import printable
 from parity.judge.policy import policy_for_cli
-from parity.run.subjects.base import add_cwd_to_sys_path, check_trusted, is_builtin, remove_from_sys_path
+from parity.judge.compare import trusted_for_run
+from parity.run.subjects.base import add_cwd_to_sys_path, is_builtin, remove_from_sys_path
 
 from .capture import capture_rank_set, stderr_progress
 from .compare import compare_distributed, compare_rank_set, diff_sets, open_golden
@@ -70,18 +71,6 @@ def capture(args: argparse.Namespace, *, subject_args: dict, shard_bytes: int, d
     return 0
 
 
-def _trusted(args: argparse.Namespace, spec: object, where: Path, policy) -> tuple[str, ...]:
-
-    trusted = tuple(policy.trusted_subjects)
-    if args.subject is not None:
-        if args.subject != spec:
-            raise UsageError(f"--subject {printable(args.subject)!r} does not match {printable(str(where))}, which was "
-                             f"captured from subject {printable(str(spec))!r}")
-        trusted += (args.subject,)
-    check_trusted(spec, trusted, bundle=where)
-    return trusted
-
-
 def compare(args: argparse.Namespace, *, device: str | None, progress):
     """``compare`` of a rank set in one process, or of any golden under a launch.
     Returns ``(report or None, passed)``; the report is None on ranks other than 0."""
@@ -93,7 +82,7 @@ def compare(args: argparse.Namespace, *, device: str | None, progress):
     root = Path(view.path).resolve()
     remove_from_sys_path(root)
     policy = policy_for_cli(args.tolerances, bundles=[view.path], strict_structure=args.strict_structure)
-    trusted = _trusted(args, view.subject.get("spec"), view.path, policy)
+    trusted = trusted_for_run(args.subject, view.subject.get("spec"), view.path, policy.trusted_subjects)
     if not is_builtin(view.subject.get("spec")):
         add_cwd_to_sys_path()
         remove_from_sys_path(root)

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from parity.base.errors import UsageError
+from parity.base.text import printable
 from parity.bundle.reader import BundleReader, open_bundle
 from parity.judge.engine import Judge, Obtained, fused_warning, integrity, notes_as_warnings, replayed_layers
 from parity.judge.policy import Policy, as_policy
@@ -42,6 +44,7 @@ from parity.run import platform
 from parity.run.recorder import RecordedTensor, Recorder, select_modules
 from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
 from parity.run.subjects import Inputs, runner_from_manifest
+from parity.run.subjects.base import check_trusted
 
 
 def compare_bundle(
@@ -147,3 +150,18 @@ def _capture_globs(bundle: BundleReader, module: torch.nn.Module, warnings: list
             continue
         usable.append(pattern)
     return usable
+
+
+
+def trusted_for_run(subject_flag: str | None, spec: Any, where: str | os.PathLike, trusted: Iterable[str]) -> tuple[str, ...]:
+    """The specs a run of the bundle (or rank set) at ``where``, captured from subject ``spec``,
+    trusts: ``trusted`` (the policy's ``trust`` list) plus ``--subject``, which must name that
+    subject. Refuses (UsageError) an untrusted one before any import (:func:`check_trusted`)."""
+    trusted = tuple(trusted)
+    if subject_flag is not None:
+        if subject_flag != spec:
+            raise UsageError(f"--subject {printable(subject_flag)!r} does not match bundle {printable(str(where))}, "
+                             f"which was captured from subject {printable(str(spec))!r}")
+        trusted += (subject_flag,)
+    check_trusted(spec, trusted, bundle=where)
+    return trusted

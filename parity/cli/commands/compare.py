@@ -74,25 +74,9 @@ def run(args: argparse.Namespace) -> int:
     return run_reporting_errors(_run, args)
 
 
-def _trusted_subjects(args: argparse.Namespace, bundle, policy) -> tuple[str, ...]:
-    """The specs this run trusts: the policy's ``trust`` list plus ``--subject``, which must name
-    the bundle's own subject. Refuses (UsageError) an untrusted bundle before any import."""
-    from parity.run.subjects.base import check_trusted
-
-    spec = bundle.subject.get("spec")
-    trusted = tuple(policy.trusted_subjects)
-    if args.subject is not None:
-        if args.subject != spec:
-            raise UsageError(f"--subject {printable(args.subject)!r} does not match bundle "
-                             f"{printable(str(bundle.path))}, which was captured from subject {printable(str(spec))!r}")
-        trusted += (args.subject,)
-    check_trusted(spec, trusted, bundle=bundle.path)
-    return trusted
-
-
 def _run(args: argparse.Namespace) -> int:
     from parity.bundle.reader import open_bundle
-    from parity.judge.compare import compare_bundle
+    from parity.judge.compare import compare_bundle, trusted_for_run
     from parity.judge.policy import policy_for_cli
     from parity.run import platform
     from parity.run.runtime import check_device, enable_triton_interpreter
@@ -123,7 +107,7 @@ def _run(args: argparse.Namespace) -> int:
     root = bundle.path.resolve()
     remove_from_sys_path(root)  # a bundle directory is never where Python finds modules
     policy = policy_for_cli(args.tolerances, bundles=[bundle.path], strict_structure=args.strict_structure)
-    trusted = _trusted_subjects(args, bundle, policy)
+    trusted = trusted_for_run(args.subject, bundle.subject.get("spec"), bundle.path, policy.trusted_subjects)
     if not is_builtin(bundle.subject.get("spec")):
         # The user vouched for this module (--subject or their own config): find it in the
         # current directory as `python -m` would, but never inside the bundle.
