@@ -15,7 +15,7 @@ from . import targets as platform
 from .decode import MAX_ROWS, build_decode_launch, decode_eligible, run_decode
 from .inputs import check_inputs
 from .launch import build_launch, element_mask_arguments, tma_fits
-from .layout import BlockLayout, LayoutError
+from .layout import BlockLayout
 
 __all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_config", "element_mask_arguments"]
 

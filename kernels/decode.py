@@ -18,13 +18,11 @@ the softmax reduction, so a parity run records it (``DecodeLaunch.num_splits``).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import torch
 
 from .configs import DECODE_MAX_SEQ_Q, DecodeConfig
-from .targets import compute_units
 from .launch import element_mask_arguments, named_strides
 from .layout import BlockLayout
 

@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 from parity.base.errors import UsageError
-from parity.base.text import printable
 from parity.judge.policy import policy_for_cli
 from parity.judge.compare import trusted_for_run
 from parity.run.subjects.base import add_cwd_to_sys_path, is_builtin, remove_from_sys_path

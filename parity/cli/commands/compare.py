@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 
 from parity.base.errors import UsageError, require_dependency
-from parity.base.text import printable
 from parity.cli.commands._output import check_judging_args, run_reporting_errors, stderr_progress, write_outputs
 from parity.cli.options import HelpFormatter, add_cli_options, add_judging_options, resolve_device
 
