@@ -48,6 +48,9 @@ Errors. Anything a subject's own code raises (factory, make_inputs, make_state, 
 becomes a :class:`~parity.base.errors.SubjectError` (exit status 3) naming the stage, except parity's
 own UsageErrors (exit 2), which pass through: the built-ins validate their arguments, inputs and
 state that way, so a bad manifest is exit 2, never a KeyError from deep inside a forward.
+
+Long because the protocol's documentation (above), the loader, the trust rule and the runner are
+one contract that a subject's author reads together; the built-in subjects live beside it.
 """
 from __future__ import annotations
 
