@@ -221,7 +221,7 @@ def parse_variant(spec: str, base: configs.LaunchConfig) -> configs.LaunchConfig
 
 
 def _label(cfg: configs.LaunchConfig) -> str:
-    flags = [flag for flag in ("tma", "one_loop") if getattr(cfg, flag)]
+    flags = [flag for flag in configs.FLAGS if getattr(cfg, flag)]
     return f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}" + "".join(f" +{f}" for f in flags)
 
 
@@ -391,7 +391,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE,...",
                         help="also time this variant of the pinned config on every length and mask "
-                             "(fields block_m, block_n, num_warps, num_stages, tma, one_loop); "
+                             "(fields block_m, block_n, num_warps, num_stages, tma, one_loop, lazy_rescale); "
                              "repeatable")
     parser.add_argument("--masks", metavar="NAME,...",
                         help=f"run only the element-mask cases named ({', '.join(MASK_CASES)}, or all), "

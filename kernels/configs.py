@@ -32,6 +32,9 @@ class LaunchConfig:
     tma: bool = False
     # Full and partial key blocks in one loop (a runtime mask flag) instead of two loops.
     one_loop: bool = False
+    # Rescale the accumulator only when a row's maximum grows by more than 2**8 (FlashAttention-4's
+    # conditional rescaling; kernels/triton_attention.py). Same function, other rounding.
+    lazy_rescale: bool = False
 
     def launch_kwargs(self) -> dict[str, Any]:
         """Compiler options for the kernel launch (``kernel[grid](..., **cfg.launch_kwargs())``)."""
@@ -46,7 +49,11 @@ class LaunchConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"block_m": self.block_m, "block_n": self.block_n, "num_warps": self.num_warps,
                 "num_stages": self.num_stages, **dict(self.amd),
-                **{flag: True for flag in ("tma", "one_loop") if getattr(self, flag)}}
+                **{flag: True for flag in FLAGS if getattr(self, flag)}}
+
+
+# The boolean options of LaunchConfig, in the order labels and dicts list them.
+FLAGS = ("tma", "one_loop", "lazy_rescale")
 
 
 def _amd(block_m, block_n, num_warps, num_stages, *, waves_per_eu=2, nonkdim=16, kpack=1):
@@ -245,7 +252,7 @@ def config_for(arch: str, head_dim: int, dtype: object = None, *, irregular: boo
 _SIZE = ("int", 1, 2**16)
 _KNOB = ("int", 0, 2**16)
 LAUNCH_FIELDS = {"block_m": _SIZE, "block_n": _SIZE, "num_warps": _SIZE, "num_stages": _KNOB,
-                 "tma": ("bool",), "one_loop": ("bool",)}
+                 **{flag: ("bool",) for flag in FLAGS}}
 AMD_KNOBS = {"waves_per_eu": _KNOB, "matrix_instr_nonkdim": _KNOB, "kpack": _KNOB}
 OVERRIDE_KEYS = {**LAUNCH_FIELDS, **AMD_KNOBS}
 

@@ -101,6 +101,7 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         "DOT_PRECISION": "ieee",
         "USE_TMA": use_tma,
         "ONE_LOOP": config.one_loop,
+        "LAZY_RESCALE": config.lazy_rescale,
     }
     runtime, constant = _kernel_parameters()
     if list(args) != runtime or set(constexprs) != constant:

@@ -5,7 +5,9 @@ query block lists in the layout: full blocks first (no element mask), then parti
 MaskSpec predicate is evaluated in registers, ANDed with the layout's element masks: document
 ids, key padding range, bit-packed mask), in two loops or, with ONE_LOOP, in one. Each element
 mask is behind a constexpr flag (HAS_DOC, HAS_PAD, HAS_BITS) and its tensors are passed as None
-when absent, so a layout without them compiles to the same code as before they existed. Launch
+when absent, so a layout without them compiles to the same code as before they existed. With
+LAZY_RESCALE the running maximum moves only when a block raises it by more than 2**8
+(FlashAttention-4); off, the kernel compiles to the code it had before the option existed. Launch
 it through ``kernels.attention``.
 """
 import triton
@@ -13,6 +15,9 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+# LAZY_RESCALE: how far (log2 units of the scaled scores) a row's block max may exceed the running
+# max before the running max moves; FlashAttention-4 uses 8 (p stays below 2**8 = 256).
+RESCALE_LOG2 = tl.constexpr(8.0)
 
 
 @triton.jit
@@ -101,6 +106,7 @@ def _attend_block(
     RUNTIME_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
     EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
 ):
     # MASKED (constexpr): this block is partial. RUNTIME_MASK (constexpr): the caller's single
     # loop visits full and partial blocks alike and ``partial`` (a runtime scalar) says which;
@@ -137,17 +143,38 @@ def _attend_block(
                              q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs,
                              IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD,
                              HAS_BITS=HAS_BITS)
-    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # [BLOCK_M]
-    if MASKED or RUNTIME_MASK:
-        # A row that has seen no visible key keeps m = -inf; subtract 0 instead so that
-        # exp2(-inf - m) is 0 rather than exp2(-inf + inf) = NaN.
-        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if LAZY_RESCALE:
+        # FlashAttention-4's conditional rescaling: the running max moves, and acc and l are
+        # rescaled, only when some row's block max exceeds it by more than RESCALE_LOG2;
+        # otherwise p = exp2(s - m) <= 2**RESCALE_LOG2, which the fp32 acc and l and the 16-bit
+        # p hold with the same relative rounding. One scalar test per block instead of a
+        # [BLOCK_M, BLOCK_D] multiply. A row that saw no key stays at -inf (-inf > -inf is False).
+        m_blk = tl.max(qk, 1) * qk_scale  # [BLOCK_M]
+        if tl.max((m_blk > m_i + RESCALE_LOG2).to(tl.int32), 0) > 0:
+            m_up = tl.maximum(m_i, m_blk)  # [BLOCK_M]
+            alpha = tl.math.exp2(m_i - tl.where(m_up == float("-inf"), 0.0, m_up))  # [BLOCK_M]
+            l_i = l_i * alpha
+            acc = acc * alpha[:, None]
+            m_i = m_up
+        m_new = m_i
+        if MASKED or RUNTIME_MASK:
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_sub = m_new
+        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
+        l_i = l_i + tl.sum(p, 1)  # [BLOCK_M]
     else:
-        m_sub = m_new
-    p = tl.math.exp2(qk * qk_scale - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
-    alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
-    l_i = l_i * alpha + tl.sum(p, 1)  # [BLOCK_M]
-    acc = acc * alpha[:, None]  # [BLOCK_M, BLOCK_D]
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # [BLOCK_M]
+        if MASKED or RUNTIME_MASK:
+            # A row that has seen no visible key keeps m = -inf; subtract 0 instead so that
+            # exp2(-inf - m) is 0 rather than exp2(-inf + inf) = NaN.
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_sub = m_new
+        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
+        alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
+        l_i = l_i * alpha + tl.sum(p, 1)  # [BLOCK_M]
+        acc = acc * alpha[:, None]  # [BLOCK_M, BLOCK_D]
     if EMULATE_BF16:
         p = _round_to_bf16(p)
     else:
@@ -183,7 +210,7 @@ def block_sparse_attn_fwd(
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr, HAS_ORDER: tl.constexpr,
     RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr,
+    USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr, LAZY_RESCALE: tl.constexpr,
 ):
     # 1-D grid of B * Hq * num_m_tiles programs. The query tiles of one (batch, head) are
     # adjacent, so the programs resident at once share a few heads' K/V, which stay in L2 (on the
@@ -282,6 +309,7 @@ def block_sparse_attn_fwd(
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                 IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
                 EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+                LAZY_RESCALE=LAZY_RESCALE,
             )
     else:
         for t in range(full_count * SUB):
@@ -295,6 +323,7 @@ def block_sparse_attn_fwd(
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                 IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
                 EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+                LAZY_RESCALE=LAZY_RESCALE,
             )
         for t in range(part_count * SUB):
             start_n = tl.load(part_idx_base + t // SUB) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
@@ -307,6 +336,7 @@ def block_sparse_attn_fwd(
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                 IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
                 EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
+                LAZY_RESCALE=LAZY_RESCALE,
             )
 
     # Rows that saw no key have l = 0 and acc = 0: output 0, LSE -inf (the project's convention).
@@ -427,7 +457,7 @@ def block_sparse_decode_fwd(
             partial=partial, MASKED=False, RUNTIME_MASK=True,
             HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
             IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
-            EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=False,
+            EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=False, LAZY_RESCALE=False,
         )
 
     # A split (or a whole row) that saw no key: output 0, LSE -inf (the project's convention).
