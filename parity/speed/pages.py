@@ -221,6 +221,7 @@ def render_bench(document: Mapping[str, Any]) -> str:
                    ("rounds", f"{settings.get('reps')} interleaved (seed {settings.get('seed')}), "
                               f"{settings.get('warmup')} warm-up calls each"),
                    ("cache flush", settings.get("cache_flush")), ("timer", settings.get("timer")),
+                   ("clock throttling", (document.get("clocks") or {}).get("summary", "not recorded")),
                    ("judged", f"{settings.get('judged')} against {settings.get('judged_against')}"),
                    ("verdict rule", f"FASTER/SLOWER only when the {100 * (_num(settings.get('confidence')) or 0.95):.0f}% "
                                     f"interval clears 1 \u00b1 {_num(settings.get('min_effect'))}")])

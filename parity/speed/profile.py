@@ -45,7 +45,7 @@ from typing import Any
 from parity.base.errors import UsageError
 from parity.base.jsonformat import PROFILE_REPORT, envelope, finite
 from . import stats
-from .bench import group_name
+from .timing import group_name, synchronize
 from torch.autograd.profiler import record_function
 from parity.run.recorder import module_display_name
 import torch
@@ -53,7 +53,6 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from parity.run.runtime import check_device, check_triton_mode
 from parity.run.subjects import load_subject
 from parity.run import platform
-from .bench import synchronize
 from .tables import fmt_time, time_unit
 
 RANGE_PREFIX = "parity/"

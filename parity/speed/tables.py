@@ -61,7 +61,9 @@ def bench_text(document: Mapping[str, Any]) -> str:
              f"{settings['reps']} interleaved rounds after {settings['warmup']} warm-up calls each (seed "
              f"{settings['seed']}); inputs: {printable(document['inputs'])}",
              f"cache flush: {settings['cache_flush']}; judged: {settings['judged']} against "
-             f"{settings['judged_against']}", ""]
+             f"{settings['judged_against']}",
+             f"clock throttling: {printable((document.get('clocks') or {}).get('summary', 'not recorded'), limit=300)}",
+             ""]
     rows_json = document["impls"]
     unit, scale = time_unit([_number(row["summary"]["median"]) for row in rows_json])
     headers = ["impl", f"median {unit}", f"IQR {unit}", f"p20 {unit}", f"p80 {unit}", "n", "speedup [95% CI]",
