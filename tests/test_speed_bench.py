@@ -116,6 +116,13 @@ def test_cases_give_a_fast_p_line(tmp_path):
     (["--impls", "reference,fast"], "needs --subject"),
     (["--bundle", "/nonexistent/bundle", "--impls", "reference,fast"], "/nonexistent/bundle"),
     (["--subject", MATMUL_SPEC, "--impls", "reference,fast", "--json", "/nonexistent/dir/b.json"], "--json"),
+    (["--subject", MATMUL_SPEC, "--impls", "reference,,fast"], "--impls must be a comma-separated list"),
+    (["--subject", MATMUL_SPEC, "--impls", "reference,fast,reference"], "names an implementation twice"),
+    (["--subject", MATMUL_SPEC, "--impls", "reference,fast", "--fast-p", "0"], "--fast-p"),
+    (["--subject", "no_such_module:factory", "--impls", "reference,fast"], "no_such_module"),
+    (["--bundle", __file__, "--impls", "reference,fast"], "is not a directory"),
+    (["--bundle", "/tmp", "--impls", "reference,fast"], "not a complete parity bundle"),
+    (["--subject", MATMUL_SPEC, "--impls", "reference,fast", "--json", "-", "--html", "-"], "only one report"),
 ])
 def test_unusable_input_is_exit_2_with_one_line(argv, message, capsys):
     status = main(["bench", "--quiet", *argv])
