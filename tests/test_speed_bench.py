@@ -154,6 +154,28 @@ def test_group_names_and_glob_seconds():
     assert hot_group(calls) == "layers.*.attn"
 
 
+def test_device_time_next_to_wall_time(tmp_path, capsys):
+    status, document = bench(tmp_path, "--subject", MATMUL_SPEC, "--impls", "reference,fast", "--no-modules")
+    rows = by_impl(document)
+    for impl in ("reference", "fast"):
+        measured = rows[impl]["device_time"]
+        assert measured["counted"] == "CPU ops' self time" and measured["calls"] == 3 and measured["note"] is None
+        # On a CPU the profiled ops carry the profiler's overhead: their time may exceed the wall time.
+        assert measured["per_call_s"] > 0
+        assert measured["wall_share"] == pytest.approx(measured["per_call_s"] / rows[impl]["summary"]["median"])
+    ref, fast = rows["reference"]["device_time"]["per_call_s"], rows["fast"]["device_time"]["per_call_s"]
+    assert rows["fast"]["device_time"]["speedup"] == pytest.approx(ref / fast)
+    assert rows["fast"]["device_time"]["speedup"] > 1.5  # 32 chunked products and adds against one product
+    assert "speedup" not in rows["reference"]["device_time"]
+    assert document["settings"]["device_time"].startswith("3 profiled calls per impl")
+    assert status == 0
+    assert "device speedup" in capsys.readouterr().out
+    assert main(["bench", "--quiet", "--reps", "3", "--warmup", "1", "--subject", MATMUL_SPEC, "--impls",
+                 "reference,fast", "--no-modules", "--no-device-time"]) == 0
+    text = capsys.readouterr().out
+    assert "device speedup" not in text
+
+
 def test_a_cached_output_fails_parity_and_a_rewritten_buffer_holds(tmp_path):
     # cached returns the product of its first (warm-up) call again: right in value and no work, so
     # without the poisoning of the previous output it would pass as a valid speedup.

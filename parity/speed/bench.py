@@ -29,7 +29,11 @@ Procedure (:func:`run_bench`):
    ratio of medians over the baseline (the first impl) with a bootstrap 95% interval and a
    verdict. A speedup is ``valid`` only for an impl whose parity holds; the report says
    ``not valid: parity fails at TENSOR`` otherwise.
-6. Modules: a second set of interleaved rounds with forward hooks timing every module (device
+6. Device time: 3 more calls of each impl under ``torch.profiler``
+   (:func:`parity.speed.profile.device_time_per_call`): the time of its kernels, memcpy and
+   memset per call next to the wall time (on a CPU, the CPU ops' self time), and the
+   kernel-only speedup over the baseline.
+7. Modules: a second set of interleaved rounds with forward hooks timing every module (device
    events on a GPU, the host clock on a CPU). The modules of ``modules`` globs (default: the
    module group with the largest self time in the baseline, e.g. ``layers.*.attn.core``) get
    their own statistics, so the op's speedup and the model's both show, with Amdahl's
@@ -56,6 +60,7 @@ from parity.base.errors import UsageError
 from parity.base.jsonformat import BENCH_REPORT, envelope, finite
 from parity.run.recorder import ROOT, flatten, tensor_name
 from . import clocks, stats
+from .profile import device_time_per_call
 from .timing import (CacheFlush, Rounds, glob_seconds, hot_group, module_rounds, protected_memory, synchronize,
                      timed_rounds)
 from parity.run.runtime import check_triton_mode, fresh_copy
@@ -81,6 +86,7 @@ class BenchOptions:
     flush: bool = True
     modules: tuple[str, ...] | None = None  # globs; None: the hot module group, found by timing
     module_timing: bool = True
+    device_time: bool = True  # a few profiled calls per impl: kernel-only time next to the wall time
 
     def check(self) -> None:
         if len(self.impls) < 2:
@@ -283,6 +289,9 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
                                       first_call=first_call, rounds=rounds)
     warnings: list[str] = watch.warnings() + timing_warnings
     fastest = min(impls, key=lambda impl: summaries[impl].median)
+    if options.device_time:
+        say("device time: 3 profiled calls of each impl")
+        _add_device_times(rows, prepared, impls, device, warnings)
     modules_section = None
     fast_p_section = None
     if options.module_timing:
@@ -305,6 +314,11 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
                      "confidence": stats.DEFAULT_CONFIDENCE, "resamples": stats.DEFAULT_RESAMPLES,
                      "cache_flush": flush.note, "cache_flush_bytes": flush.nbytes,
                      "timer": "host clock between whole-device synchronisations",
+                     "device_time": ("3 profiled calls per impl after the timed rounds (torch.profiler): "
+                                     + ("CPU ops' self time, the profiler's overhead included (it may exceed "
+                                        "the wall time)" if device.type == "cpu" else
+                                        "kernels, memcpy and memset, without launch gaps or host time")
+                                     if options.device_time else "not measured (--no-device-time)"),
                      "judged": "the output of each impl's last timed call",
                      "judged_against": ("the bundle's golden" if prepared.bundle is not None
                                         else f"the output of {baseline} (no bundle)"),
@@ -350,6 +364,25 @@ def impl_rows(times: Mapping[str, Sequence[float]], outcomes: Mapping[str, Parit
             row["validity"] = _validity(outcomes, impl, baseline)
         rows.append(row)
     return rows, warnings
+
+
+def _add_device_times(rows: list[dict[str, Any]], prepared: Prepared, impls: Sequence[str], device: torch.device,
+                      warnings: list[str]) -> None:
+    """Each row's ``device_time``: the profiler's counted time per call (kernels, memcpy, memset on
+    a GPU: no launch gaps, no host time; CPU ops' self time on a CPU), its share of the median
+    wall time, and the baseline's over it (the kernel-only speedup)."""
+    for row in rows:
+        impl = row["impl"]
+        measured = device_time_per_call(lambda impl=impl: _forward(prepared, impl), device)
+        per_call = measured["per_call_s"]
+        measured["wall_share"] = per_call / row["summary"]["median"] if per_call is not None else None
+        if measured["note"]:
+            warnings.append(f"{impl}: no device time: {measured['note']}")
+        row["device_time"] = measured
+    base = rows[0]["device_time"]["per_call_s"]
+    for row in rows[1:]:
+        mine = row["device_time"]["per_call_s"]
+        row["device_time"]["speedup"] = base / mine if base and mine else None
 
 
 def _validity(outcomes: Mapping[str, ParityOutcome], impl: str, baseline: str) -> str:
