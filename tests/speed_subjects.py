@@ -9,6 +9,9 @@ correctness are known in advance, all from the same weights:
 - ``wrong``: no product at all, ``x`` passed through (the fastest, and wrong: parity fails);
 - ``slow``: the reference twice (slower, correct).
 
+``speed_subjects:make_buffers``: an output computed once and returned again (``cached``) and one
+written into a persistent buffer (``out_buffer``), for the fresh-output check.
+
 ``speed_subjects:make_decoder`` (the H200 story): the built-in decoder with one more impl,
 ``skip_attention``, whose attention core returns the values (repeated per query head) instead of
 attending: faster than any attention kernel and wrong.
@@ -27,7 +30,8 @@ from parity.run.subjects.decoder import DecoderSubject
 MATMUL_SPEC = "speed_subjects:make_matmul"
 DECODER_SPEC = "speed_subjects:make_decoder"
 CASES_SPEC = "speed_subjects:make_cases"
-for _spec in (MATMUL_SPEC, DECODER_SPEC, CASES_SPEC):
+BUFFERS_SPEC = "speed_subjects:make_buffers"
+for _spec in (MATMUL_SPEC, DECODER_SPEC, CASES_SPEC, BUFFERS_SPEC):
     parity.run.subjects.trust_subject(_spec)
 
 
@@ -133,6 +137,53 @@ class CasesSubject(Subject):
 
 def make_cases(**args):
     return CasesSubject(**args)
+
+
+class BufferedProjection(nn.Module):
+    """``x @ W`` three ways: a fresh output (``reference``); the product of the first call, returned
+    again every call (``cached``: right in value, and no work after the first call); the product
+    written into one persistent buffer every call (``out_buffer``: reused memory, rewritten)."""
+
+    def __init__(self, dim: int, mode: str):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(dim, dim))
+        self.mode = mode
+        self.kept = None  # a plain attribute: neither a parameter nor a buffer
+
+    def forward(self, x):
+        if self.mode == "reference":
+            return x @ self.weight
+        if self.kept is None:
+            self.kept = x @ self.weight
+        elif self.mode == "out_buffer":
+            torch.matmul(x, self.weight, out=self.kept)
+        return self.kept
+
+
+class BuffersSubject(Subject):
+    name = "buffers"
+    impls = ("reference", "cached", "out_buffer")
+
+    def __init__(self, dim: int = 32, rows: int = 16, seed: int = 0):
+        super().__init__(dim=dim, rows=rows, seed=seed)
+
+    def make_inputs(self):
+        gen = torch.Generator().manual_seed(self.args["seed"])
+        return Inputs({"x": torch.randn(self.args["rows"], self.args["dim"], generator=gen)})
+
+    def make_state(self):
+        gen = torch.Generator().manual_seed(self.args["seed"] + 1)
+        return {"weight": torch.randn(self.args["dim"], self.args["dim"], generator=gen)}
+
+    def build(self, impl):
+        return BufferedProjection(self.args["dim"], impl)
+
+    def call(self, module, inputs):
+        return module(inputs.tensors["x"])
+
+
+def make_buffers(**args):
+    return BuffersSubject(**args)
 
 
 class SkipAttention(nn.Module):

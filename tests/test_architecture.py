@@ -50,6 +50,8 @@ EXEMPT_MODULES: dict[str, str] = {}
 LATE_IMPORTS = {
     ("*", "triton*"): "optional dependency (the [triton] extra); also chosen after TRITON_INTERPRET is set",
     ("*", "transformers*"): "optional dependency (the [transformers] extra)",
+    ("parity.speed.clocks", "pynvml"): "optional dependency (nvidia-ml-py): the clock and throttle reasons, where installed",
+    ("parity.speed.clocks", "amdsmi"): "optional dependency (ROCm's amdsmi): the clock and throttle status, where installed",
     ("parity.run.subjects.*", "parity.kernels*"): "Triton is imported only after the interpreter is chosen "
                                                   "(runtime.enable_triton_interpreter), by the impls that use it",
     ("parity.run.fuzz", "parity.kernels*"): "Triton is imported only after the interpreter is chosen",

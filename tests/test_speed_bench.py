@@ -14,7 +14,7 @@ from parity.cli.main import main
 from parity.base.jsonformat import schema_for
 
 import speed_subjects
-from speed_subjects import CASES_SPEC, MATMUL_SPEC
+from speed_subjects import BUFFERS_SPEC, CASES_SPEC, MATMUL_SPEC
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -116,6 +116,13 @@ def test_cases_give_a_fast_p_line(tmp_path):
     (["--impls", "reference,fast"], "needs --subject"),
     (["--bundle", "/nonexistent/bundle", "--impls", "reference,fast"], "/nonexistent/bundle"),
     (["--subject", MATMUL_SPEC, "--impls", "reference,fast", "--json", "/nonexistent/dir/b.json"], "--json"),
+    (["--subject", MATMUL_SPEC, "--impls", "reference,,fast"], "--impls must be a comma-separated list"),
+    (["--subject", MATMUL_SPEC, "--impls", "reference,fast,reference"], "names an implementation twice"),
+    (["--subject", MATMUL_SPEC, "--impls", "reference,fast", "--fast-p", "0"], "--fast-p"),
+    (["--subject", "no_such_module:factory", "--impls", "reference,fast"], "no_such_module"),
+    (["--bundle", __file__, "--impls", "reference,fast"], "is not a directory"),
+    (["--bundle", "/tmp", "--impls", "reference,fast"], "not a complete parity bundle"),
+    (["--subject", MATMUL_SPEC, "--impls", "reference,fast", "--json", "-", "--html", "-"], "only one report"),
 ])
 def test_unusable_input_is_exit_2_with_one_line(argv, message, capsys):
     status = main(["bench", "--quiet", *argv])
@@ -136,7 +143,7 @@ def test_subject_must_match_the_bundle(tmp_path, capsys):
 
 
 def test_group_names_and_glob_seconds():
-    from parity.speed.bench import glob_seconds, group_name, hot_group
+    from parity.speed.timing import glob_seconds, group_name, hot_group
 
     assert group_name("layers.12.attn.core") == "layers.*.attn.core"
     assert group_name("<root>") == "<root>"
@@ -145,6 +152,108 @@ def test_group_names_and_glob_seconds():
     assert glob_seconds(calls, "layers.*.attn") == [7.0]
     assert glob_seconds(calls, "layers.*") == [9.0]  # nested matches counted once, at the outermost
     assert hot_group(calls) == "layers.*.attn"
+
+
+def test_device_time_next_to_wall_time(tmp_path, capsys):
+    status, document = bench(tmp_path, "--subject", MATMUL_SPEC, "--impls", "reference,fast", "--no-modules")
+    rows = by_impl(document)
+    for impl in ("reference", "fast"):
+        measured = rows[impl]["device_time"]
+        assert measured["counted"] == "CPU ops' self time" and measured["calls"] == 3 and measured["note"] is None
+        # On a CPU the profiled ops carry the profiler's overhead: their time may exceed the wall time.
+        assert measured["per_call_s"] > 0
+        assert measured["wall_share"] == pytest.approx(measured["per_call_s"] / rows[impl]["summary"]["median"])
+    ref, fast = rows["reference"]["device_time"]["per_call_s"], rows["fast"]["device_time"]["per_call_s"]
+    assert rows["fast"]["device_time"]["speedup"] == pytest.approx(ref / fast)
+    assert rows["fast"]["device_time"]["speedup"] > 1.5  # 32 chunked products and adds against one product
+    assert "speedup" not in rows["reference"]["device_time"]
+    assert document["settings"]["device_time"].startswith("3 profiled calls per impl")
+    assert status == 0
+    assert "device speedup" in capsys.readouterr().out
+    assert main(["bench", "--quiet", "--reps", "3", "--warmup", "1", "--subject", MATMUL_SPEC, "--impls",
+                 "reference,fast", "--no-modules", "--no-device-time"]) == 0
+    text = capsys.readouterr().out
+    assert "device speedup" not in text
+
+
+def test_a_cached_output_fails_parity_and_a_rewritten_buffer_holds(tmp_path):
+    # cached returns the product of its first (warm-up) call again: right in value and no work, so
+    # without the poisoning of the previous output it would pass as a valid speedup.
+    status, document = bench(tmp_path, "--subject", BUFFERS_SPEC, "--impls", "reference,cached,out_buffer",
+                             "--no-modules")
+    rows = by_impl(document)
+    assert {impl: row["fresh_outputs"] for impl, row in rows.items()} == {
+        "reference": {"reused_calls": 0, "poisoned_calls": 7, "calls": 8},
+        "cached": {"reused_calls": 7, "poisoned_calls": 7, "calls": 8},
+        "out_buffer": {"reused_calls": 7, "poisoned_calls": 7, "calls": 8},
+    }
+    assert rows["cached"]["parity"]["status"] == "fails"
+    assert rows["cached"]["validity"] == "not valid: parity fails at <root>"
+    assert rows["out_buffer"]["parity"]["status"] == "holds" and rows["out_buffer"]["valid"] is True
+    reused = [w for w in document["warnings"] if "not a fresh output" in w]
+    assert [w.split(":")[0] for w in reused] == ["cached", "out_buffer"]
+    assert reused[0].startswith("cached: 7 of 7 timed calls returned an output in the memory of the previous call's")
+    assert status == (1 if document["fastest"] == "cached" else 0)
+
+
+def test_poison_spares_the_inputs_and_weights():
+    import torch
+
+    from parity.speed.timing import poison, protected_memory
+
+    x, weight = torch.ones(4), torch.nn.Linear(2, 2)
+    fresh, counts, flags = torch.ones(3), torch.arange(3), torch.ones(2, dtype=torch.bool)
+    protected = protected_memory({"x": x}, [weight])
+    output = {"out": fresh, "x_view": x[1:], "w": weight.weight, "counts": counts, "flags": flags}
+    assert poison(output, protected) == 2
+    assert torch.isnan(fresh).all()
+    assert counts.tolist() == [2**63 - 1] * 3
+    assert x.tolist() == [1.0] * 4 and not torch.isnan(weight.weight).any() and flags.all()
+
+
+def outcome(status, failing=()):
+    from parity.speed.bench import ParityOutcome
+
+    return ParityOutcome(status, 1, list(failing), "values differ" if failing else None, [])
+
+
+def test_rows_and_warnings_on_synthetic_timings():
+    from parity.speed.bench import impl_rows
+
+    times = {
+        "ref": [10.0] * 5,
+        "ten": [1.0] * 5,  # exactly 10x: no re-verify warning (the limit is above 10x)
+        "skip": [0.5] * 5,  # 20x and wrong
+        "edge": [90.0, 95.0, 100.0, 105.0, 110.0],  # IQR 10 / median 100 = 0.10: not above the limit
+        "noisy": [90.0, 94.0, 100.0, 106.0, 110.0],  # IQR 12 / median 100 = 0.12
+    }
+    outcomes = {"ref": outcome("baseline"), "ten": outcome("holds"), "skip": outcome("fails", ["<root>/logits"]),
+                "edge": outcome("holds"), "noisy": outcome("holds")}
+    rows, warnings = impl_rows(times, outcomes, list(times), min_effect=0.02, seed=0)
+    rows = {row["impl"]: row for row in rows}
+    assert "vs_baseline" not in rows["ref"]
+    assert rows["ten"]["vs_baseline"]["speedup"] == 10.0
+    assert (rows["ten"]["vs_baseline"]["ci_low"], rows["ten"]["vs_baseline"]["ci_high"]) == (10.0, 10.0)
+    assert rows["ten"]["vs_baseline"]["verdict"] == "FASTER" and rows["ten"]["valid"] is True
+    assert rows["skip"]["vs_baseline"]["speedup"] == 20.0 and rows["skip"]["valid"] is False
+    assert rows["skip"]["validity"] == "not valid: parity fails at <root>/logits"
+    assert rows["edge"]["vs_baseline"]["speedup"] == 0.1 and rows["edge"]["vs_baseline"]["verdict"] == "SLOWER"
+    assert rows["noisy"]["summary"]["rel_iqr"] == pytest.approx(0.12)
+    assert warnings == [
+        "skip: speedup 20.0x > 10x: re-verify that it computes the same thing (a speedup this large is more often a "
+        "skipped computation than a faster one)",
+        "noisy (whole forward): IQR/median 0.12 > 0.10: noisy timings (other load, clock changes); more repetitions "
+        "or a quieter machine",
+    ]
+
+
+def test_a_failing_baseline_makes_every_speedup_unverified():
+    from parity.speed.bench import impl_rows
+
+    rows, _ = impl_rows({"ref": [2.0, 2.0, 2.0], "new": [1.0, 1.0, 1.0]},
+                        {"ref": outcome("fails", ["<root>"]), "new": outcome("holds")}, ["ref", "new"])
+    assert rows[1]["valid"] is False
+    assert rows[1]["validity"] == "not valid: the baseline ref fails parity at <root> (unverified)"
 
 
 def test_module_is_importable_from_tests():

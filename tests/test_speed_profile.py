@@ -228,3 +228,30 @@ def test_a_device_event_without_a_link_is_placed_through_its_runtime_call():
                                  gpu("late_kernel", "kernel", 9_600, 200, correlation=42)]
     calls = {row["name"]: row["total_ns"] for row in account(events)["module_calls"]}
     assert calls["layers.0.attn"] == 3_200  # attn_fwd (3000) and the kernel whose launch links to that range
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--import", "{tmp}"], "--import {tmp}: is a directory, not a kernel summary CSV file"),
+    (["--import", "{tmp}/missing.csv"], "--import {tmp}/missing.csv: no such file"),
+    (["--import", str(DATA / "nsys_cuda_gpu_kern_sum.csv"), "--against", "{tmp}/bad.csv"],
+     "--against {tmp}/bad.csv: no header of a known kernel summary"),
+    (["--import", str(DATA / "nsys_cuda_gpu_kern_sum.csv"), "--against", "{tmp}/bad.json"],
+     "--against {tmp}/bad.json: not a JSON document"),
+    (["--import", str(DATA / "nsys_cuda_gpu_kern_sum.csv"), "--against", "{tmp}/other.json"],
+     "--against {tmp}/other.json: not a parity profile"),
+    (["--import", str(DATA / "nsys_cuda_gpu_kern_sum.csv"), "--against", "{tmp}/dir.json"],
+     "--against {tmp}/dir.json: is a directory, not a profile JSON file"),
+    (["--subject", "no_such_module:factory"], "no_such_module"),
+    (["--subject", MATMUL_SPEC, "--rows", "-1"], "--rows must be 0 (all) or more"),
+    (["--import", str(DATA / "nsys_cuda_gpu_kern_sum.csv"), "--set", "dim=3"], "--set applies to --subject"),
+])
+def test_unusable_input_is_exit_2_with_one_line(tmp_path, capsys, argv, message):
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "other.json").write_text('{"format": "parity-compare-report"}')
+    (tmp_path / "dir.json").mkdir()
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    assert main(["profile", "--quiet", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("parity: error: ")
+    assert message.replace("{tmp}", str(tmp_path)) in err[0]

@@ -99,10 +99,12 @@ def require_dependency(module: str, needed_by: str) -> None:
 MAX_CONFIG_BYTES = 16 * 2**20
 
 
-def check_readable_file(path: str | os.PathLike, what: str) -> None:
+def check_readable_file(path: str | os.PathLike, what: str, *, expected: str = "a TOML file",
+                        max_bytes: int = MAX_CONFIG_BYTES) -> None:
     """UsageError unless ``path`` is a regular, readable file of sane size, checked *before* it is
     opened: opening a FIFO blocks until a writer appears (forever, in CI), and a directory or a
-    device would fail later with a less clear message. ``what`` names the option (``--tolerances``)."""
+    device would fail later with a less clear message. ``what`` names the option (``--tolerances``),
+    ``expected`` the kind of file it takes, ``max_bytes`` the largest size accepted."""
 
     name = os.fspath(path)
     try:
@@ -112,15 +114,15 @@ def check_readable_file(path: str | os.PathLike, what: str) -> None:
     except OSError as err:
         raise UsageError(f"{what} {_printable(name)}: cannot read: {err.strerror or err}") from None
     if stat.S_ISDIR(info.st_mode):
-        raise UsageError(f"{what} {_printable(name)}: is a directory, not a TOML file")
+        raise UsageError(f"{what} {_printable(name)}: is a directory, not {expected}")
     if not stat.S_ISREG(info.st_mode):
         kind = "a FIFO" if stat.S_ISFIFO(info.st_mode) else "a socket" if stat.S_ISSOCK(info.st_mode) else "a device"
         raise UsageError(f"{what} {_printable(name)}: is {kind}, not a regular file")
     if not os.access(name, os.R_OK):
         raise UsageError(f"{what} {_printable(name)}: permission denied")
-    if info.st_size > MAX_CONFIG_BYTES:
-        raise UsageError(f"{what} {_printable(name)}: {info.st_size / 2**20:.0f} MiB is too large for a tolerance "
-                         f"file (at most {MAX_CONFIG_BYTES // 2**20} MiB)")
+    if info.st_size > max_bytes:
+        raise UsageError(f"{what} {_printable(name)}: {info.st_size / 2**20:.0f} MiB is too large for {expected} "
+                         f"(at most {max_bytes // 2**20} MiB)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@
 - :mod:`.profile`: running a subject under ``torch.profiler`` and the accounting of device time.
 - :mod:`.importers`: kernel tables of rocprof v1, rocprofv3 and ``nsys stats``, read into the
   profile's kernel view.
-- :mod:`.bench`: timing implementations and gating each speedup on a parity verdict.
+- :mod:`.bench`: timing implementations and gating each speedup on a parity verdict;
+  :mod:`.timing`: its rounds, cache flush, fresh outputs and module hooks; :mod:`.clocks`: the
+  device's clock and throttling reasons during the rounds.
 - :mod:`.tables`: the text reports; :mod:`.pages`: the HTML pages.
 """

@@ -10,12 +10,17 @@ Procedure (:func:`run_bench`):
    call's time is reported apart as ``first_call_s``).
 3. Timed rounds: ``reps`` rounds; in each, every impl runs once, in an order shuffled per round
    by ``random.Random(seed)`` (interleaving spreads clock and load drift over all impls). Before
-   each call the cache is flushed (a write of :func:`flush_bytes` bytes: at least 4x the L2 the
+   each call the cache is flushed (a write of :func:`parity.speed.timing.flush_bytes` bytes: at least 4x the L2 the
    device reports and 512 MiB, i.e. 2x the 256 MiB Infinity Cache of an MI300X, which torch does
    not report; on a CPU there is no flush, and the report says so) and the whole device is
    synchronised; the call is timed on the host between two whole-device synchronisations, so
-   work on every stream counts. The forward allocates fresh outputs each call; the previous
-   output of an impl is released before its next call, except that of the last round.
+   work on every stream counts. Fresh outputs: before an impl's call, its previous output is
+   NaN-poisoned and kept until the call returns, so a cached or persistent output buffer is
+   seen (warned) and cannot pass parity with a result of an earlier call
+   (:func:`parity.speed.timing.timed_rounds`).
+   The device's clock and clock-throttling reasons are sampled before the rounds and after each
+   one (:mod:`parity.speed.clocks`: NVML on NVIDIA, amdsmi on ROCm, nothing on a CPU); throttling
+   is warned.
 4. Parity of what was timed: the output of each impl's *last timed call* is judged, with the
    default rule of the policy, against the bundle's golden (the recorded ``<root>`` output, or
    the recorded outputs of the modules the forward returns by name) or, without a bundle,
@@ -24,7 +29,11 @@ Procedure (:func:`run_bench`):
    ratio of medians over the baseline (the first impl) with a bootstrap 95% interval and a
    verdict. A speedup is ``valid`` only for an impl whose parity holds; the report says
    ``not valid: parity fails at TENSOR`` otherwise.
-6. Modules: a second set of interleaved rounds with forward hooks timing every module (device
+6. Device time: 3 more calls of each impl under ``torch.profiler``
+   (:func:`parity.speed.profile.device_time_per_call`): the time of its kernels, memcpy and
+   memset per call next to the wall time (on a CPU, the CPU ops' self time), and the
+   kernel-only speedup over the baseline.
+7. Modules: a second set of interleaved rounds with forward hooks timing every module (device
    events on a GPU, the host clock on a CPU). The modules of ``modules`` globs (default: the
    module group with the largest self time in the baseline, e.g. ``layers.*.attn.core``) get
    their own statistics, so the op's speedup and the model's both show, with Amdahl's
@@ -37,9 +46,7 @@ The verdict: exit status 1 when the fastest impl fails parity (its speed claims 
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import math
-import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,8 +58,11 @@ from torch import nn
 from parity.run import platform
 from parity.base.errors import UsageError
 from parity.base.jsonformat import BENCH_REPORT, envelope, finite
-from parity.run.recorder import ROOT, flatten, module_display_name, tensor_name
-from . import stats
+from parity.run.recorder import ROOT, flatten, tensor_name
+from . import clocks, stats
+from .profile import device_time_per_call
+from .timing import (CacheFlush, Rounds, glob_seconds, hot_group, module_rounds, protected_memory, synchronize,
+                     timed_rounds)
 from parity.run.runtime import check_triton_mode, fresh_copy
 from parity.run.subjects import Inputs, load_subject, runner_from_manifest
 from parity.judge.engine import Judge, Obtained, compare_tensors
@@ -62,7 +72,6 @@ from parity.run.runtime import check_device
 DEFAULT_WARMUP = 3
 DEFAULT_REPS = 20
 DEFAULT_FAST_P = 1.2
-MIN_FLUSH_BYTES = 512 * 2**20
 MAX_REPS = 100_000
 
 
@@ -77,6 +86,7 @@ class BenchOptions:
     flush: bool = True
     modules: tuple[str, ...] | None = None  # globs; None: the hot module group, found by timing
     module_timing: bool = True
+    device_time: bool = True  # a few profiled calls per impl: kernel-only time next to the wall time
 
     def check(self) -> None:
         if len(self.impls) < 2:
@@ -91,61 +101,6 @@ class BenchOptions:
             raise UsageError(f"--min-effect must be in [0, 1), got {self.min_effect}")
         if not (math.isfinite(self.fast_p) and self.fast_p > 0):
             raise UsageError(f"--fast-p must be a positive number, got {self.fast_p}")
-
-
-# ---------------------------------------------------------------------------------------------
-# The device: synchronisation and the cache flush
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for all work on ``device`` (every stream), a no-op on the CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def flush_bytes(device: torch.device) -> int:
-    """Bytes written to flush the caches before a timed call: max(4 x the L2 the device reports,
-    512 MiB), at most a quarter of the free memory; 0 on the CPU (no flush)."""
-    if device.type != "cuda":
-        return 0
-    props = torch.cuda.get_device_properties(device)
-    l2 = int(getattr(props, "L2_cache_size", 0) or 0)
-    wanted = max(4 * l2, MIN_FLUSH_BYTES)
-    free, _ = torch.cuda.mem_get_info(device)
-    return int(min(wanted, free // 4)) // 4 * 4
-
-
-class CacheFlush:
-    """Overwrites a device buffer of :func:`flush_bytes` bytes (does nothing on the CPU)."""
-
-    def __init__(self, device: torch.device, enabled: bool):
-        self.nbytes = flush_bytes(device) if enabled else 0
-        self.buffer = torch.empty(self.nbytes // 4, dtype=torch.int32, device=device) if self.nbytes else None
-        if device.type == "cuda" and enabled and self.nbytes:
-            note = f"{self.nbytes / 2**20:.0f} MiB written before every timed call"
-        elif device.type == "cuda":
-            note = "disabled (--no-flush): warm-cache timings"
-        else:
-            note = "none: a CPU has no cache flush here (timings are warm-cache)"
-        self.note = note
-
-    def __call__(self) -> None:
-        if self.buffer is not None:
-            self.buffer.add_(1)
-
-    def release(self) -> None:
-        """Give the flush buffer's memory back (after the timed rounds)."""
-        self.buffer = None
-
-
-def clock_mhz(device: torch.device) -> int | None:
-    """The SM/GFX clock the device reports now (through pynvml or amdsmi), None where it cannot."""
-    if device.type != "cuda":
-        return None
-    try:
-        return int(torch.cuda.clock_rate(device))
-    except (ImportError, ModuleNotFoundError, RuntimeError, AttributeError, ValueError):
-        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,143 +146,6 @@ def prepare(subject: str | None, subject_args: Mapping[str, Any] | None, *, impl
 def _forward(prepared: Prepared, impl: str) -> Any:
     with torch.no_grad():
         return prepared.runner.call(prepared.modules[impl], prepared.inputs)
-
-
-# ---------------------------------------------------------------------------------------------
-# Timing
-
-
-def timed_rounds(prepared: Prepared, impls: Sequence[str], *, reps: int, seed: int, device: torch.device,
-                 flush: CacheFlush, progress: Callable[[str], None] | None = None) -> tuple[dict[str, list[float]], dict[str, Any], list[list[str]]]:
-    """``reps`` interleaved rounds: seconds per call of each impl, each impl's last output, the orders."""
-    rng = random.Random(seed)
-    times: dict[str, list[float]] = {impl: [] for impl in impls}
-    last: dict[str, Any] = {}
-    orders = []
-    for round_index in range(reps):
-        order = list(impls)
-        rng.shuffle(order)
-        orders.append(order)
-        for impl in order:
-            last.pop(impl, None)  # fresh outputs: the previous one is released before the call
-            flush()
-            synchronize(device)
-            start = time.perf_counter()
-            output = _forward(prepared, impl)
-            synchronize(device)
-            times[impl].append(time.perf_counter() - start)
-            last[impl] = output
-        if progress is not None and (round_index + 1) % max(1, reps // 4) == 0:
-            progress(f"timed round {round_index + 1} of {reps}")
-    return times, last, orders
-
-
-class ModuleTimer:
-    """Forward hooks that time every module call (device events on a GPU, the host clock on a CPU);
-    ``collect()`` after a synchronised forward gives inclusive seconds per module name."""
-
-    def __init__(self, root: nn.Module, device: torch.device):
-        self.device = device
-        self.names = {id(module): module_display_name(path) for path, module in root.named_modules()}
-        self.children = {module_display_name(path): [module_display_name(f"{path}.{child}" if path else child)
-                                                     for child, _ in module.named_children()]
-                         for path, module in root.named_modules()}
-        self.open: dict[int, list[Any]] = {}
-        self.pending: list[tuple[str, Any, Any]] = []
-        self.handles: list[Any] = []
-        for _, module in root.named_modules():
-            self.handles.append(module.register_forward_pre_hook(self._pre))
-            self.handles.append(module.register_forward_hook(self._post))
-
-    def _stamp(self) -> Any:
-        if self.device.type == "cuda":
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def _pre(self, module, args):
-        self.open.setdefault(id(module), []).append(self._stamp())
-
-    def _post(self, module, args, output):
-        start = self.open[id(module)].pop()
-        self.pending.append((self.names[id(module)], start, self._stamp()))
-
-    def collect(self) -> dict[str, float]:
-        inclusive: dict[str, float] = {}
-        for name, start, end in self.pending:
-            seconds = start.elapsed_time(end) / 1e3 if self.device.type == "cuda" else end - start
-            inclusive[name] = inclusive.get(name, 0.0) + seconds
-        self.pending = []
-        return inclusive
-
-    def self_times(self, inclusive: Mapping[str, float]) -> dict[str, float]:
-        """Inclusive time minus that of the children (time a module spends in its own ops)."""
-        return {name: max(0.0, seconds - sum(inclusive.get(child, 0.0) for child in self.children.get(name, ())))
-                for name, seconds in inclusive.items()}
-
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-
-
-def group_name(module: str) -> str:
-    """``layers.3.attn.core`` -> ``layers.*.attn.core``: numbered path parts become ``*``."""
-    if module == ROOT:
-        return module
-    return ".".join("*" if part.isdigit() else part for part in module.split("."))
-
-
-def module_rounds(prepared: Prepared, impls: Sequence[str], *, reps: int, seed: int,
-                  device: torch.device) -> dict[str, list[tuple[dict[str, float], dict[str, float]]]]:
-    """Interleaved rounds with every module timed: per impl, per call, (inclusive, self) seconds by module."""
-    rng = random.Random(seed + 1)
-    timers = {impl: ModuleTimer(prepared.modules[impl], device) for impl in impls}
-    result: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {impl: [] for impl in impls}
-    try:
-        for _ in range(reps):
-            order = list(impls)
-            rng.shuffle(order)
-            for impl in order:
-                synchronize(device)
-                output = _forward(prepared, impl)
-                synchronize(device)
-                del output
-                inclusive = timers[impl].collect()
-                result[impl].append((inclusive, timers[impl].self_times(inclusive)))
-    finally:
-        for timer in timers.values():
-            timer.remove()
-    return result
-
-
-def hot_group(calls: Sequence[tuple[dict[str, float], dict[str, float]]]) -> str | None:
-    """The module group with the largest median self time over ``calls`` (the root excluded when
-    anything else has time: its self time is the glue between its children)."""
-    totals: dict[str, list[float]] = {}
-    for _, self_times in calls:
-        grouped: dict[str, float] = {}
-        for name, seconds in self_times.items():
-            grouped[group_name(name)] = grouped.get(group_name(name), 0.0) + seconds
-        for group, seconds in grouped.items():
-            totals.setdefault(group, []).append(seconds)
-    candidates = {group: stats.median(values) for group, values in totals.items() if group != ROOT}
-    if not candidates:
-        return None
-    return max(candidates, key=candidates.__getitem__)
-
-
-def glob_seconds(calls: Sequence[tuple[dict[str, float], dict[str, float]]], pattern: str) -> list[float]:
-    """Per call, the inclusive seconds of every module matching ``pattern`` that no other matching
-    module encloses (so nested matches are not counted twice)."""
-    out = []
-    for inclusive, _ in calls:
-        matched = [name for name in inclusive if fnmatch.fnmatchcase(name, pattern)]
-        outermost = [name for name in matched
-                     if not any(other != name and (other == ROOT or name.startswith(other + ".")) for other in matched)]
-        out.append(sum(inclusive[name] for name in outermost))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,44 +272,32 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
     say(f"warmed up ({options.warmup} calls each); timing {options.reps} interleaved rounds")
 
     flush = CacheFlush(device, options.flush)
-    clock_before = clock_mhz(device)
-    times, last, orders = timed_rounds(prepared, impls, reps=options.reps, seed=options.seed, device=device,
-                                       flush=flush, progress=say)
-    clock_after = clock_mhz(device)
+    watch = clocks.ClockWatch(device)
+    watch.sample()
+    protected = protected_memory(prepared.inputs.tensors, prepared.modules.values())
+    rounds = timed_rounds(lambda impl: _forward(prepared, impl), impls, reps=options.reps, seed=options.seed,
+                          device=device, flush=flush, protected=protected, progress=say, after_round=watch.sample)
+    times, last, orders = rounds.times, rounds.last, rounds.orders
     flush.release()
     cases = case_ids(prepared)
     outcomes = judge_outputs(last, impls=impls, bundle=prepared.bundle, policy=policy, case_ids=cases)
     del last
 
-    warnings: list[str] = []
-    if clock_before is not None and clock_after is not None and clock_after < 0.9 * clock_before:
-        warnings.append(f"the device clock fell from {clock_before} to {clock_after} MHz during the timed rounds: "
-                        "throttling; the timings are not comparable with a cool run")
     summaries = {impl: stats.summarize(times[impl]) for impl in impls}
-    for impl in impls:
-        warning = stats.noise_warning(summaries[impl], f"{impl} (whole forward)")
-        if warning:
-            warnings.append(warning)
     baseline = impls[0]
-    rows = []
-    for impl in impls:
-        row: dict[str, Any] = {"impl": impl, "times_s": times[impl], "summary": summaries[impl].to_dict(),
-                               "first_call_s": first_call[impl], "parity": outcomes[impl].to_dict()}
-        if impl != baseline:
-            comparison = stats.compare(times[baseline], times[impl], min_effect=options.min_effect,
-                                       seed=options.seed, what=impl)
-            warnings.extend(comparison.warnings)
-            row["vs_baseline"] = comparison.to_dict()
-            row["valid"] = outcomes[impl].holds and outcomes[baseline].holds
-            row["validity"] = _validity(outcomes, impl, baseline)
-        rows.append(row)
-
+    rows, timing_warnings = impl_rows(times, outcomes, impls, min_effect=options.min_effect, seed=options.seed,
+                                      first_call=first_call, rounds=rounds)
+    warnings: list[str] = watch.warnings() + timing_warnings
     fastest = min(impls, key=lambda impl: summaries[impl].median)
+    if options.device_time:
+        say("device time: 3 profiled calls of each impl")
+        _add_device_times(rows, prepared, impls, device, warnings)
     modules_section = None
     fast_p_section = None
     if options.module_timing:
         say(f"timing modules: {options.reps} interleaved rounds with hooks")
-        calls = module_rounds(prepared, impls, reps=options.reps, seed=options.seed, device=device)
+        calls = module_rounds(prepared.modules, lambda impl: _forward(prepared, impl), impls, reps=options.reps,
+                              seed=options.seed, device=device)
         patterns = list(options.modules) if options.modules else [g for g in [hot_group(calls[baseline])] if g]
         modules_section = _modules_section(calls, patterns, impls, options, summaries, warnings)
         if cases:
@@ -508,16 +314,75 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
                      "confidence": stats.DEFAULT_CONFIDENCE, "resamples": stats.DEFAULT_RESAMPLES,
                      "cache_flush": flush.note, "cache_flush_bytes": flush.nbytes,
                      "timer": "host clock between whole-device synchronisations",
+                     "device_time": ("3 profiled calls per impl after the timed rounds (torch.profiler): "
+                                     + ("CPU ops' self time, the profiler's overhead included (it may exceed "
+                                        "the wall time)" if device.type == "cpu" else
+                                        "kernels, memcpy and memset, without launch gaps or host time")
+                                     if options.device_time else "not measured (--no-device-time)"),
                      "judged": "the output of each impl's last timed call",
                      "judged_against": ("the bundle's golden" if prepared.bundle is not None
                                         else f"the output of {baseline} (no bundle)"),
                      "orders": orders[:5]},
-        "clock_mhz": {"before": clock_before, "after": clock_after},
+        "clocks": watch.to_dict(),
         "impls": rows, "fastest": fastest, "passed": passed, "verdict": verdict,
         "modules": modules_section, "cases": fast_p_section,
         "warnings": warnings, "seconds": time.monotonic() - started,
     }
     return finite(document)
+
+
+def impl_rows(times: Mapping[str, Sequence[float]], outcomes: Mapping[str, ParityOutcome], impls: Sequence[str], *,
+              min_effect: float = stats.DEFAULT_MIN_EFFECT, seed: int = 0,
+              first_call: Mapping[str, float] | None = None,
+              rounds: Rounds | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """The whole forward's row of each impl (statistics, speedup over the first impl, parity, valid
+    or not) and the warnings they raise: noisy timings (IQR/median above 0.1), a speedup above 10x,
+    an output buffer reused between calls. A pure function of the timings and the parity outcomes."""
+    baseline = impls[0]
+    rows, warnings = [], []
+    for impl in impls:
+        summary = stats.summarize(times[impl])
+        warning = stats.noise_warning(summary, f"{impl} (whole forward)")
+        if warning:
+            warnings.append(warning)
+        row: dict[str, Any] = {"impl": impl, "times_s": list(times[impl]), "summary": summary.to_dict(),
+                               "first_call_s": (first_call or {}).get(impl), "parity": outcomes[impl].to_dict()}
+        if rounds is not None:
+            reused = rounds.reused[impl]
+            row["fresh_outputs"] = {"reused_calls": reused, "poisoned_calls": rounds.poisoned[impl],
+                                    "calls": len(times[impl])}
+            if reused:
+                warnings.append(f"{impl}: {reused} of {len(times[impl]) - 1} timed calls returned an output in the "
+                                "memory of the previous call's output (a cached or persistent output buffer, not a "
+                                "fresh output); that output was NaN-poisoned before each call, so parity says "
+                                "whether the timed call really rewrote it")
+        if impl != baseline:
+            comparison = stats.compare(times[baseline], times[impl], min_effect=min_effect, seed=seed, what=impl)
+            warnings.extend(comparison.warnings)
+            row["vs_baseline"] = comparison.to_dict()
+            row["valid"] = outcomes[impl].holds and outcomes[baseline].holds
+            row["validity"] = _validity(outcomes, impl, baseline)
+        rows.append(row)
+    return rows, warnings
+
+
+def _add_device_times(rows: list[dict[str, Any]], prepared: Prepared, impls: Sequence[str], device: torch.device,
+                      warnings: list[str]) -> None:
+    """Each row's ``device_time``: the profiler's counted time per call (kernels, memcpy, memset on
+    a GPU: no launch gaps, no host time; CPU ops' self time on a CPU), its share of the median
+    wall time, and the baseline's over it (the kernel-only speedup)."""
+    for row in rows:
+        impl = row["impl"]
+        measured = device_time_per_call(lambda impl=impl: _forward(prepared, impl), device)
+        per_call = measured["per_call_s"]
+        measured["wall_share"] = per_call / row["summary"]["median"] if per_call is not None else None
+        if measured["note"]:
+            warnings.append(f"{impl}: no device time: {measured['note']}")
+        row["device_time"] = measured
+    base = rows[0]["device_time"]["per_call_s"]
+    for row in rows[1:]:
+        mine = row["device_time"]["per_call_s"]
+        row["device_time"]["speedup"] = base / mine if base and mine else None
 
 
 def _validity(outcomes: Mapping[str, ParityOutcome], impl: str, baseline: str) -> str:
@@ -603,5 +468,5 @@ def parse_impls(text: str) -> tuple[str, ...]:
     return impls
 
 
-__all__ = ["BenchOptions", "CacheFlush", "ModuleTimer", "exit_status",
-           "flush_bytes", "glob_seconds", "group_name", "hot_group", "judge_outputs", "parse_impls", "run_bench"]
+__all__ = ["BenchOptions", "Prepared", "exit_status", "impl_rows", "judge_outputs", "parse_impls", "prepare",
+           "run_bench"]

@@ -80,16 +80,15 @@ def _number(text: str, *, where: str) -> float:
     return value
 
 
-def read_kernel_table(path: str | os.PathLike) -> tuple[str, list[dict[str, Any]]]:
-    """``(format, rows)``: the kernel rows of a rocprofv3, rocprof v1 or nsys CSV, times in ns."""
-    check_readable_file(path, "--import")
+def read_kernel_table(path: str | os.PathLike, flag: str = "--import") -> tuple[str, list[dict[str, Any]]]:
+    """``(format, rows)``: the kernel rows of a rocprofv3, rocprof v1 or nsys CSV, times in ns;
+    ``flag`` (the option that named the file) starts every error message."""
+    check_readable_file(path, flag, expected="a kernel summary CSV file", max_bytes=MAX_BYTES)
     file = Path(path)
-    if file.stat().st_size > MAX_BYTES:
-        raise UsageError(f"--import {file}: larger than {MAX_BYTES >> 20} MiB; not a kernel summary")
     try:
         text = file.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as err:
-        raise UsageError(f"--import {file}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise UsageError(f"{flag} {file}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     reader = csv.reader(io.StringIO(text))
     detected = None
     line = 0
@@ -98,21 +97,21 @@ def read_kernel_table(path: str | os.PathLike) -> tuple[str, list[dict[str, Any]
             width = len(row)
             break
     if detected is None:
-        raise UsageError(f"--import {file}: no header of a known kernel summary (rocprofv3 kernel_stats.csv, rocprof "
+        raise UsageError(f"{flag} {file}: no header of a known kernel summary (rocprofv3 kernel_stats.csv, rocprof "
                          "results.stats.csv, nsys stats cuda_gpu_kern_sum CSV)")
     fmt, layout = detected
     columns, scale = layout["columns"], layout["scale"]
     for needed in ("name", "calls", "total"):
         if needed not in columns:
-            raise UsageError(f"--import {file}: the {fmt} header has no {needed} column")
+            raise UsageError(f"{flag} {file}: the {fmt} header has no {needed} column")
     rows: list[dict[str, Any]] = []
     for line, row in enumerate(reader, start=line + 1):
         if not row or all(not cell.strip() for cell in row):
             continue
         if len(row) != width:
-            raise UsageError(f"--import {file} line {line}: {len(row)} fields, the header has {width} "
+            raise UsageError(f"{flag} {file} line {line}: {len(row)} fields, the header has {width} "
                              "(an unquoted comma in a kernel name?)")
-        where = f"--import {file} line {line}"
+        where = f"{flag} {file} line {line}"
         calls = _number(row[columns["calls"]], where=where)
         if calls != int(calls):
             raise UsageError(f"{where}: calls {row[columns['calls']]!r} is not a whole number")
@@ -126,16 +125,16 @@ def read_kernel_table(path: str | os.PathLike) -> tuple[str, list[dict[str, Any]
                      "avg_ns": field("avg"), "median_ns": field("median"), "min_ns": field("min"),
                      "max_ns": field("max"), "stddev_ns": field("stddev")})
     if not rows:
-        raise UsageError(f"--import {file}: the {fmt} table has no kernel rows; refusing to show an empty table")
+        raise UsageError(f"{flag} {file}: the {fmt} table has no kernel rows; refusing to show an empty table")
     return fmt, rows
 
 
-def import_profile(path: str | os.PathLike) -> dict[str, Any]:
+def import_profile(path: str | os.PathLike, flag: str = "--import") -> dict[str, Any]:
     """A profile document (kernel view only) of a vendor profiler's kernel summary."""
-    fmt, rows = read_kernel_table(path)
+    fmt, rows = read_kernel_table(path, flag)
     total = sum(row["total_ns"] for row in rows)
     if total <= 0:
-        raise UsageError(f"--import {path}: every kernel has zero time; refusing to show an empty table")
+        raise UsageError(f"{flag} {path}: every kernel has zero time; refusing to show an empty table")
     for row in rows:
         row["share"] = row["total_ns"] / total
         row["wall_share"] = None

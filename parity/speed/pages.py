@@ -221,13 +221,17 @@ def render_bench(document: Mapping[str, Any]) -> str:
                    ("rounds", f"{settings.get('reps')} interleaved (seed {settings.get('seed')}), "
                               f"{settings.get('warmup')} warm-up calls each"),
                    ("cache flush", settings.get("cache_flush")), ("timer", settings.get("timer")),
+                   ("device time", settings.get("device_time", "not measured")),
+                   ("clock throttling", (document.get("clocks") or {}).get("summary", "not recorded")),
                    ("judged", f"{settings.get('judged')} against {settings.get('judged_against')}"),
                    ("verdict rule", f"FASTER/SLOWER only when the {100 * (_num(settings.get('confidence')) or 0.95):.0f}% "
                                     f"interval clears 1 \u00b1 {_num(settings.get('min_effect'))}")])
     unit, scale = time_unit([_num(r["summary"]["median"]) for r in rows])
+    device = any("device_time" in r for r in rows)
     head = "".join(f"<th{' class=name' if i == 0 else ''}>{_esc(h)}</th>" for i, h in enumerate(
-        ["impl", f"median {unit}", f"IQR {unit}", f"p20 {unit}", f"p80 {unit}", "n", "speedup", "95% CI", "verdict",
-         "parity", "speedup valid?"]))
+        ["impl", f"median {unit}", f"IQR {unit}", f"p20 {unit}", f"p80 {unit}", "n"]
+        + ([f"device {unit}", "device speedup"] if device else [])
+        + ["speedup", "95% CI", "verdict", "parity", "speedup valid?"]))
     body = []
     bars = []
     for r in rows:
@@ -237,6 +241,11 @@ def render_bench(document: Mapping[str, Any]) -> str:
         cells = [f'<td class="name">{_esc(r["impl"])}</td>'] + [
             f"<td>{_esc(fmt_time(s[key], scale))}</td>" for key in ("median", "iqr", "p20", "p80")]
         cells.append(f"<td>{_esc(s['n'])}</td>")
+        if device:
+            measured = r.get("device_time") or {}
+            ratio = _num(measured.get("speedup"))
+            cells += [f"<td>{_esc(fmt_time(measured.get('per_call_s'), scale))}</td>",
+                      f"<td>{'-' if ratio is None else f'{ratio:.3f}x'}</td>"]
         if cmp:
             cells += [f"<td>{_num(cmp['speedup']):.3f}x</td>",
                       f"<td>[{_num(cmp['ci_low']):.3f}, {_num(cmp['ci_high']):.3f}]</td>",

@@ -45,7 +45,7 @@ from typing import Any
 from parity.base.errors import UsageError
 from parity.base.jsonformat import PROFILE_REPORT, envelope, finite
 from . import stats
-from .bench import group_name
+from .timing import group_name, synchronize
 from torch.autograd.profiler import record_function
 from parity.run.recorder import module_display_name
 import torch
@@ -53,7 +53,6 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from parity.run.runtime import check_device, check_triton_mode
 from parity.run.subjects import load_subject
 from parity.run import platform
-from .bench import synchronize
 from .tables import fmt_time, time_unit
 
 RANGE_PREFIX = "parity/"
@@ -451,6 +450,35 @@ def profile_subject(subject: str, *, subject_args: Mapping[str, Any] | None = No
     return finite(document)
 
 
+def device_time_per_call(call: Callable[[], Any], device: Any, *, warmup: int = 1, active: int = 3) -> dict[str, Any]:
+    """``call()`` run ``warmup`` + ``active`` times under the profiler, as :func:`profile_subject`
+    runs a forward: the counted time per active call (device activity on a GPU, i.e. kernels,
+    memcpy and memset, launch gaps left out; CPU ops' self time on a CPU), or a note saying why
+    there is none (no device events, a graph)."""
+    cpu_only = torch.device(device).type == "cpu"
+    activities = [ProfilerActivity.CPU] + ([] if cpu_only else [ProfilerActivity.CUDA])
+    captured: dict[str, Any] = {}
+
+    def ready(prof) -> None:
+        captured["events"] = kineto_events(prof.profiler.kineto_results)
+
+    with profile(activities=activities, schedule=schedule(skip_first=0, wait=0, warmup=warmup, active=active,
+                                                          repeat=1), on_trace_ready=ready) as prof:
+        for _ in range(warmup + active):
+            with torch.no_grad():
+                output = call()
+            synchronize(device)
+            del output
+            prof.step()
+    counted = "CPU ops' self time" if cpu_only else "device activity: kernels, memcpy, memset"
+    try:
+        totals = account(captured.get("events", []), cpu_only=cpu_only)["totals"]
+    except ProfileError as err:
+        return {"per_call_s": None, "calls": active, "counted": counted, "note": str(err)}
+    steps = totals["steps"] or active
+    return {"per_call_s": totals["device_ns"] / 1e9 / steps, "calls": steps, "counted": counted, "note": None}
+
+
 def _export_trace(prof: Any, path: str | os.PathLike) -> None:
     """The Chrome/Perfetto trace, written whole or not at all (a temporary file, then a rename)."""
     target = Path(path)
@@ -527,4 +555,4 @@ def against(a: Mapping[str, Any], b: Mapping[str, Any], *, a_label: str, b_label
 
 
 __all__ = ["DEFAULT_ACTIVE", "DEFAULT_SKIP", "DEFAULT_WARMUP", "Event", "ModuleRanges", "ProfileError", "account",
-           "against", "headline", "kernel_key", "kineto_events", "profile_subject"]
+           "against", "device_time_per_call", "headline", "kernel_key", "kineto_events", "profile_subject"]

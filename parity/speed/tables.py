@@ -61,11 +61,15 @@ def bench_text(document: Mapping[str, Any]) -> str:
              f"{settings['reps']} interleaved rounds after {settings['warmup']} warm-up calls each (seed "
              f"{settings['seed']}); inputs: {printable(document['inputs'])}",
              f"cache flush: {settings['cache_flush']}; judged: {settings['judged']} against "
-             f"{settings['judged_against']}", ""]
+             f"{settings['judged_against']}",
+             f"clock throttling: {printable((document.get('clocks') or {}).get('summary', 'not recorded'), limit=300)}",
+             ""]
     rows_json = document["impls"]
     unit, scale = time_unit([_number(row["summary"]["median"]) for row in rows_json])
-    headers = ["impl", f"median {unit}", f"IQR {unit}", f"p20 {unit}", f"p80 {unit}", "n", "speedup [95% CI]",
-               "verdict", "parity", "speedup valid?"]
+    device = any("device_time" in row for row in rows_json)
+    headers = ["impl", f"median {unit}", f"IQR {unit}", f"p20 {unit}", f"p80 {unit}", "n"]
+    headers += [f"device {unit}", "device speedup"] if device else []
+    headers += ["speedup [95% CI]", "verdict", "parity", "speedup valid?"]
     rows = []
     for row in rows_json:
         s, parity = row["summary"], row["parity"]
@@ -76,10 +80,16 @@ def bench_text(document: Mapping[str, Any]) -> str:
             verdict, validity = cmp["verdict"], row["validity"]
         else:
             speed, verdict, validity = "1 (baseline)", "-", "-"
-        rows.append([printable(row["impl"]), fmt_time(s["median"], scale), fmt_time(s["iqr"], scale),
-                     fmt_time(s["p20"], scale), fmt_time(s["p80"], scale), str(s["n"]), speed, verdict,
-                     parity_cell, printable(validity, limit=200)])
-    lines.append("whole forward:")
+        cells = [printable(row["impl"]), fmt_time(s["median"], scale), fmt_time(s["iqr"], scale),
+                 fmt_time(s["p20"], scale), fmt_time(s["p80"], scale), str(s["n"])]
+        if device:
+            measured = row.get("device_time") or {}
+            ratio = _number(measured.get("speedup"))
+            cells += [fmt_time(measured.get("per_call_s"), scale),
+                      "-" if ratio is None else f"{ratio:.3f}x"]
+        rows.append(cells + [speed, verdict, parity_cell, printable(validity, limit=200)])
+    lines.append("whole forward" + (f" (device: {printable(settings['device_time'], limit=200)})"
+                                    if device and settings.get("device_time") else "") + ":")
     lines.append(_table(headers, rows))
     modules = document.get("modules")
     if modules and modules.get("rows"):

@@ -24,7 +24,8 @@ medians with a bootstrap 95% interval, FASTER/SLOWER only when the interval clea
 else SAME or UNCLEAR. A speedup is valid only where parity holds ("not valid: parity fails at
 TENSOR"). Modules are then timed with hooks in separate rounds: the hot module group (or
 --module GLOB) gets its own speedup and Amdahl's prediction for the whole forward; a subject with
-several cases (attention) gets a fast_p line.
+several cases (attention) gets a fast_p line. Each impl's kernel-only time per call (3 profiled
+calls: kernels, memcpy, memset; the CPU ops' self time on a CPU) is shown next to its wall time.
 Exit status: 0 the fastest impl holds parity, 1 the fastest impl fails parity, 2 unusable input,
 3 internal error.
 """
@@ -60,6 +61,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "(default: the module group with the largest self time in the baseline)")
     parser.add_argument("--no-modules", dest="module_timing", action="store_false",
                         help="skip the per-module rounds")
+    parser.add_argument("--no-device-time", dest="device_time", action="store_false",
+                        help="skip the profiled calls that measure each impl's kernel-only (device) time")
     add_cli_options(parser, "json", "html", "quiet")
     parser.set_defaults(func=run)
     return parser
@@ -81,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     options = bench.BenchOptions(impls=impls, warmup=args.warmup, reps=args.reps, seed=args.seed,
                                  min_effect=args.min_effect, fast_p=args.fast_p, flush=args.flush,
                                  modules=tuple(args.modules) if args.modules else None,
-                                 module_timing=args.module_timing)
+                                 module_timing=args.module_timing, device_time=args.device_time)
     options.check()
     # A tolerance file inside the bundle is refused (a bundle is data, not configuration).
     policy = policy_for_cli(args.tolerances, bundles=[args.bundle] if args.bundle is not None else [])

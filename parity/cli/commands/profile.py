@@ -72,11 +72,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _other(path: str):
 
-    from parity.speed.importers import import_profile
+    from parity.speed.importers import MAX_BYTES, import_profile
 
-    check_readable_file(path, "--against")
     if not path.lower().endswith(".json"):
-        return import_profile(path)
+        return import_profile(path, "--against")
+    check_readable_file(path, "--against", expected="a profile JSON file", max_bytes=MAX_BYTES)
     try:
         with open(path, encoding="utf-8") as handle:
             document = json.load(handle)
