@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -151,6 +152,54 @@ def test_tp4_against_tp2_and_tp2_against_tp2_rank_by_rank(sets, capsys):
     assert report.passed and len(report.layers) == 56  # 28 tensors on each of 2 ranks
     assert report.layers[0].name == "embed@rank0" and report.layers[1].name == "embed@rank1"
     assert all(r.metrics.max_abs == 0 for r in report.layers)
+
+
+README = TESTS.parent / "README.md"
+
+
+def readme_multi_gpu_commands() -> list[str]:
+    """The shell commands of the README's multi-GPU section, in order, continuation lines joined."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index("\n## Past one GPU")
+    section = text[start:text.index("\n## ", start + 1)]
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                commands.append(" ".join(line.split()))
+    return commands
+
+
+def test_readme_multi_gpu_commands_run_as_written(tmp_path):
+    """The README's torchrun commands, as written but for ``--device cuda`` -> ``--device cpu`` (gloo),
+    run by bash from a directory laid out as the repository root (``tests/`` and ``parity/``)."""
+    import parity
+
+    commands = readme_multi_gpu_commands()
+    kinds = [("torchrun" in c, c.split(" -m parity ")[1].split()[0], c) for c in commands]
+    assert {(launched, verb) for launched, verb, _ in kinds} == {
+        (True, "capture"), (True, "compare"), (False, "compare"), (False, "diff")}, commands
+    (tmp_path / "tests").symlink_to(TESTS)
+    (tmp_path / "parity").symlink_to(Path(parity.__file__).resolve().parent)
+    env = {**_env(), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    env.pop("PYTHONPATH")  # only what the README's own lines set
+    for launched, verb, command in kinds:
+        on_cpu = command.replace("--device cuda", "--device cpu")
+        assert on_cpu.count("--device cpu") == (verb != "diff"), command
+        done = subprocess.run(["bash", "-c", on_cpu], cwd=tmp_path, env=env, text=True, capture_output=True,
+                              timeout=LAUNCH_TIMEOUT_S)
+        assert done.returncode == 0, f"{on_cpu}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        if verb == "capture":
+            out = re.search(r"--bundle (\S+)", command).group(1)
+            world = int(re.search(r"--nproc-per-node (\d+)", command).group(1))
+            assert f"wrote rank set {out}: {world} ranks, 28 recorded tensors per rank" in done.stdout
+            rank_set = open_rank_set(tmp_path / out)
+            assert (rank_set.world_size, rank_set.backend) == (world, "gloo")
+        else:
+            assert done.stdout.rstrip().splitlines()[-1] == "PARITY HOLDS: 28/28 tensors", on_cpu
+    report = diff_sets(tmp_path / "bundles" / "tp4", tmp_path / "bundles" / "tp2")
+    assert report.passed and len(report.layers) == 28
+    assert any("full tensors rebuilt" in warning for warning in report.warnings)
 
 
 def _valid(document):
