@@ -131,6 +131,46 @@ def test_rank_set_records_placements_devices_and_one_state(sets):
     assert view.load("layers.0.attn.o_proj").shape == (2, 16, 32) and view.disagreements == {}
 
 
+@pytest.mark.parametrize("name, kinds", [("tp4", {"shard", "replicate"}),
+                                         ("megatron", {"shard", "replicate", "partial"})])
+def test_rebuilding_a_set_holds_one_full_tensor_at_a_time(sets, name, kinds):
+    """Every piece a view reads is dropped before the next is read, and a full tensor handed to the
+    judge is not kept by the view: walking a whole set never holds two of either."""
+    import weakref
+
+    from parity.dist.compare import view_outputs
+
+    view = open_golden(sets / name)
+    world = view.world_size
+    handed, held_at_read = [], []
+
+    def alive():
+        return [t for t in (ref() for ref in handed) if t is not None]
+
+    for reader in view.readers:
+        def load(entry, kind="output", *, device=None, _load=reader.load):
+            held_at_read.append(len(alive()))
+            piece = _load(entry, kind, device=device)
+            handed.append(weakref.ref(piece))
+            return piece
+
+        reader.load = load
+    fulls, full_alive = [], []
+    for item in view_outputs(view):
+        full_alive.append(sum(ref() is not None for ref in fulls))
+        fulls.append(weakref.ref(item.tensor))
+        replicated = view.placement(item.name).kind == "replicate"
+        # pieces alive as each rank's piece was read: a replicated tensor's rank 0 copy (the result)
+        # while the other ranks' are checked against it; a shard or partial sum, none
+        assert held_at_read[-world:] == ([0] + [1] * (world - 1) if replicated else [0] * world), item.name
+        # a replicated tensor is rank 0's copy itself; otherwise no piece outlives the rebuild
+        assert [t is item.tensor for t in alive()] == ([True] if replicated else [])
+        del item
+    assert len(fulls) == 28 and full_alive == [0] * 28 and len(held_at_read) == 28 * world
+    assert {view.placement(e.name).kind for e in view.entries_of("output")} == kinds
+    assert alive() == []
+
+
 def test_tp2_and_tp4_hold_against_one_process(sets):
     for name in ("tp2", "tp4"):
         report = compare_rank_set(sets / name, impl="reference", device="cpu", policy=None)
