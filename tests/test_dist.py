@@ -318,7 +318,7 @@ def test_a_killed_rank_leaves_no_valid_set(sets, capsys):
     assert len(err) == 1 and "rank 1" in err[0] and "not committed" in err[0], err
 
 
-def test_missing_or_stale_rank_is_refused(sets, tmp_path):
+def test_missing_or_stale_rank_is_refused(sets, tmp_path, capsys):
     missing = _copy(sets, "tp4", tmp_path)
     shutil.rmtree(missing / "rank-00002")
     with pytest.raises(BundleError, match="rank 2's bundle rank-00002 is missing"):
@@ -333,6 +333,19 @@ def test_missing_or_stale_rank_is_refused(sets, tmp_path):
     (foreign / TOP_NAME).write_text(json.dumps(seal(top)))
     with pytest.raises(BundleError, match="rank 0's bundle rank-00000 belongs to another capture"):
         open_rank_set(foreign)
+    # every command that opens a set: exit 2, one line on stderr naming the rank, no traceback
+    for damaged, named in ((missing, "rank 2's bundle rank-00002 is missing"),
+                           (stale, "rank 1's bundle rank-00001 is stale"),
+                           (foreign, "rank 0's bundle rank-00000 belongs to another capture")):
+        for argv in (["verify", str(damaged)], ["diff", str(sets / "tp1"), str(damaged), "--quiet"],
+                     ["diff", str(damaged), str(sets / "tp1"), "--quiet"],
+                     ["compare", "--bundle", str(damaged), "--impl", "reference", "--subject", SPEC, "--quiet"]):
+            capsys.readouterr()
+            assert main(argv) == 2, argv
+            captured = capsys.readouterr()
+            lines = captured.err.strip().splitlines()
+            assert len(lines) == 1 and named in lines[0], (argv, lines)
+            assert "Traceback" not in captured.err + captured.out
 
 
 def test_one_process_records_each_tensor_device_and_places_pipeline_stages(sets, tmp_path):
@@ -403,6 +416,26 @@ def test_manual_megatron_split_with_a_placement_map(sets, tmp_path):
     assert list(failing) == ["layers.0.mlp.down_proj"]
     assert any("replicated on every rank, but rank 1's copy differs from rank 0's" in reason
                for reason in failing["layers.0.mlp.down_proj"].verdict.reasons)
+    # the same set as the candidate of a diff: its copies are checked too, and named
+    report = diff_sets(sets / "tp1-megatron", wrong)
+    failing = {r.name: r for r in report.failing}
+    assert list(failing) == ["layers.0.mlp.down_proj"]
+    assert any(reason.startswith("the candidate is replicated on every rank, but rank 1's copy differs from rank 0's "
+                                 "(max abs difference") for reason in failing["layers.0.mlp.down_proj"].verdict.reasons)
+
+
+def test_a_partial_sum_is_rebuilt_as_the_sum_of_the_ranks(sets):
+    from parity.bundle.reader import open_bundle
+
+    view = open_golden(sets / "megatron")
+    name = "layers.1.mlp.down_proj"
+    assert view.placement(name).text == "partial(sum)"
+    parts = [reader.load(name) for reader in view.rank_set.ranks]
+    full = view.load(name)
+    assert torch.equal(full, parts[0] + parts[1])  # fp32: accumulated in fp32, so exactly the sum
+    whole = open_bundle(sets / "tp1-megatron").load(name)  # the unsplit model's output
+    assert (parts[0] - whole).abs().max() > 0.1  # one rank's part is far from the output ...
+    assert torch.allclose(full, whole, rtol=0, atol=1e-5)  # ... the sum is it
 
 
 @pytest.mark.gpu
