@@ -318,6 +318,21 @@ def test_a_killed_rank_leaves_no_valid_set(sets, capsys):
     assert len(err) == 1 and "rank 1" in err[0] and "not committed" in err[0], err
 
 
+def test_the_hooks_on_off_check_runs_on_every_rank(sets):
+    # rank 1's output alone changes when hooks watch the model; rank 0's own check passes
+    ranks = launch(2, "capture", "--subject", SPEC, "--impl", "observed-rank1", "--reference", "none",
+                   "--bundle", "observed", "--quiet", cwd=sets)
+    assert [r.returncode for r in ranks] == [2, 2], _stderr(ranks)
+    lines = [r.stderr.strip().splitlines() for r in ranks]
+    assert all(len(rank_lines) == 1 for rank_lines in lines), lines
+    assert "on rank 1 the recorded run's output differs from the run without hooks at <output>" in lines[1][0]
+    assert lines[0][0].startswith("parity: error: rank 1 of 2 failed during the recorded run: ")
+    assert "on rank 1 the recorded run's output differs" in lines[0][0]
+    assert not (sets / "observed" / TOP_NAME).exists()
+    with pytest.raises(BundleError, match="not committed"):
+        open_rank_set(sets / "observed")
+
+
 def test_missing_or_stale_rank_is_refused(sets, tmp_path, capsys):
     missing = _copy(sets, "tp4", tmp_path)
     shutil.rmtree(missing / "rank-00002")
