@@ -308,7 +308,11 @@ def test_a_killed_rank_leaves_no_valid_set(sets, capsys):
     ranks = launch(2, "capture", "--subject", SPEC, "--impl", "die-rank1", "--set", "split=megatron",
                    "--bundle", "killed", "--quiet", cwd=sets)
     assert ranks[1].returncode == -9  # SIGKILL, from the subject, in the recorded run
-    assert ranks[0].returncode != 0
+    # the survivor: one line (no traceback, not an internal error), exit 2
+    assert ranks[0].returncode == 2, _stderr(ranks)
+    lines = ranks[0].stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "parity: error: rank 0 of 2: the process group broke during the recorded run: another rank exited"), lines
     assert not (sets / "killed" / TOP_NAME).exists()
     with pytest.raises(BundleError, match="rank 1"):
         open_rank_set(sets / "killed")
