@@ -42,10 +42,11 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**env, **(extra or {})}
 
 
-def launch(world: int, *argv: str, cwd: Path) -> list[subprocess.CompletedProcess]:
-    """``python -m parity ARGV`` on ``world`` ranks, with the environment torchrun gives each; as under
-    torchrun, the rendezvous store is hosted outside the ranks (here), so no rank's exit takes it away
-    from the others."""
+def launch(world: int, *argv: str, cwd: Path, program: tuple[str, ...] = ("-m", "parity")
+           ) -> list[subprocess.CompletedProcess]:
+    """``python -m parity ARGV`` (or ``python PROGRAM ARGV``) on ``world`` ranks, with the environment
+    torchrun gives each; as under torchrun, the rendezvous store is hosted outside the ranks (here), so
+    no rank's exit takes it away from the others."""
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -54,7 +55,7 @@ def launch(world: int, *argv: str, cwd: Path) -> list[subprocess.CompletedProces
         env = _env({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                     "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
                     "TORCHELASTIC_USE_AGENT_STORE": "True"})
-        procs.append(subprocess.Popen([sys.executable, "-m", "parity", *argv], cwd=cwd, env=env, text=True,
+        procs.append(subprocess.Popen([sys.executable, *program, *argv], cwd=cwd, env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     done = []
     for proc in procs:
@@ -337,6 +338,39 @@ def test_the_hooks_on_off_check_runs_on_every_rank(sets):
         open_rank_set(sets / "observed")
 
 
+LIBRARY_RANK = """
+import sys
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # the caller's own group, from torchrun's environment
+from parity.dist.capture import capture_rank_set
+from parity.dist.compare import compare_distributed
+from parity.run.subjects.base import trusting
+
+with trusting(sys.argv[1]):
+    result = capture_rank_set(sys.argv[1], "library", reference="fp32", device="cpu")
+    report, passed = compare_distributed("library", impl="reference", device="cpu")
+print(dist.get_rank(), result.world_size, len(result.placements), passed,
+      None if report is None else len(report.layers), dist.is_initialized())
+dist.destroy_process_group()
+"""
+
+
+def test_library_api_inside_an_initialised_group(sets, tmp_path):
+    """capture_rank_set and compare_distributed from code that initialised its own group: they use it
+    (rank 0 commits the set, rank by rank on the same world size) and leave it initialised."""
+    script = tmp_path / "library_rank.py"
+    script.write_text(LIBRARY_RANK)
+    ranks = launch(2, SPEC, cwd=tmp_path, program=(str(script),))
+    assert [r.returncode for r in ranks] == [0, 0], _stderr(ranks)
+    assert [r.stdout.split() for r in ranks] == [["0", "2", "28", "True", "56", "True"],
+                                                 ["1", "2", "28", "True", "None", "True"]]
+    rank_set = open_rank_set(tmp_path / "library")
+    assert rank_set.world_size == 2 and rank_set.placements["lm_head"].text == "shard(2)"
+    assert rank_set.rank0.manifest["capture"]["reference"]["precision"] == "fp32"
+    assert diff_sets(sets / "tp1", tmp_path / "library").passed
+
+
 def test_missing_or_stale_rank_is_refused(sets, tmp_path, capsys):
     missing = _copy(sets, "tp4", tmp_path)
     shutil.rmtree(missing / "rank-00002")
@@ -466,7 +500,7 @@ def test_gpu_smoke_single_rank_nccl(tmp_path):
                               cwd=tmp_path, env=_env(), text=True, capture_output=True, timeout=600)
     assert captured.returncode == 0, captured.stderr[-3000:]
     rank_set = open_rank_set(tmp_path / "gpu1")
-    assert rank_set.backend == "nccl" and rank_set.mesh["device_type"] == "cuda"
+    assert rank_set.world_size == 1 and rank_set.backend == "nccl" and rank_set.mesh["device_type"] == "cuda"
     assert all(entry.device == "cuda:0" for entry in rank_set.rank0.entries_of("output"))
     compared = subprocess.run([*run, "compare", "--bundle", "gpu1", "--impl", "reference", "--device", "cuda",
                                "--subject", SPEC], cwd=tmp_path, env=_env(), text=True, capture_output=True, timeout=600)
