@@ -170,3 +170,15 @@ def test_rebuild_holds_one_full_tensor_and_one_piece_at_a_time(placement, dtype)
         assert load.held_at_call == [(0, 0)] * world
         assert load.alive() == []
     assert rebuilt.tensor.shape == full.shape
+
+
+def test_torch_placements_map_to_ours():
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    from parity.dist.placement import from_torch
+
+    assert from_torch(Shard(1), what="t") == shard(1)
+    assert from_torch(Replicate(), what="t") == REPLICATE
+    assert from_torch(Partial(), what="t") == PARTIAL
+    with pytest.raises(UsageError, match="reduce op 'max'; only sum"):
+        from_torch(Partial("max"), what="t")
