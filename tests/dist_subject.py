@@ -19,7 +19,9 @@ is given (:meth:`TPDecoderSubject.place`): on a GPU host, one model over two dev
 
 Faults, as other implementations (injected from outside parity, after the split): ``fault-rank1``
 scales rank 1's local shard of ``layers.1.mlp.up_proj.weight`` by 1.01; ``die-rank1`` kills rank
-1's process with SIGKILL in the middle of the recorded run.
+1's process with SIGKILL in the middle of the recorded run; ``observed-rank1`` is a model whose
+output on rank 1 alone changes when forward hooks watch it (rank 1's logits move by 1e-3), which
+the hooks-on/off check of that rank must catch.
 """
 from __future__ import annotations
 
@@ -116,12 +118,15 @@ class TPDecoder(nn.Module):
         x = self.embed(tokens)
         for layer in self.layers:
             x = layer(x)
-        return self.lm_head(self.norm(x.to(self.norm.weight.device)))
+        logits = self.lm_head(self.norm(x.to(self.norm.weight.device)))
+        if self.impl == "observed-rank1" and _rank() == 1 and self._forward_hooks:
+            logits = logits + 1e-3  # elementwise on rank 1's local shard: no collective, rank 0 unchanged
+        return logits
 
 
 class TPDecoderSubject(Subject):
     name = "tp-decoder"
-    impls = ("reference", "fault-rank1", "die-rank1")
+    impls = ("reference", "fault-rank1", "die-rank1", "observed-rank1")
 
     def __init__(self, vocab=66, d_model=32, layers=2, heads=4, kv_heads=4, head_dim=8, ffn_dim=64, seq_len=16,
                  batch=2, dtype="fp32", seed=0, split="dtensor", pipeline=False):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,10 +42,11 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**env, **(extra or {})}
 
 
-def launch(world: int, *argv: str, cwd: Path) -> list[subprocess.CompletedProcess]:
-    """``python -m parity ARGV`` on ``world`` ranks, with the environment torchrun gives each; as under
-    torchrun, the rendezvous store is hosted outside the ranks (here), so no rank's exit takes it away
-    from the others."""
+def launch(world: int, *argv: str, cwd: Path, program: tuple[str, ...] = ("-m", "parity")
+           ) -> list[subprocess.CompletedProcess]:
+    """``python -m parity ARGV`` (or ``python PROGRAM ARGV``) on ``world`` ranks, with the environment
+    torchrun gives each; as under torchrun, the rendezvous store is hosted outside the ranks (here), so
+    no rank's exit takes it away from the others."""
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -53,7 +55,7 @@ def launch(world: int, *argv: str, cwd: Path) -> list[subprocess.CompletedProces
         env = _env({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
                     "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
                     "TORCHELASTIC_USE_AGENT_STORE": "True"})
-        procs.append(subprocess.Popen([sys.executable, "-m", "parity", *argv], cwd=cwd, env=env, text=True,
+        procs.append(subprocess.Popen([sys.executable, *program, *argv], cwd=cwd, env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     done = []
     for proc in procs:
@@ -130,6 +132,46 @@ def test_rank_set_records_placements_devices_and_one_state(sets):
     assert view.load("layers.0.attn.o_proj").shape == (2, 16, 32) and view.disagreements == {}
 
 
+@pytest.mark.parametrize("name, kinds", [("tp4", {"shard", "replicate"}),
+                                         ("megatron", {"shard", "replicate", "partial"})])
+def test_rebuilding_a_set_holds_one_full_tensor_at_a_time(sets, name, kinds):
+    """Every piece a view reads is dropped before the next is read, and a full tensor handed to the
+    judge is not kept by the view: walking a whole set never holds two of either."""
+    import weakref
+
+    from parity.dist.compare import view_outputs
+
+    view = open_golden(sets / name)
+    world = view.world_size
+    handed, held_at_read = [], []
+
+    def alive():
+        return [t for t in (ref() for ref in handed) if t is not None]
+
+    for reader in view.readers:
+        def load(entry, kind="output", *, device=None, _load=reader.load):
+            held_at_read.append(len(alive()))
+            piece = _load(entry, kind, device=device)
+            handed.append(weakref.ref(piece))
+            return piece
+
+        reader.load = load
+    fulls, full_alive = [], []
+    for item in view_outputs(view):
+        full_alive.append(sum(ref() is not None for ref in fulls))
+        fulls.append(weakref.ref(item.tensor))
+        replicated = view.placement(item.name).kind == "replicate"
+        # pieces alive as each rank's piece was read: a replicated tensor's rank 0 copy (the result)
+        # while the other ranks' are checked against it; a shard or partial sum, none
+        assert held_at_read[-world:] == ([0] + [1] * (world - 1) if replicated else [0] * world), item.name
+        # a replicated tensor is rank 0's copy itself; otherwise no piece outlives the rebuild
+        assert [t is item.tensor for t in alive()] == ([True] if replicated else [])
+        del item
+    assert len(fulls) == 28 and full_alive == [0] * 28 and len(held_at_read) == 28 * world
+    assert {view.placement(e.name).kind for e in view.entries_of("output")} == kinds
+    assert alive() == []
+
+
 def test_tp2_and_tp4_hold_against_one_process(sets):
     for name in ("tp2", "tp4"):
         report = compare_rank_set(sets / name, impl="reference", device="cpu", policy=None)
@@ -151,6 +193,54 @@ def test_tp4_against_tp2_and_tp2_against_tp2_rank_by_rank(sets, capsys):
     assert report.passed and len(report.layers) == 56  # 28 tensors on each of 2 ranks
     assert report.layers[0].name == "embed@rank0" and report.layers[1].name == "embed@rank1"
     assert all(r.metrics.max_abs == 0 for r in report.layers)
+
+
+README = TESTS.parent / "README.md"
+
+
+def readme_multi_gpu_commands() -> list[str]:
+    """The shell commands of the README's multi-GPU section, in order, continuation lines joined."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index("\n## Past one GPU")
+    section = text[start:text.index("\n## ", start + 1)]
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", section, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                commands.append(" ".join(line.split()))
+    return commands
+
+
+def test_readme_multi_gpu_commands_run_as_written(tmp_path):
+    """The README's torchrun commands, as written but for ``--device cuda`` -> ``--device cpu`` (gloo),
+    run by bash from a directory laid out as the repository root (``tests/`` and ``parity/``)."""
+    import parity
+
+    commands = readme_multi_gpu_commands()
+    kinds = [("torchrun" in c, c.split(" -m parity ")[1].split()[0], c) for c in commands]
+    assert {(launched, verb) for launched, verb, _ in kinds} == {
+        (True, "capture"), (True, "compare"), (False, "compare"), (False, "diff")}, commands
+    (tmp_path / "tests").symlink_to(TESTS)
+    (tmp_path / "parity").symlink_to(Path(parity.__file__).resolve().parent)
+    env = {**_env(), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    env.pop("PYTHONPATH")  # only what the README's own lines set
+    for launched, verb, command in kinds:
+        on_cpu = command.replace("--device cuda", "--device cpu")
+        assert on_cpu.count("--device cpu") == (verb != "diff"), command
+        done = subprocess.run(["bash", "-c", on_cpu], cwd=tmp_path, env=env, text=True, capture_output=True,
+                              timeout=LAUNCH_TIMEOUT_S)
+        assert done.returncode == 0, f"{on_cpu}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        if verb == "capture":
+            out = re.search(r"--bundle (\S+)", command).group(1)
+            world = int(re.search(r"--nproc-per-node (\d+)", command).group(1))
+            assert f"wrote rank set {out}: {world} ranks, 28 recorded tensors per rank" in done.stdout
+            rank_set = open_rank_set(tmp_path / out)
+            assert (rank_set.world_size, rank_set.backend) == (world, "gloo")
+        else:
+            assert done.stdout.rstrip().splitlines()[-1] == "PARITY HOLDS: 28/28 tensors", on_cpu
+    report = diff_sets(tmp_path / "bundles" / "tp4", tmp_path / "bundles" / "tp2")
+    assert report.passed and len(report.layers) == 28
+    assert any("full tensors rebuilt" in warning for warning in report.warnings)
 
 
 def _valid(document):
@@ -219,7 +309,11 @@ def test_a_killed_rank_leaves_no_valid_set(sets, capsys):
     ranks = launch(2, "capture", "--subject", SPEC, "--impl", "die-rank1", "--set", "split=megatron",
                    "--bundle", "killed", "--quiet", cwd=sets)
     assert ranks[1].returncode == -9  # SIGKILL, from the subject, in the recorded run
-    assert ranks[0].returncode != 0
+    # the survivor: one line (no traceback, not an internal error), exit 2
+    assert ranks[0].returncode == 2, _stderr(ranks)
+    lines = ranks[0].stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "parity: error: rank 0 of 2: the process group broke during the recorded run: another rank exited"), lines
     assert not (sets / "killed" / TOP_NAME).exists()
     with pytest.raises(BundleError, match="rank 1"):
         open_rank_set(sets / "killed")
@@ -229,7 +323,55 @@ def test_a_killed_rank_leaves_no_valid_set(sets, capsys):
     assert len(err) == 1 and "rank 1" in err[0] and "not committed" in err[0], err
 
 
-def test_missing_or_stale_rank_is_refused(sets, tmp_path):
+def test_the_hooks_on_off_check_runs_on_every_rank(sets):
+    # rank 1's output alone changes when hooks watch the model; rank 0's own check passes
+    ranks = launch(2, "capture", "--subject", SPEC, "--impl", "observed-rank1", "--reference", "none",
+                   "--bundle", "observed", "--quiet", cwd=sets)
+    assert [r.returncode for r in ranks] == [2, 2], _stderr(ranks)
+    lines = [r.stderr.strip().splitlines() for r in ranks]
+    assert all(len(rank_lines) == 1 for rank_lines in lines), lines
+    assert "on rank 1 the recorded run's output differs from the run without hooks at <output>" in lines[1][0]
+    assert lines[0][0].startswith("parity: error: rank 1 of 2 failed during the recorded run: ")
+    assert "on rank 1 the recorded run's output differs" in lines[0][0]
+    assert not (sets / "observed" / TOP_NAME).exists()
+    with pytest.raises(BundleError, match="not committed"):
+        open_rank_set(sets / "observed")
+
+
+LIBRARY_RANK = """
+import sys
+import torch.distributed as dist
+
+dist.init_process_group("gloo")  # the caller's own group, from torchrun's environment
+from parity.dist.capture import capture_rank_set
+from parity.dist.compare import compare_distributed
+from parity.run.subjects.base import trusting
+
+with trusting(sys.argv[1]):
+    result = capture_rank_set(sys.argv[1], "library", reference="fp32", device="cpu")
+    report, passed = compare_distributed("library", impl="reference", device="cpu")
+print(dist.get_rank(), result.world_size, len(result.placements), passed,
+      None if report is None else len(report.layers), dist.is_initialized())
+dist.destroy_process_group()
+"""
+
+
+def test_library_api_inside_an_initialised_group(sets, tmp_path):
+    """capture_rank_set and compare_distributed from code that initialised its own group: they use it
+    (rank 0 commits the set, rank by rank on the same world size) and leave it initialised."""
+    script = tmp_path / "library_rank.py"
+    script.write_text(LIBRARY_RANK)
+    ranks = launch(2, SPEC, cwd=tmp_path, program=(str(script),))
+    assert [r.returncode for r in ranks] == [0, 0], _stderr(ranks)
+    assert [r.stdout.split() for r in ranks] == [["0", "2", "28", "True", "56", "True"],
+                                                 ["1", "2", "28", "True", "None", "True"]]
+    rank_set = open_rank_set(tmp_path / "library")
+    assert rank_set.world_size == 2 and rank_set.placements["lm_head"].text == "shard(2)"
+    assert rank_set.rank0.manifest["capture"]["reference"]["precision"] == "fp32"
+    assert diff_sets(sets / "tp1", tmp_path / "library").passed
+
+
+def test_missing_or_stale_rank_is_refused(sets, tmp_path, capsys):
     missing = _copy(sets, "tp4", tmp_path)
     shutil.rmtree(missing / "rank-00002")
     with pytest.raises(BundleError, match="rank 2's bundle rank-00002 is missing"):
@@ -244,6 +386,19 @@ def test_missing_or_stale_rank_is_refused(sets, tmp_path):
     (foreign / TOP_NAME).write_text(json.dumps(seal(top)))
     with pytest.raises(BundleError, match="rank 0's bundle rank-00000 belongs to another capture"):
         open_rank_set(foreign)
+    # every command that opens a set: exit 2, one line on stderr naming the rank, no traceback
+    for damaged, named in ((missing, "rank 2's bundle rank-00002 is missing"),
+                           (stale, "rank 1's bundle rank-00001 is stale"),
+                           (foreign, "rank 0's bundle rank-00000 belongs to another capture")):
+        for argv in (["verify", str(damaged)], ["diff", str(sets / "tp1"), str(damaged), "--quiet"],
+                     ["diff", str(damaged), str(sets / "tp1"), "--quiet"],
+                     ["compare", "--bundle", str(damaged), "--impl", "reference", "--subject", SPEC, "--quiet"]):
+            capsys.readouterr()
+            assert main(argv) == 2, argv
+            captured = capsys.readouterr()
+            lines = captured.err.strip().splitlines()
+            assert len(lines) == 1 and named in lines[0], (argv, lines)
+            assert "Traceback" not in captured.err + captured.out
 
 
 def test_one_process_records_each_tensor_device_and_places_pipeline_stages(sets, tmp_path):
@@ -314,6 +469,26 @@ def test_manual_megatron_split_with_a_placement_map(sets, tmp_path):
     assert list(failing) == ["layers.0.mlp.down_proj"]
     assert any("replicated on every rank, but rank 1's copy differs from rank 0's" in reason
                for reason in failing["layers.0.mlp.down_proj"].verdict.reasons)
+    # the same set as the candidate of a diff: its copies are checked too, and named
+    report = diff_sets(sets / "tp1-megatron", wrong)
+    failing = {r.name: r for r in report.failing}
+    assert list(failing) == ["layers.0.mlp.down_proj"]
+    assert any(reason.startswith("the candidate is replicated on every rank, but rank 1's copy differs from rank 0's "
+                                 "(max abs difference") for reason in failing["layers.0.mlp.down_proj"].verdict.reasons)
+
+
+def test_a_partial_sum_is_rebuilt_as_the_sum_of_the_ranks(sets):
+    from parity.bundle.reader import open_bundle
+
+    view = open_golden(sets / "megatron")
+    name = "layers.1.mlp.down_proj"
+    assert view.placement(name).text == "partial(sum)"
+    parts = [reader.load(name) for reader in view.rank_set.ranks]
+    full = view.load(name)
+    assert torch.equal(full, parts[0] + parts[1])  # fp32: accumulated in fp32, so exactly the sum
+    whole = open_bundle(sets / "tp1-megatron").load(name)  # the unsplit model's output
+    assert (parts[0] - whole).abs().max() > 0.1  # one rank's part is far from the output ...
+    assert torch.allclose(full, whole, rtol=0, atol=1e-5)  # ... the sum is it
 
 
 @pytest.mark.gpu
@@ -325,7 +500,7 @@ def test_gpu_smoke_single_rank_nccl(tmp_path):
                               cwd=tmp_path, env=_env(), text=True, capture_output=True, timeout=600)
     assert captured.returncode == 0, captured.stderr[-3000:]
     rank_set = open_rank_set(tmp_path / "gpu1")
-    assert rank_set.backend == "nccl" and rank_set.mesh["device_type"] == "cuda"
+    assert rank_set.world_size == 1 and rank_set.backend == "nccl" and rank_set.mesh["device_type"] == "cuda"
     assert all(entry.device == "cuda:0" for entry in rank_set.rank0.entries_of("output"))
     compared = subprocess.run([*run, "compare", "--bundle", "gpu1", "--impl", "reference", "--device", "cuda",
                                "--subject", SPEC], cwd=tmp_path, env=_env(), text=True, capture_output=True, timeout=600)

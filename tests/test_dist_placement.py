@@ -122,3 +122,63 @@ def test_plain_tensor_has_no_placement():
     tensor = torch.ones(2)
     local, placement = unwrap_dtensor(tensor)
     assert local is tensor and placement is None
+
+
+class _Pieces:
+    """``load(rank)`` for :func:`rebuild` that hands out fresh copies and measures, at every call,
+    how many earlier pieces are still alive (held by the rebuild) and how many bytes they hold."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+        self.handed: list = []
+        self.held_at_call: list[tuple[int, int]] = []  # (pieces alive, bytes) when each piece is asked for
+
+    def alive(self) -> list[torch.Tensor]:
+        return [t for t in (ref() for ref in self.handed) if t is not None]
+
+    def __call__(self, rank):
+        import weakref
+
+        live = self.alive()
+        self.held_at_call.append((len(live), sum(t.numel() * t.element_size() for t in live)))
+        del live
+        piece = self.pieces[rank].clone()
+        self.handed.append(weakref.ref(piece))
+        return piece
+
+
+@pytest.mark.parametrize("placement, dtype", [(shard(1), torch.float32), (PARTIAL, torch.float32),
+                                              (PARTIAL, torch.bfloat16), (REPLICATE, torch.float32)])
+def test_rebuild_holds_one_full_tensor_and_one_piece_at_a_time(placement, dtype):
+    world = 4
+    full = torch.randn(8, 66, 4, generator=torch.Generator().manual_seed(1)).to(dtype)
+    if placement.kind == "shard":
+        pieces = list(torch.chunk(full, world, dim=1))
+    elif placement.kind == "partial":
+        pieces = [full / world] * world
+    else:
+        pieces = [full] * world
+    load = _Pieces(pieces)
+    rebuilt = rebuild("t", placement, [tuple(p.shape) for p in pieces], dtype, load)
+    assert len(load.held_at_call) == world
+    if placement.kind == "replicate":
+        # rank 0's copy is the result; every other copy is dropped before the next is read
+        assert [count for count, _ in load.held_at_call] == [0, 1, 1, 1]
+        assert load.alive() == [rebuilt.tensor]
+    else:
+        # the output (or its accumulator) is built in place: no earlier piece is alive when one is read
+        assert load.held_at_call == [(0, 0)] * world
+        assert load.alive() == []
+    assert rebuilt.tensor.shape == full.shape
+
+
+def test_torch_placements_map_to_ours():
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    from parity.dist.placement import from_torch
+
+    assert from_torch(Shard(1), what="t") == shard(1)
+    assert from_torch(Replicate(), what="t") == REPLICATE
+    assert from_torch(Partial(), what="t") == PARTIAL
+    with pytest.raises(UsageError, match="reduce op 'max'; only sum"):
+        from_torch(Partial("max"), what="t")

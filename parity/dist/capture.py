@@ -166,7 +166,7 @@ def record_ranks(
     except ParityError as err:
         error = err
     group.agree(error, "preparing the output directory")
-    set_id = group.broadcast(secrets.token_hex(16))
+    set_id = group.broadcast(secrets.token_hex(16), step="drawing the set id")
     mesh = group.mesh()
     root = Path(out)
 
@@ -252,7 +252,8 @@ def record_ranks(
 
     assert result is not None
     report = group.gather({"rank": rank, "bundle": rankset.rank_dir(rank), DIGEST_FIELD: digest,
-                           "placements": {name: placement.to_json() for name, placement in result.placements.items()}})
+                           "placements": {name: placement.to_json() for name, placement in result.placements.items()}},
+                          step="gathering the rank bundles")
     error = None
     try:
         if rank == 0:

@@ -377,7 +377,8 @@ def compare_distributed(
         error = err
     group.agree(error, "opening the golden")
     assert view is not None and runner is not None
-    workdir = group.broadcast(tempfile.mkdtemp(prefix="parity-compare-", dir=scratch) if group.rank == 0 else None)
+    workdir = group.broadcast(tempfile.mkdtemp(prefix="parity-compare-", dir=scratch) if group.rank == 0 else None,
+                              step="making the scratch directory")
     report, passed, error = None, False, None
     try:
         record_ranks(group, runner, Path(workdir) / "run", impl=impl, state=state, inputs=inputs, store_subject=False,
@@ -394,7 +395,7 @@ def compare_distributed(
             except ParityError as err:
                 error = err
         group.agree(error, "judging")
-        passed = bool(group.broadcast(passed))
+        passed = bool(group.broadcast(passed, step="sharing the verdict"))
     finally:
         if group.rank == 0:
             shutil.rmtree(workdir, ignore_errors=True)

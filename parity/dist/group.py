@@ -8,13 +8,17 @@ CUDA device becomes ``cuda:LOCAL_RANK``. Library callers inside an initialised g
 Every rank runs the same steps; when one rank fails (a bad argument, a subject that raises), the
 others must not wait for it at the next collective forever. :meth:`Group.agree` is the
 checkpoint: every rank says whether it failed, and if one did, every other rank raises a
-:class:`RankFailed` naming that rank and its one-line message.
+:class:`RankFailed` naming that rank and its one-line message. A rank that died (killed, out of
+memory) cannot say so: the collective breaks instead, and the survivors raise a RankFailed saying
+the group broke during that step (exit 2, one line), not an internal error; the launcher
+(torchrun) names the rank whose process died, and the set on disk names it when opened.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime
 import os
+import re
 from typing import Any
 
 import torch
@@ -61,35 +65,58 @@ class Group:
 
         return init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("tp",))
 
-    def gather(self, value: Any) -> list[Any]:
+    def broken(self, err: RuntimeError, step: str) -> RankFailed:
+        """The error of a collective that failed because another rank is gone (or hangs)."""
+        detail = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(str(err).split()))  # gloo's "[file.cc:537] " prefix
+        detail = detail.split(". ")[0][:160] or type(err).__name__
+        return RankFailed(f"rank {self.rank} of {self.world_size}: the process group broke during {step}: another "
+                          f"rank exited or stopped answering ({self.backend}: {detail})")
+
+    def gather(self, value: Any, *, step: str = "a gather") -> list[Any]:
         """Every rank's ``value`` (picklable, small), on every rank, in rank order."""
         import torch.distributed as dist
 
         values: list[Any] = [None] * self.world_size
-        dist.all_gather_object(values, value)
+        try:
+            dist.all_gather_object(values, value)
+        except RuntimeError as err:  # torch.distributed's errors (DistBackendError, gloo's) are RuntimeErrors
+            raise self.broken(err, step) from err
         return values
 
-    def broadcast(self, value: Any) -> Any:
+    def broadcast(self, value: Any, *, step: str = "a broadcast") -> Any:
         """Rank 0's ``value`` on every rank."""
         import torch.distributed as dist
 
         box = [value if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
+        try:
+            dist.broadcast_object_list(box, src=0)
+        except RuntimeError as err:
+            raise self.broken(err, step) from err
         return box[0]
 
-    def barrier(self) -> None:
+    def barrier(self, *, step: str = "a barrier") -> None:
         import torch.distributed as dist
 
-        dist.barrier()
+        try:
+            dist.barrier()
+        except RuntimeError as err:
+            raise self.broken(err, step) from err
 
     def agree(self, error: BaseException | None, step: str) -> None:
         """Checkpoint after ``step``: re-raise this rank's ``error``, or raise RankFailed when another
-        rank failed (the lowest such rank is named), or return when every rank succeeded."""
+        rank failed (the lowest such rank is named), or return when every rank succeeded. When the
+        group itself broke (a rank died), that RankFailed, unless this rank has a usage error of its
+        own (an error in the subject's code, a collective inside it, is then the broken group's)."""
         status = None
         if error is not None:
             code, _, message = classify(error)
             status = (code, " ".join(str(message).split()))
-        statuses = self.gather(status)
+        try:
+            statuses = self.gather(status, step=step)
+        except RankFailed:
+            if isinstance(error, UsageError):
+                raise error from None
+            raise
         if error is not None:
             raise error
         for rank, item in enumerate(statuses):
@@ -103,7 +130,7 @@ class Group:
 
         if self.owned and dist.is_initialized():
             if synchronize:
-                dist.barrier()
+                self.barrier(step="closing the process group")
             dist.destroy_process_group()
 
 
