@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import configs, targets
+from . import configs, roofline, targets
 from .attention import block_sparse_attention, decode_config
 from .decode import build_decode_launch
 from .targets import compute_units
@@ -81,11 +81,8 @@ def kept_kv_bytes(layout: BlockLayout, batch: int, heads_kv: int, head_dim: int,
 
 
 def copy_bandwidth(device: torch.device, elements: int = 2**30) -> float:
-    """Device-to-device copy of ``elements`` fp16 values: bytes read + written per second, TB/s."""
-    src = torch.empty(elements, dtype=torch.float16, device=device).normal_()
-    dst = torch.empty_like(src)
-    us, _ = timed(lambda: dst.copy_(src), device, repeats=1)
-    return 2 * src.numel() * src.element_size() / (us * 1e-6) / 1e12
+    """Device-to-device copy rate in TB/s (``kernels.roofline.copy_bandwidth_tbps``)."""
+    return roofline.copy_bandwidth_tbps(device, elements)
 
 
 def timed(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> tuple[float, float]:

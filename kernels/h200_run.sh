@@ -12,7 +12,7 @@
 # the step's exit status is recorded in status.txt. EXTRA_BENCH (benchmark arguments) adds a
 # second benchmark run, e.g. another head dim; MASKS (document,padding or all) adds the
 # element-mask benchmark; PROPERTY_EXAMPLES sets the property test's cases; DECODE_ARGS the decode
-# benchmark's arguments; GPU_TESTS which test files the GPU tests take (default: all of tests/). STEPS (names,
+# benchmark's arguments; TABLE_ARGS the prefill table's (step "table"); GPU_TESTS which test files the GPU tests take (default: all of tests/). STEPS (names,
 # space-separated) runs only those of the steps 2-6 (install always runs). HARNESS (arguments of
 # `python tests/harness_benchmark/harness_benchmark.py`) adds the harness's own benchmark on the GPU (tests/harness_benchmark/BENCHMARK.md)
 # and its profile at the first size (HARNESS_PROFILE=0: not the profile; HARNESS_LIMIT: seconds).
@@ -32,6 +32,7 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 
 STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect inspect-decode"}
+# (also: "table", the prefill table of kernels/benchmark_table.py with TABLE_ARGS, not run by default)
 
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2
@@ -60,6 +61,10 @@ if [ -n "${MASKS:-}" ]; then
     # The element-mask cases against FlexAttention (e.g. MASKS=document,padding or all).
     step benchmark-masks 240 "$PY" -m parity.kernels.benchmark --masks "$MASKS" --json "$R/bench-masks.json"
 fi
+# The prefill table in one run (kernels/benchmark_table.py): TABLE_ARGS adds e.g. --cases NAME,...
+# --config d64:block_n=128 --repeats 3; the JSON is rewritten after every case.
+# shellcheck disable=SC2086  # word splitting of the argument string is intended
+step table "${TABLE_LIMIT:-540}" "$PY" -m parity.kernels.benchmark_table --json "$R/table.json" ${TABLE_ARGS:-}
 # The decode path against SDPA and FlexAttention (kernels/BENCHMARK.md); DECODE_ARGS adds
 # e.g. --sweep --threshold --variant KEY=VALUE,...
 # shellcheck disable=SC2086  # word splitting of the argument string is intended

@@ -20,6 +20,8 @@ format                        version  written by
 ``parity-bench-report``       1        ``bench --json`` (parity.speed.bench)
 ``parity-decode-benchmark-    1        ``python -m parity.kernels.benchmark_decode --json``
 report``
+``parity-benchmark-table-     1        ``python -m parity.kernels.benchmark_table --json``
+report``
 ============================  =======  =========================================================
 
 ``parity-harness-benchmark-report`` (version 2) is written by ``python tests/harness_benchmark/harness_benchmark.py
@@ -47,6 +49,7 @@ HARNESS_BENCHMARK_REPORT = "parity-harness-benchmark-report"
 PROFILE_REPORT = "parity-profile-report"
 BENCH_REPORT = "parity-bench-report"
 DECODE_BENCHMARK_REPORT = "parity-decode-benchmark-report"
+BENCHMARK_TABLE_REPORT = "parity-benchmark-table-report"
 
 # format -> (current version, schema file in SCHEMA_DIR)
 FORMATS: dict[str, tuple[int, str]] = {
@@ -59,6 +62,7 @@ FORMATS: dict[str, tuple[int, str]] = {
     PROFILE_REPORT: (1, "profile-report.schema.json"),
     BENCH_REPORT: (1, "bench-report.schema.json"),
     DECODE_BENCHMARK_REPORT: (1, "decode-benchmark-report.schema.json"),
+    BENCHMARK_TABLE_REPORT: (1, "benchmark-table-report.schema.json"),
 }
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"

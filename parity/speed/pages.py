@@ -30,7 +30,7 @@ table.view{border-collapse:collapse;font:12.5px ui-monospace,SFMono-Regular,Menl
 table.view th,table.view td{border:1px solid #ddd;padding:2px 6px;text-align:right;white-space:nowrap}
 table.view td.name,table.view th.name{text-align:left;white-space:normal;overflow-wrap:anywhere;min-width:14em}
 table.view td.text{text-align:left;white-space:normal;overflow-wrap:break-word}
-table.view th{background:#f4f4f6}
+table.view th{background:#f4f4f6;white-space:normal}
 table.view tr.fail td{background:#fff0ee}
 svg.bars{max-width:100%;height:auto;background:#fff}
 svg.bars text{font:12px ui-monospace,monospace;fill:#333}svg.bars rect.bar{fill:#1f5fbf}
@@ -229,9 +229,9 @@ def render_bench(document: Mapping[str, Any]) -> str:
     unit, scale = time_unit([_num(r["summary"]["median"]) for r in rows])
     device = any("device_time" in r for r in rows)
     head = "".join(f"<th{' class=name' if i == 0 else ''}>{_esc(h)}</th>" for i, h in enumerate(
-        ["impl", f"median {unit}", f"IQR {unit}", f"p20 {unit}", f"p80 {unit}", "n"]
-        + ([f"device {unit}", "device speedup"] if device else [])
-        + ["speedup", "95% CI", "verdict", "parity", "speedup valid?"]))
+        ["impl", f"median {unit}", f"IQR {unit}", f"p20\u2013p80 {unit}", "n"]
+        + ([f"device {unit} (speedup)"] if device else [])
+        + ["speedup [95% CI]", "verdict", "parity", "speedup valid?"]))
     body = []
     bars = []
     for r in rows:
@@ -239,20 +239,20 @@ def render_bench(document: Mapping[str, Any]) -> str:
         cmp = r.get("vs_baseline")
         fails = parity.get("status") == "fails"
         cells = [f'<td class="name">{_esc(r["impl"])}</td>'] + [
-            f"<td>{_esc(fmt_time(s[key], scale))}</td>" for key in ("median", "iqr", "p20", "p80")]
+            f"<td>{_esc(fmt_time(s[key], scale))}</td>" for key in ("median", "iqr")]
+        cells.append(f"<td>{_esc(fmt_time(s['p20'], scale))}\u2013{_esc(fmt_time(s['p80'], scale))}</td>")
         cells.append(f"<td>{_esc(s['n'])}</td>")
         if device:
             measured = r.get("device_time") or {}
             ratio = _num(measured.get("speedup"))
-            cells += [f"<td>{_esc(fmt_time(measured.get('per_call_s'), scale))}</td>",
-                      f"<td>{'-' if ratio is None else f'{ratio:.3f}x'}</td>"]
+            cells.append(f"<td>{_esc(fmt_time(measured.get('per_call_s'), scale))}"
+                         f"{'' if ratio is None else f'<br/>({ratio:.3f}x)'}</td>")
         if cmp:
-            cells += [f"<td>{_num(cmp['speedup']):.3f}x</td>",
-                      f"<td>[{_num(cmp['ci_low']):.3f}, {_num(cmp['ci_high']):.3f}]</td>",
+            cells += [f"<td>{_num(cmp['speedup']):.3f}x<br/>[{_num(cmp['ci_low']):.3f}, {_num(cmp['ci_high']):.3f}]</td>",
                       f"<td>{_esc(cmp['verdict'])}</td>"]
             bars.append((r["impl"], _num(cmp["speedup"]) or 0.0, "fail" if not r.get("valid") else ""))
         else:
-            cells += ["<td>baseline</td>", "<td>-</td>", "<td>-</td>"]
+            cells += ["<td>baseline</td>", "<td>-</td>"]
             bars.append((r["impl"], 1.0, "base"))
         cells.append(f'<td class="text">{_esc(parity.get("status"))}</td>')
         cells.append(f'<td class="text">{_esc(r.get("validity", "-"))}</td>')

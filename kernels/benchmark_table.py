@@ -1,0 +1,352 @@
+"""The prefill kernel's table in one run: every case next to FlexAttention and SDPA, with what limits it.
+
+    python -m parity.kernels.benchmark_table --json table.json
+        [--config [dD:]KEY=VALUE,... ...] [--cases NAME,...] [--repeats N]
+    python -m parity.kernels.benchmark_table --markdown table.json [--as LABEL]
+
+The cases (``CASES``) are those of kernels/BENCHMARK.md: bf16, B=4, H=16 unless named;
+causal, sliding window 1024 and random 25% (causal) layouts at D=64 and D=128, S=4k and 16k;
+dense causal and dense non-causal next to SDPA; GQA 32:8 and fp16 at 8k; the documents and
+padding element masks at 16k. In each case, every implementation gets the same inputs and the
+same mask (FlexAttention through ``BlockMask.from_kv_blocks`` on the layout's own block lists,
+or ``create_block_mask`` of the equivalent mask_mod for the element masks).
+
+Before timing, each output is compared with the fp32 PyTorch reference (relative L2 error); an
+implementation above ``CHECK_REL_L2`` is timed but marked and gets no ratio. Times: the median of
+``--repeats`` do_bench medians and their spread ((max - min) / median). Each row carries the
+roofline (``kernels.roofline``): effective TFLOP/s over the computed blocks and its fraction of
+the dense matmul ceiling measured at the start of the same run, the least-bytes TB/s and its
+fraction of the measured copy rate.
+
+``--config`` adds a variant of the pinned config (``LaunchConfig`` fields, ``configs.LAUNCH_FIELDS``),
+to every case, or with a ``d64:`` prefix only to cases of that head dim. ``--markdown`` writes
+the benchmark document's table from a result; ``--as LABEL`` takes the variant named LABEL as
+"the kernel" (a variant measured in the run and pinned afterwards). Needs a GPU to measure;
+``run`` also accepts a CPU device and tiny ``Sizes`` (a smoke run through the interpreter).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+
+from . import configs, roofline, targets
+from .attention import block_sparse_attention, launch_config
+from .benchmark import flex_block_mask, mask_case, parse_config
+from .layout import (BlockLayout, causal_layout, layout_from_block_mask, random_layout, sliding_window_layout)
+from .reference import reference_attention
+from .testing import random_qkv
+
+FORMAT, VERSION = "parity-benchmark-table-report", 1
+CHECK_REL_L2 = 2e-2  # bf16/fp16 outputs of a correct kernel sit near 3e-3 / 5e-4 (BENCHMARK.md)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One row of the table: the problem and the layout (``layout`` names a builder below)."""
+
+    name: str
+    head_dim: int
+    seq: int
+    layout: str
+    batch: int = 4
+    heads_q: int = 16
+    heads_kv: int = 16
+    dtype: str = "bf16"
+
+
+def _layouts(seq: int, block: int) -> dict[str, Callable[[], BlockLayout]]:
+    nb = -(-seq // block)
+    return {
+        "causal": lambda: causal_layout(seq, seq, block_m=block, block_n=block),
+        "window1024": lambda: sliding_window_layout(seq, seq, min(1024, seq), block_m=block, block_n=block),
+        "random25": lambda: random_layout(seq, seq, 0.25, 0, causal=True, block_m=block, block_n=block),
+        "dense": lambda: layout_from_block_mask(torch.ones(1, 1, nb, nb, dtype=torch.bool), seq, seq,
+                                                block_m=block, block_n=block),
+    }
+
+
+def _cases() -> list[Case]:
+    # Names without spaces, so that a shell variable can list them (kernels/h200_run.sh).
+    out = [Case(f"d{d}-s{s // 1024}k-{lay}", d, s, lay) for d in (128, 64) for s in (4096, 16384)
+           for lay in ("causal", "window1024", "random25")]
+    out += [Case(f"d{d}-s{s // 1024}k-dense", d, s, "dense") for d in (128, 64) for s in (4096, 16384)]
+    out += [Case("gqa32:8-d128-s8k-causal", 128, 8192, "causal", heads_q=32, heads_kv=8),
+            Case("gqa32:8-d128-s8k-window1024", 128, 8192, "window1024", heads_q=32, heads_kv=8),
+            Case("fp16-d128-s8k-causal", 128, 8192, "causal", dtype="fp16"),
+            Case("d128-s16k-documents", 128, 16384, "document"),
+            Case("d128-s16k-padding", 128, 16384, "padding")]
+    return out
+
+
+CASES: tuple[Case, ...] = tuple(_cases())
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """Scale of a run: the real one, or a tiny one for the CPU smoke test."""
+
+    block: int = 128
+    repeats: int = 5
+    matmul_n: int = 8192
+    copy_elements: int = 2**30
+    seq_cap: int | None = None  # cap every case's length (the smoke test)
+    batch_cap: int | None = None
+    heads_cap: int | None = None
+
+
+def parse_variant(spec: str) -> tuple[int | None, dict[str, Any]]:
+    """``d64:block_n=128,num_warps=8`` -> ``(64, {...})``; no prefix -> ``(None, {...})``."""
+    head, sep, rest = spec.partition(":")
+    if sep and head.lower().startswith("d") and head[1:].isdigit():
+        return int(head[1:]), parse_config(rest)
+    if sep:
+        raise ValueError(f"--config {spec!r}: a prefix must look like d64: or d128:")
+    return None, parse_config(spec)
+
+
+def label(cfg: configs.LaunchConfig) -> str:
+    flags = [flag for flag in configs.FLAGS if getattr(cfg, flag)]
+    return f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}" + "".join(f" +{f}" for f in flags)
+
+
+def _scaled(case: Case, sizes: Sizes) -> Case:
+    seq = min(case.seq, sizes.seq_cap) if sizes.seq_cap else case.seq
+    batch = min(case.batch, sizes.batch_cap) if sizes.batch_cap else case.batch
+    heads_q = min(case.heads_q, sizes.heads_cap) if sizes.heads_cap else case.heads_q
+    heads_kv = heads_q // (case.heads_q // case.heads_kv)
+    return dataclasses.replace(case, seq=seq, batch=batch, heads_q=heads_q, heads_kv=max(1, heads_kv))
+
+
+def _timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[float, float]:
+    times = sorted(roofline._time_ms(fn, device) for _ in range(max(1, repeats)))
+    median = times[len(times) // 2]
+    return median, (times[-1] - times[0]) / median if median > 0 else 0.0
+
+
+def _rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float | str:
+    """Relative L2 error; "nan"/"inf" as strings where not finite (the JSON convention)."""
+    value = float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+    return value if math.isfinite(value) else str(value)
+
+
+def _check(error: float | str | None) -> str | None:
+    if error is None:
+        return None
+    return "ok" if isinstance(error, float) and error <= CHECK_REL_L2 else "FAILED"
+
+
+def _problem(case: Case, device: torch.device, sizes: Sizes):
+    """(layout, q, k, v, batch, flex BlockMask or mask_mod case) for a case."""
+    dtype = DTYPES[case.dtype]
+    if case.layout in ("document", "padding"):
+        mc = mask_case(case.layout, case.seq, device)
+        q, k, v = random_qkv(mc.batch, case.heads_q, case.heads_kv, case.seq, case.seq, case.head_dim, dtype,
+                             seed=case.seq, device=device)
+        return mc.layout.to(device), q, k, v, mc.batch, mc
+    layout = _layouts(case.seq, sizes.block)[case.layout]().to(device)
+    q, k, v = random_qkv(case.batch, case.heads_q, case.heads_kv, case.seq, case.seq, case.head_dim, dtype,
+                         seed=case.seq, device=device)
+    return layout, q, k, v, case.batch, None
+
+
+def _impls(case: Case, layout, q, k, v, mc, device, variants, flex: bool) -> dict[str, Callable[[], torch.Tensor]]:
+    gqa = case.heads_q != case.heads_kv
+    impls: dict[str, Callable[[], torch.Tensor]] = {"parity triton": lambda: block_sparse_attention(q, k, v, layout)}
+    for cfg in variants:
+        impls[f"parity {label(cfg)}"] = (lambda cfg=cfg: block_sparse_attention(q, k, v, layout, config=cfg))
+    if flex:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        compiled = torch.compile(flex_attention, dynamic=False)
+        if mc is not None:
+            block_mask = create_block_mask(mc.mask_mod, mc.flex_batch, None, case.seq, case.seq, device=device,
+                                           BLOCK_SIZE=128)
+        else:
+            block_mask = flex_block_mask(layout.to("cpu"), device)
+        impls["FlexAttention"] = lambda: compiled(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    if case.layout in ("causal", "dense") and mc is None:
+        causal = case.layout == "causal"
+        impls["SDPA"] = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                                 enable_gqa=gqa)
+    return impls
+
+
+def run_case(case: Case, device: torch.device, ceilings: dict[str, float], variant_changes, *, flex: bool = True,
+             check: bool = True, sizes: Sizes = Sizes()) -> list[dict[str, Any]]:
+    """Every implementation of one case: checked, then timed; one row each."""
+    from triton.runtime.errors import OutOfResources
+
+    case = _scaled(case, sizes)
+    layout, q, k, v, batch, mc = _problem(case, device, sizes)
+    pinned = launch_config(device, case.head_dim, q.dtype, layout)
+    variants = [configs.with_overrides(pinned, change) for head, change in variant_changes
+                if head in (None, case.head_dim)]
+    impls = _impls(case, layout, q, k, v, mc, device, variants, flex)
+    computed = layout.computed_elements() * (batch * case.heads_q) // (layout.batch_heads[0] * layout.batch_heads[1])
+    flops = roofline.attention_flops(computed, case.head_dim)
+    hbm = roofline.min_hbm_bytes(batch, case.heads_q, case.heads_kv, case.seq, case.seq, case.head_dim,
+                                 q.element_size())
+    errors: dict[str, float | str] = {}
+    failed: dict[str, str] = {}  # implementations that could not run: the error's name
+    if check:
+        ref = reference_attention(q, k, v, layout, precision="fp32", chunk_rows=256)
+        for name, fn in impls.items():
+            try:
+                errors[name] = _rel_l2(fn(), ref)
+            except OutOfResources as err:
+                failed[name] = type(err).__name__
+        del ref
+    rows = []
+    for name, fn in impls.items():
+        base = {"case": case.name, "impl": name, "head_dim": case.head_dim, "seq": case.seq, "batch": batch,
+                "heads_q": case.heads_q, "heads_kv": case.heads_kv, "dtype": case.dtype, "layout": case.layout,
+                "density": round(computed / (batch * case.heads_q * case.seq * case.seq), 4)}
+        if name == "parity triton":
+            base["config"] = label(pinned)
+        if name in failed:
+            rows.append({**base, "error": failed[name]})
+            continue
+        error = errors.get(name)
+        try:
+            ms, spread = _timed(fn, device, sizes.repeats)
+        except OutOfResources as err:
+            rows.append({**base, "error": type(err).__name__})
+            continue
+        rows.append({**base, "ms": round(ms, 4), "spread": round(spread, 4), "rel_l2_vs_fp32_ref": error,
+                     "check": _check(error),
+                     **roofline.limits(flops, hbm, ms * 1e-3, ceilings)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def run(names: list[str] | None, variant_changes, *, device: torch.device | None = None, flex: bool = True,
+        check: bool = True, sizes: Sizes = Sizes(),
+        after_case: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The cases named (all when None), in the table's order. ``after_case`` gets the document
+    so far after every case (the command writes it out, so a run cut short keeps its rows)."""
+    device = device or torch.device("cuda")
+    ceilings = roofline.measure_ceilings(device, matmul_n=sizes.matmul_n, copy_elements=sizes.copy_elements)
+    print(json.dumps(ceilings), flush=True)
+    document = {"format": FORMAT, "version": VERSION, "environment": targets.environment(device),
+                "ceilings": ceilings, "check_rel_l2": CHECK_REL_L2,
+                "variants": [{"head_dim": head, "changes": change} for head, change in variant_changes], "rows": []}
+    for case in CASES:
+        if names is None or case.name in names:
+            document["rows"] += run_case(case, device, ceilings, variant_changes, flex=flex, check=check, sizes=sizes)
+            if after_case is not None:
+                after_case(document)
+    return document
+
+
+def write_json(path: str, document: dict[str, Any]) -> None:
+    """Write whole or not at all: a temporary file renamed over ``path``."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(document, indent=2, ensure_ascii=True, allow_nan=False))
+    os.replace(tmp, path)
+
+
+# ---- the document's table ---------------------------------------------------------------------
+def _find(rows, case, impl):
+    return next((r for r in rows if r["case"] == case and r["impl"] == impl and "ms" in r), None)
+
+
+def _valid(row) -> bool:
+    return row is not None and row.get("check") != "FAILED"
+
+
+def markdown(result: dict[str, Any], kernel: str = "parity triton") -> str:
+    """One line per case: the kernel's time and TFLOP/s, its ratio to FlexAttention and SDPA (a
+    ratio only where both outputs passed the check), and what limits it (fractions of the
+    measured ceilings). Then one line per variant timed: its TFLOP/s per case."""
+    rows, ceil = result["rows"], result["ceilings"]
+    lines = [f"Ceilings measured in this run: dense bf16 matmul {ceil['matmul_tflops']} TFLOP/s, "
+             f"copy {ceil['copy_tbps']} TB/s. Ratios are speedups (time of the other / time of the kernel).", "",
+             "| case | density | kernel ms (spread) | kernel TFLOP/s | vs Flex | vs SDPA | "
+             "of matmul ceiling | of HBM (least bytes) | rel L2: kernel / Flex / SDPA |",
+             "|---|---|---|---|---|---|---|---|---|"]
+
+    def ratio(other, ours):
+        return f"{other['ms'] / ours['ms']:.2f}x" if _valid(other) and _valid(ours) else "-"
+
+    def err(row):
+        value = row.get("rel_l2_vs_fp32_ref") if row else None
+        return "-" if value is None else f"{float(value):.1e}" + ("!" if row.get("check") == "FAILED" else "")
+
+    for case in dict.fromkeys(r["case"] for r in rows):
+        ours = _find(rows, case, kernel)
+        if ours is None:
+            lines.append(f"| {case} | - | not measured | - | - | - | - | - | - |")
+            continue
+        flex, sdpa = _find(rows, case, "FlexAttention"), _find(rows, case, "SDPA")
+        lines.append(
+            f"| {case} | {ours['density']:.3f} | {ours['ms']} ({100 * ours['spread']:.1f}%) | {ours['tflops']:.0f} | "
+            f"{ratio(flex, ours) if flex else '-'} | {ratio(sdpa, ours) if sdpa else '-'} | "
+            f"{100 * ours['fraction_of_matmul']:.0f}% | {100 * ours['fraction_of_hbm']:.1f}% | "
+            f"{err(ours)} / {err(flex)} / {err(sdpa)} |")
+    impls = [name for name in dict.fromkeys(r["impl"] for r in rows) if name.startswith("parity")]
+    if len(impls) > 1:
+        cases = list(dict.fromkeys(r["case"] for r in rows))
+        lines += ["", "TFLOP/s of each configuration (`!`: output failed the check):", "",
+                  "| config | " + " | ".join(cases) + " |", "|---|" + "---|" * len(cases)]
+        for name in impls:
+            cells = []
+            for case in cases:
+                r = _find(rows, case, name)
+                cells.append("-" if r is None else f"{r['tflops']:.0f}" + ("" if _valid(r) else "!"))
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", metavar="NAME,...", help="only these cases (names as in the table)")
+    parser.add_argument("--config", action="append", default=[], metavar="[dD:]KEY=VALUE,...",
+                        help="also time this variant of the pinned config; repeatable")
+    parser.add_argument("--repeats", type=int, default=5, help="do_bench runs per implementation (default 5)")
+    parser.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
+    parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
+    parser.add_argument("--json", help="write the result here")
+    parser.add_argument("--markdown", metavar="RESULT.json", help="print the table of an earlier result (no GPU)")
+    parser.add_argument("--as", dest="kernel", default="parity triton", metavar="LABEL",
+                        help="with --markdown: the implementation shown as the kernel (e.g. 'parity 128x128 w8 s3')")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        try:
+            with open(args.markdown) as fh:
+                print(markdown(json.load(fh), args.kernel))
+        except (OSError, ValueError, KeyError) as err:
+            print(f"benchmark_table: cannot read {args.markdown}: {err}", file=sys.stderr)
+            return 2
+        return 0
+    try:
+        changes = [parse_variant(spec) for spec in args.config]
+        names = None if not args.cases else [n.strip() for n in args.cases.split(",") if n.strip()]
+        unknown = [n for n in names or () if n not in {c.name for c in CASES}]
+        if unknown:
+            raise ValueError(f"unknown case {unknown[0]!r}; the cases: {', '.join(c.name for c in CASES)}")
+        if args.repeats < 1:
+            raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    except ValueError as err:
+        print(f"benchmark_table: {err}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("benchmark_table: needs a GPU", file=sys.stderr)
+        return 2
+    result = run(names, changes, flex=not args.no_flex, check=not args.no_check,
+                 sizes=dataclasses.replace(Sizes(), repeats=args.repeats),
+                 after_case=(lambda doc: write_json(args.json, doc)) if args.json else None)
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The prefill table benchmark (kernels/benchmark_table.py) and its roofline (kernels/roofline.py):
+counts and fractions with known answers, argument errors, the document's table from synthetic
+rows, and the whole flow at toy sizes on CPU through the interpreter (a smoke run: its times are
+not measurements)."""
+import json
+
+import pytest
+import torch
+
+from parity.base import jsonformat
+from parity.kernels import benchmark_table, roofline
+from parity.kernels.layout import causal_layout
+
+
+def test_flops_of_a_causal_layout_match_the_issue_table():
+    # causal 4k, 128 blocks: 32 * 33 / 2 = 528 computed blocks of 128 x 128 per (batch, head)
+    layout = causal_layout(4096, 4096, block_m=128, block_n=128)
+    assert layout.computed_elements() == 528 * 128 * 128
+    flops = roofline.attention_flops(layout.computed_elements() * 4 * 16, 128)
+    assert flops == 4 * 128 * 528 * 16384 * 64 == 283_467_841_536
+    # 0.7 ms for this is 405 TFLOP/s: the issue's "408" row at 0.695 ms
+    assert round(flops / 0.695e-3 / 1e12) == 408
+
+
+def test_least_bytes_count_each_tensor_once():
+    # Q and O over 32 query heads, K and V over 8 K/V heads, 2 bytes each
+    assert roofline.min_hbm_bytes(2, 32, 8, 1000, 3000, 64, 2) == 2 * 64 * 2 * (2 * 32 * 1000 + 2 * 8 * 3000)
+    with pytest.raises(ValueError):
+        roofline.min_hbm_bytes(0, 1, 1, 1, 1, 1, 2)
+    with pytest.raises(ValueError):
+        roofline.attention_flops(-1, 64)
+
+
+def test_limits_fractions_and_bound():
+    got = roofline.limits(10**12, 10**9, 1e-2, {"matmul_tflops": 800.0, "copy_tbps": 4.0})
+    assert got == {"tflops": 100.0, "fraction_of_matmul": 0.125, "min_tbps": 0.1, "fraction_of_hbm": 0.025,
+                   "flops_per_byte": 1000.0, "ridge_flops_per_byte": 200.0, "bound": "compute"}
+    low = roofline.limits(10**10, 10**9, 1e-3, {"matmul_tflops": 800.0, "copy_tbps": 4.0})
+    assert low["bound"] == "memory" and low["fraction_of_hbm"] == 0.25 and low["flops_per_byte"] == 10.0
+    with pytest.raises(ValueError):
+        roofline.limits(1, 1, 0.0, {"matmul_tflops": 1.0, "copy_tbps": 1.0})
+
+
+def test_cases_cover_the_issue_table():
+    names = {c.name for c in benchmark_table.CASES}
+    for d in (64, 128):
+        for s in ("4k", "16k"):
+            for lay in ("causal", "window1024", "random25", "dense"):
+                assert f"d{d}-s{s}-{lay}" in names
+    assert {"gqa32:8-d128-s8k-causal", "gqa32:8-d128-s8k-window1024", "fp16-d128-s8k-causal",
+            "d128-s16k-documents", "d128-s16k-padding"} <= names
+    gqa = next(c for c in benchmark_table.CASES if c.name == "gqa32:8-d128-s8k-causal")
+    assert (gqa.heads_q, gqa.heads_kv, gqa.seq) == (32, 8, 8192)
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("d64:block_n=128,num_warps=8", (64, {"block_n": 128, "num_warps": 8})),
+    ("lazy_rescale=1", (None, {"lazy_rescale": True})),
+])
+def test_variant_prefixes(spec, expected):
+    assert benchmark_table.parse_variant(spec) == expected
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config", "x64:block_n=128"], "a prefix must look like d64: or d128:"),
+    (["--config", "d64:tiles=3"], "unknown config key 'tiles'"),
+    (["--cases", "d96-s4k-causal"], "unknown case 'd96-s4k-causal'"),
+    (["--repeats", "0"], "--repeats must be at least 1"),
+])
+def test_bad_arguments_are_one_line(argv, message, capsys):
+    assert benchmark_table.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def _row(case, impl, ms, tflops, **extra):
+    return {"case": case, "impl": impl, "density": 0.516, "ms": ms, "spread": 0.01, "tflops": tflops,
+            "fraction_of_matmul": tflops / 790, "fraction_of_hbm": 0.01, "check": "ok",
+            "rel_l2_vs_fp32_ref": 3e-3, **extra}
+
+
+def test_markdown_ratios_only_where_both_outputs_pass():
+    result = {"ceilings": {"matmul_tflops": 790.0, "copy_tbps": 4.27}, "rows": [
+        _row("d64-s4k-causal", "parity triton", 1.0, 200.0, config="128x64 w8 s3"),
+        _row("d64-s4k-causal", "parity 128x128 w8 s3", 0.6, 333.0),
+        _row("d64-s4k-causal", "FlexAttention", 0.8, 250.0),
+        _row("d64-s4k-causal", "SDPA", 0.5, 400.0, check="FAILED", rel_l2_vs_fp32_ref=0.5),
+    ]}
+    text = benchmark_table.markdown(result)
+    assert "matmul 790.0 TFLOP/s, copy 4.27 TB/s" in text
+    line = next(l for l in text.splitlines() if l.startswith("| d64-s4k-causal"))
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[2:6] == ["1.0 (1.0%)", "200", "0.80x", "-"]  # SDPA failed its check: no ratio
+    assert cells[6] == "25%" and cells[8] == "3.0e-03 / 3.0e-03 / 5.0e-01!"
+    as_variant = benchmark_table.markdown(result, kernel="parity 128x128 w8 s3")
+    line = next(l for l in as_variant.splitlines() if l.startswith("| d64-s4k-causal"))
+    assert "| 1.33x |" in line  # Flex 0.8 ms / 0.6 ms
+    assert "| parity 128x128 w8 s3 | 333 |" in as_variant
+
+
+def test_smoke_run_on_cpu_through_the_interpreter(tmp_path, monkeypatch):
+    """The whole flow at toy sizes: ceilings, the check against the reference, the rows and their
+    roofline fields, a variant on one head dim only, SDPA next to dense layouts, the schema."""
+    jsonschema = pytest.importorskip("jsonschema")
+    sizes = benchmark_table.Sizes(block=64, repeats=1, matmul_n=64, copy_elements=2**12, seq_cap=192,
+                                  batch_cap=1, heads_cap=4)
+    names = ["d64-s4k-dense", "gqa32:8-d128-s8k-causal", "d128-s16k-documents"]
+    seen = []
+    result = benchmark_table.run(names, [(64, {"block_n": 32})], device=torch.device("cpu"), flex=False,
+                                 sizes=sizes, after_case=lambda doc: seen.append(len(doc["rows"])))
+    assert seen == [3, 5, 6]  # the document after each case, as the command writes it
+    jsonschema.validate(json.loads(json.dumps(result, allow_nan=False)),
+                        jsonformat.schema_for(benchmark_table.FORMAT))
+    rows = result["rows"]
+    by = {(r["case"], r["impl"]): r for r in rows}
+    assert set(by) == {("d64-s4k-dense", "parity triton"), ("d64-s4k-dense", "parity 64x32 w4 s1"),
+                       ("d64-s4k-dense", "SDPA"), ("gqa32:8-d128-s8k-causal", "parity triton"),
+                       ("gqa32:8-d128-s8k-causal", "SDPA"), ("d128-s16k-documents", "parity triton")}
+    for row in rows:
+        assert row["check"] == "ok" and row["rel_l2_vs_fp32_ref"] < 1e-2, row
+        assert row["tflops"] >= 0 and row["bound"] in ("compute", "memory")
+    gqa = by[("gqa32:8-d128-s8k-causal", "parity triton")]
+    assert (gqa["seq"], gqa["heads_q"], gqa["heads_kv"]) == (192, 4, 1)  # capped, the 4:1 ratio kept
+    assert by[("d64-s4k-dense", "parity triton")]["density"] == 1.0
+    assert "| d64-s4k-dense | 1.000 |" in benchmark_table.markdown(result)
+
+
+def test_the_harness_registers_the_format():
+    assert (benchmark_table.FORMAT, benchmark_table.VERSION) == (
+        jsonformat.BENCHMARK_TABLE_REPORT, jsonformat.FORMATS[jsonformat.BENCHMARK_TABLE_REPORT][0])
+
+
+def test_json_is_replaced_whole(tmp_path):
+    path = tmp_path / "table.json"
+    benchmark_table.write_json(str(path), {"rows": [1]})
+    benchmark_table.write_json(str(path), {"rows": [1, 2]})
+    assert json.loads(path.read_text()) == {"rows": [1, 2]}
+    assert [p.name for p in tmp_path.iterdir()] == ["table.json"]

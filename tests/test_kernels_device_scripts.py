@@ -1,0 +1,63 @@
+"""kernels/h200_run.sh, the one call a device session spends, dry-run on CPU with a stand-in for
+Python that records its arguments: the steps asked for run with the arguments given, the others
+do not, and the results archive carries every step's status. (The device runs are costly and
+rare; a typo here would waste one.)"""
+import os
+import stat
+import subprocess
+import tarfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _dry_run(tmp_path, env_extra):
+    calls = tmp_path / "calls.txt"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexit 0\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": str(fake), "OUT": str(out), "PATH": os.environ["PATH"], **env_extra}
+    proc = subprocess.run(["bash", "kernels/h200_run.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(out / "results.tgz") as tar:
+        status = tar.extractfile("r/status.txt").read().decode()
+    return calls.read_text().splitlines(), status
+
+
+def test_table_step_runs_with_its_arguments(tmp_path):
+    calls, status = _dry_run(tmp_path, {"STEPS": "table",
+                                        "TABLE_ARGS": "--cases d64-s4k-causal,d128-s4k-causal --repeats 3 "
+                                                      "--config d64:block_n=128"})
+    table = [c for c in calls if "benchmark_table" in c]
+    assert len(table) == 1
+    assert table[0].startswith("-m parity.kernels.benchmark_table --json ")
+    assert table[0].endswith("table.json --cases d64-s4k-causal,d128-s4k-causal --repeats 3 --config d64:block_n=128")
+    assert not [c for c in calls if "benchmark_decode" in c or "pytest" in c]  # steps not asked for
+    assert [line.split()[:2] for line in status.splitlines()] == [["install", "rc=0"], ["table", "rc=0"]]
+
+
+def test_decode_and_gpu_tests_steps(tmp_path):
+    calls, status = _dry_run(tmp_path, {"STEPS": "decode gpu-tests", "DECODE_ARGS": "--threshold",
+                                        "GPU_TESTS": "tests/test_kernels_decode.py tests/test_kernels_rescale.py"})
+    decode = next(c for c in calls if "benchmark_decode" in c)
+    assert decode.endswith("decode.json --threshold")
+    tests = next(c for c in calls if c.startswith("-m pytest -m gpu"))
+    assert tests.endswith("tests/test_kernels_decode.py tests/test_kernels_rescale.py")
+    assert not [c for c in calls if "benchmark_table" in c]
+    assert [line.split()[0] for line in status.splitlines()] == ["install", "decode", "gpu-tests"]
+
+
+def test_warp_specialize_probe_verdicts(monkeypatch):
+    """The probe's verdict logic on stand-in compile results (the real compile is
+    ``python -m parity.kernels.probe_warp_specialize``, recorded in kernels/BENCHMARK.md)."""
+    from parity.kernels import probe_warp_specialize as probe
+
+    answers = {(False, 4): {"ptx_sha256": "a"}, (True, 4): {"status": "aborted", "detail": "Assertion `false'"},
+               (False, 8): {"ptx_sha256": "b"}, (True, 8): {"ptx_sha256": "b"},
+               (False, 16): {"ptx_sha256": "c"}, (True, 16): {"ptx_sha256": "d"}}
+    monkeypatch.setattr(probe, "_compile", lambda ws, warps: answers[(ws, warps)])
+    rows = probe.probe([4, 8, 16])
+    assert [(r["num_warps"], r["verdict"]) for r in rows] == [(4, "aborted"), (8, "same code"), (16, "specialized")]
+    assert rows[0]["detail"] == "Assertion `false'"
