@@ -2,7 +2,8 @@
 
     python -m parity.kernels.benchmark_table --json table.json
         [--config [dD:]KEY=VALUE,... ...] [--cases NAME,...] [--repeats N]
-    python -m parity.kernels.benchmark_table --markdown table.json [--as LABEL]
+    python -m parity.kernels.benchmark_table --markdown table.json [--as LABEL ...]
+    python -m parity.kernels.benchmark_table --pick sweep.json
 
 The cases (``CASES``) are those of kernels/BENCHMARK.md: bf16, B=4, H=16 unless named;
 causal, sliding window 1024 and random 25% (causal) layouts at D=64 and D=128, S=4k and 16k;
@@ -21,7 +22,10 @@ fraction of the measured copy rate.
 ``--config`` adds a variant of the pinned config (``LaunchConfig`` fields, ``configs.LAUNCH_FIELDS``),
 to every case, or with a ``d64:`` prefix only to cases of that head dim. ``--markdown`` writes
 the benchmark document's table from a result; ``--as LABEL`` takes the variant named LABEL as
-"the kernel" (a variant measured in the run and pinned afterwards). Needs a GPU to measure;
+"the kernel" (a variant measured in the run and pinned afterwards; repeatable: per case the first
+label present counts, so one per head dim). ``--pick`` reads a sweep's result and prints, per head
+dim, the ``--config dD:...`` of the variant with the highest geometric-mean TFLOP/s over the
+cases of that head dim, if it beats the pinned config there and passed every check (``pick``). Needs a GPU to measure;
 ``run`` also accepts a CPU device and tiny ``Sizes`` (a smoke run through the interpreter).
 """
 from __future__ import annotations
@@ -190,6 +194,8 @@ def run_case(case: Case, device: torch.device, ceilings: dict[str, float], varia
     variants = [configs.with_overrides(pinned, change) for head, change in variant_changes
                 if head in (None, case.head_dim)]
     impls = _impls(case, layout, q, k, v, mc, device, variants, flex)
+    changes_of = {f"parity {label(cfg)}": change for cfg, (head, change) in
+                  zip(variants, [vc for vc in variant_changes if vc[0] in (None, case.head_dim)])}
     computed = layout.computed_elements() * (batch * case.heads_q) // (layout.batch_heads[0] * layout.batch_heads[1])
     flops = roofline.attention_flops(computed, case.head_dim)
     hbm = roofline.min_hbm_bytes(batch, case.heads_q, case.heads_kv, case.seq, case.seq, case.head_dim,
@@ -211,6 +217,8 @@ def run_case(case: Case, device: torch.device, ceilings: dict[str, float], varia
                 "density": round(computed / (batch * case.heads_q * case.seq * case.seq), 4)}
         if name == "parity triton":
             base["config"] = label(pinned)
+        elif name in changes_of:
+            base["config_changes"] = changes_of[name]
         if name in failed:
             rows.append({**base, "error": failed[name]})
             continue
@@ -263,11 +271,53 @@ def _valid(row) -> bool:
     return row is not None and row.get("check") != "FAILED"
 
 
-def markdown(result: dict[str, Any], kernel: str = "parity triton") -> str:
+def pick(result: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Per head dim, the variant (its changes) with the highest geometric mean of TFLOP/s over the
+    cases of that head dim, among variants that ran and passed the check in every case the
+    pinned config ran in; only if that mean beats the pinned config's."""
+    rows = result["rows"]
+    best: dict[int, dict[str, Any]] = {}
+    for head_dim in sorted({r["head_dim"] for r in rows}):
+        cases = [c for c in dict.fromkeys(r["case"] for r in rows if r["head_dim"] == head_dim)
+                 if _find(rows, c, "parity triton") is not None]
+
+        def geomean(impl):
+            found = [_find(rows, c, impl) for c in cases]
+            if not found or any(r is None or r.get("check") != "ok" for r in found):
+                return None  # missing somewhere, not checked, or failed its check
+            return math.exp(sum(math.log(r["tflops"]) for r in found) / len(found))
+
+        base = geomean("parity triton")
+        impls = [i for i in dict.fromkeys(r["impl"] for r in rows if r["head_dim"] == head_dim)
+                 if i.startswith("parity ") and i != "parity triton"]
+        scored = [(geomean(i), i) for i in impls]
+        scored = [(g, i) for g, i in scored if g is not None]
+        if base is None or not scored:
+            continue
+        top, impl = max(scored)
+        if top > base:
+            config = next(r["config_changes"] for r in rows if r["impl"] == impl and r["head_dim"] == head_dim
+                          and "config_changes" in r)
+            best[head_dim] = {"impl": impl, "changes": config, "geomean_tflops": round(top, 1),
+                              "pinned_geomean_tflops": round(base, 1)}
+    return best
+
+
+def pick_arguments(best: dict[int, dict[str, Any]]) -> list[str]:
+    """``pick``'s choice as benchmark arguments: ``--config d64:block_n=128,num_warps=8 ...``."""
+    out = []
+    for head_dim, choice in best.items():
+        fields = ",".join(f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in choice["changes"].items())
+        out += ["--config", f"d{head_dim}:{fields}"]
+    return out
+
+
+def markdown(result: dict[str, Any], kernel: str | list[str] = "parity triton") -> str:
     """One line per case: the kernel's time and TFLOP/s, its ratio to FlexAttention and SDPA (a
     ratio only where both outputs passed the check), and what limits it (fractions of the
     measured ceilings). Then one line per variant timed: its TFLOP/s per case."""
     rows, ceil = result["rows"], result["ceilings"]
+    kernels = [kernel] if isinstance(kernel, str) else list(kernel)
     lines = [f"Ceilings measured in this run: dense bf16 matmul {ceil['matmul_tflops']} TFLOP/s, "
              f"copy {ceil['copy_tbps']} TB/s. Ratios are speedups (time of the other / time of the kernel).", "",
              "| case | density | kernel ms (spread) | kernel TFLOP/s | vs Flex | vs SDPA | "
@@ -282,7 +332,7 @@ def markdown(result: dict[str, Any], kernel: str = "parity triton") -> str:
         return "-" if value is None else f"{float(value):.1e}" + ("!" if row.get("check") == "FAILED" else "")
 
     for case in dict.fromkeys(r["case"] for r in rows):
-        ours = _find(rows, case, kernel)
+        ours = next((r for r in (_find(rows, case, k) for k in kernels) if r is not None), None)
         if ours is None:
             lines.append(f"| {case} | - | not measured | - | - | - | - | - | - |")
             continue
@@ -316,13 +366,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--markdown", metavar="RESULT.json", help="print the table of an earlier result (no GPU)")
-    parser.add_argument("--as", dest="kernel", default="parity triton", metavar="LABEL",
-                        help="with --markdown: the implementation shown as the kernel (e.g. 'parity 128x128 w8 s3')")
+    parser.add_argument("--as", dest="kernel", action="append", metavar="LABEL",
+                        help="with --markdown: the implementation shown as the kernel (e.g. 'parity 128x128 w8 s3'); "
+                             "repeatable, the first present in a case counts")
+    parser.add_argument("--pick", metavar="SWEEP.json",
+                        help="print the --config arguments of the best variant per head dim in a result (no GPU)")
     args = parser.parse_args(argv)
+    if args.pick:
+        try:
+            with open(args.pick) as fh:
+                best = pick(json.load(fh))
+        except (OSError, ValueError, KeyError, StopIteration) as err:
+            print(f"benchmark_table: cannot read {args.pick}: {err}", file=sys.stderr)
+            return 2
+        for head_dim, choice in best.items():
+            print(f"D={head_dim}: {choice['impl']} {choice['geomean_tflops']} vs pinned "
+                  f"{choice['pinned_geomean_tflops']} TFLOP/s (geometric mean)", file=sys.stderr)
+        print(" ".join(pick_arguments(best)))
+        return 0
     if args.markdown:
         try:
             with open(args.markdown) as fh:
-                print(markdown(json.load(fh), args.kernel))
+                print(markdown(json.load(fh), args.kernel or "parity triton"))
         except (OSError, ValueError, KeyError) as err:
             print(f"benchmark_table: cannot read {args.markdown}: {err}", file=sys.stderr)
             return 2

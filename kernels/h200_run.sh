@@ -12,7 +12,8 @@
 # the step's exit status is recorded in status.txt. EXTRA_BENCH (benchmark arguments) adds a
 # second benchmark run, e.g. another head dim; MASKS (document,padding or all) adds the
 # element-mask benchmark; PROPERTY_EXAMPLES sets the property test's cases; DECODE_ARGS the decode
-# benchmark's arguments; TABLE_ARGS the prefill table's (step "table"); GPU_TESTS which test files the GPU tests take (default: all of tests/). STEPS (names,
+# benchmark's arguments; SWEEP_CASES, SWEEP_ARGS and TABLE_ARGS the prefill table's (steps "table-sweep",
+# "table"); GPU_TESTS which test files the GPU tests take (default: all of tests/). STEPS (names,
 # space-separated) runs only those of the steps 2-6 (install always runs). HARNESS (arguments of
 # `python tests/harness_benchmark/harness_benchmark.py`) adds the harness's own benchmark on the GPU (tests/harness_benchmark/BENCHMARK.md)
 # and its profile at the first size (HARNESS_PROFILE=0: not the profile; HARNESS_LIMIT: seconds).
@@ -32,7 +33,7 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 
 STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect inspect-decode"}
-# (also: "table", the prefill table of kernels/benchmark_table.py with TABLE_ARGS, not run by default)
+# (also: "table-sweep" and "table", the prefill table of kernels/benchmark_table.py, not run by default)
 
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2
@@ -61,10 +62,24 @@ if [ -n "${MASKS:-}" ]; then
     # The element-mask cases against FlexAttention (e.g. MASKS=document,padding or all).
     step benchmark-masks 240 "$PY" -m parity.kernels.benchmark --masks "$MASKS" --json "$R/bench-masks.json"
 fi
-# The prefill table in one run (kernels/benchmark_table.py): TABLE_ARGS adds e.g. --cases NAME,...
-# --config d64:block_n=128 --repeats 3; the JSON is rewritten after every case.
-# shellcheck disable=SC2086  # word splitting of the argument string is intended
-step table "${TABLE_LIMIT:-540}" "$PY" -m parity.kernels.benchmark_table --json "$R/table.json" ${TABLE_ARGS:-}
+# The prefill kernel's variants on a few cases (step table-sweep: SWEEP_CASES, SWEEP_ARGS), then
+# the whole table in one run (step table: TABLE_ARGS, plus the sweep's pick when the sweep ran in
+# this call) (kernels/benchmark_table.py; each JSON is rewritten after every case). The default
+# variants are the spill-free ones of `parity inspect --target sm_90` with Triton 3.6 (BENCHMARK.md).
+SWEEP_CASES=${SWEEP_CASES:-d64-s4k-causal,d64-s16k-window1024,d64-s4k-random25,d128-s4k-causal,d128-s16k-causal,d128-s16k-random25}
+SWEEP_ARGS=${SWEEP_ARGS:-"--config d64:block_n=128 --config d64:block_n=128,tma=1 \
+--config d64:block_n=128,num_warps=4,tma=1,lazy_rescale=1 --config d64:block_n=128,one_loop=1 \
+--config d64:num_warps=4,tma=1 --config lazy_rescale=1 --config d128:tma=1 --config d128:block_n=128,tma=1"}
+# shellcheck disable=SC2086  # word splitting of the argument strings is intended
+step table-sweep "${SWEEP_LIMIT:-540}" "$PY" -m parity.kernels.benchmark_table --json "$R/sweep.json" --repeats 3 \
+    --cases "$SWEEP_CASES" $SWEEP_ARGS
+PICKED=""
+if [ -s "$R/sweep.json" ]; then
+    PICKED=$("$PY" -m parity.kernels.benchmark_table --pick "$R/sweep.json" 2>"$R/pick.log")
+    echo "picked: ${PICKED:-nothing beats the pinned configs}" >>"$R/pick.log"
+fi
+# shellcheck disable=SC2086
+step table "${TABLE_LIMIT:-540}" "$PY" -m parity.kernels.benchmark_table --json "$R/table.json" ${TABLE_ARGS:-} $PICKED
 # The decode path against SDPA and FlexAttention (kernels/BENCHMARK.md); DECODE_ARGS adds
 # e.g. --sweep --threshold --variant KEY=VALUE,...
 # shellcheck disable=SC2086  # word splitting of the argument string is intended

@@ -136,3 +136,53 @@ def test_json_is_replaced_whole(tmp_path):
     benchmark_table.write_json(str(path), {"rows": [1, 2]})
     assert json.loads(path.read_text()) == {"rows": [1, 2]}
     assert [p.name for p in tmp_path.iterdir()] == ["table.json"]
+
+
+def _sweep(rows, variants):
+    return {"ceilings": {"matmul_tflops": 790.0, "copy_tbps": 4.27}, "check_rel_l2": 2e-2,
+            "variants": variants, "rows": rows}
+
+
+def test_pick_takes_the_best_checked_variant_per_head_dim(capsys, tmp_path):
+    w8 = {"block_n": 128, "num_warps": 8}
+    tma = {"block_n": 128, "tma": True}
+    lazy = {"lazy_rescale": True}
+    rows = [
+        # D=64: the w8 variant wins on the geometric mean (300 x 300 vs pinned 200 x 220); the tma
+        # one is faster in one case but failed its check in the other, so it is not a candidate
+        _row("d64-s4k-causal", "parity triton", 1.0, 200.0, head_dim=64),
+        _row("d64-s4k-causal", "parity 128x128 w8 s3", 0.7, 300.0, head_dim=64, config_changes=w8),
+        _row("d64-s4k-causal", "parity 128x128 w8 s3 +tma", 0.5, 400.0, head_dim=64, config_changes=tma),
+        _row("d64-s16k-causal", "parity triton", 1.0, 220.0, head_dim=64),
+        _row("d64-s16k-causal", "parity 128x128 w8 s3", 0.7, 300.0, head_dim=64, config_changes=w8),
+        _row("d64-s16k-causal", "parity 128x128 w8 s3 +tma", 0.5, 410.0, head_dim=64, config_changes=tma,
+             check="FAILED"),
+        # D=128: the lazy variant is slower than the pinned config: nothing is picked
+        _row("d128-s4k-causal", "parity triton", 1.0, 400.0, head_dim=128),
+        _row("d128-s4k-causal", "parity 128x64 w8 s3 +one_loop +lazy_rescale", 1.1, 390.0, head_dim=128,
+             config_changes=lazy),
+    ]
+    result = _sweep(rows, [{"head_dim": 64, "changes": w8}, {"head_dim": 64, "changes": tma},
+                           {"head_dim": None, "changes": lazy}])
+    best = benchmark_table.pick(result)
+    assert list(best) == [64]
+    assert best[64]["impl"] == "parity 128x128 w8 s3" and best[64]["changes"] == w8
+    assert best[64]["geomean_tflops"] == 300.0 and best[64]["pinned_geomean_tflops"] == round((200 * 220) ** 0.5, 1)
+    assert benchmark_table.pick_arguments(best) == ["--config", "d64:block_n=128,num_warps=8"]
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(result))
+    assert benchmark_table.main(["--pick", str(path)]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == "--config d64:block_n=128,num_warps=8"
+    assert "D=64: parity 128x128 w8 s3 300.0 vs pinned 209.8" in out.err
+    # the table shows, per case, the first kernel label present
+    text = benchmark_table.markdown(result, ["parity 128x128 w8 s3", "parity triton"])
+    assert "| d64-s4k-causal | 0.516 | 0.7 (1.0%) | 300 |" in text
+    assert "| d128-s4k-causal | 0.516 | 1.0 (1.0%) | 400 |" in text
+
+
+def test_pick_of_a_bad_file_is_one_line(tmp_path, capsys):
+    path = tmp_path / "sweep.json"
+    path.write_text("{not json")
+    assert benchmark_table.main(["--pick", str(path)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1

@@ -14,7 +14,15 @@ REPO = Path(__file__).resolve().parent.parent
 def _dry_run(tmp_path, env_extra):
     calls = tmp_path / "calls.txt"
     fake = tmp_path / "python"
-    fake.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexit 0\n')
+    # Records its arguments; as the table benchmark, writes its --json file; as --pick, prints a choice.
+    fake.write_text(f"""#!/bin/sh
+echo "$*" >> {calls}
+case "$*" in
+  *"--pick "*) echo "--config d64:block_n=128,num_warps=8" ;;
+  *benchmark_table*--json*) prev=""; for a in "$@"; do [ "$prev" = "--json" ] && echo '{{}}' > "$a"; prev="$a"; done ;;
+esac
+exit 0
+""")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": str(fake), "OUT": str(out), "PATH": os.environ["PATH"], **env_extra}
@@ -61,3 +69,14 @@ def test_warp_specialize_probe_verdicts(monkeypatch):
     rows = probe.probe([4, 8, 16])
     assert [(r["num_warps"], r["verdict"]) for r in rows] == [(4, "aborted"), (8, "same code"), (16, "specialized")]
     assert rows[0]["detail"] == "Assertion `false'"
+
+
+def test_sweep_then_table_with_the_pick(tmp_path):
+    calls, status = _dry_run(tmp_path, {"STEPS": "table-sweep table", "TABLE_ARGS": "--repeats 5",
+                                        "SWEEP_CASES": "d64-s4k-causal", "SWEEP_ARGS": "--config d64:block_n=128"})
+    sweep = next(c for c in calls if "sweep.json" in c and "--pick" not in c)
+    assert sweep.endswith("sweep.json --repeats 3 --cases d64-s4k-causal --config d64:block_n=128")
+    assert any(c.startswith("-m parity.kernels.benchmark_table --pick ") for c in calls)
+    table = next(c for c in calls if "table.json" in c)
+    assert table.endswith("table.json --repeats 5 --config d64:block_n=128,num_warps=8")  # the pick, appended
+    assert [line.split()[0] for line in status.splitlines()] == ["install", "table-sweep", "table"]
