@@ -119,6 +119,11 @@ class AotResult:
     waves_per_simd_lds: int | None = None
     waves_per_simd: int | None = None
     compiler_occupancy: int | None = None
+    # NVIDIA occupancy: CTAs one SM holds at once, by registers, shared memory and warps, and the
+    # minimum (kernels.targets.SmResources). Two CTAs per SM let one's softmax overlap the other's
+    # matrix work; one CTA leaves the SM to the software pipeline alone.
+    blocks_per_sm: int | None = None
+    blocks_per_sm_by: dict[str, int] | None = None
     enable_fp_fusion: bool | None = None
     compile_seconds: float | None = None
     error: str | None = None
@@ -392,6 +397,11 @@ def _read_nvidia(result: AotResult, ptx: str, cubin: bytes) -> None:
     # cuobjdump's SHARED is static shared memory (the 1 KiB Hopper/Ampere reserve for the system
     # shows up here); Triton's allocation is dynamic and counted in shared_bytes.
     result.static_shared_bytes = usage.get("SHARED")
+    resources = targets.arch_spec(result.target).sm_resources
+    if resources is not None and result.registers is not None:
+        occupancy = resources.blocks_per_sm(result.registers, result.config["num_warps"], result.shared_bytes or 0)
+        result.blocks_per_sm = occupancy.pop("blocks")
+        result.blocks_per_sm_by = occupancy
 
 
 def _cuobjdump_res_usage(cubin: bytes) -> dict[str, int]:

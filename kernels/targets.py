@@ -28,6 +28,8 @@ class ArchSpec:
     # Multiprocessors / compute units of the target's flagship part, for ahead-of-time answers
     # (the decode path's split count); at run time the device's own count is read.
     compute_units: int = 0
+    # NVIDIA: per-SM limits that set how many CTAs (programs) one SM holds at once.
+    sm_resources: "SmResources | None" = None
 
     @property
     def triton_arch(self) -> int | str:
@@ -35,6 +37,31 @@ class ArchSpec:
         if self.backend == "cuda":
             return int(self.name.removeprefix("sm_"))
         return self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class SmResources:
+    """An NVIDIA SM's resources for occupancy (CUDA C++ Programming Guide, "Compute Capabilities",
+    table of technical specifications, for 8.0 and 9.0): 64 Ki 32-bit registers allocated per warp
+    in units of 256, at most 64 resident warps and 32 CTAs, shared memory per SM (164 KiB on 8.0,
+    228 KiB on 9.0) of which the system reserves 1 KiB per CTA."""
+
+    registers: int = 65536
+    register_unit: int = 256  # registers per warp are allocated in multiples of this
+    max_warps: int = 64
+    max_blocks: int = 32
+    shared_bytes: int = 228 * 1024
+    reserved_shared_per_block: int = 1024
+
+    def blocks_per_sm(self, registers_per_thread: int, num_warps: int, shared_bytes: int,
+                      warp_size: int = 32) -> dict[str, int]:
+        """CTAs one SM holds at once, by each limit and overall (``"blocks"``)."""
+        per_warp = -(-registers_per_thread * warp_size // self.register_unit) * self.register_unit
+        by_regs = self.registers // (per_warp * num_warps) if registers_per_thread else self.max_blocks
+        by_shared = self.shared_bytes // (shared_bytes + self.reserved_shared_per_block)
+        by_warps = self.max_warps // num_warps
+        return {"blocks": min(by_regs, by_shared, by_warps, self.max_blocks), "by_registers": by_regs,
+                "by_shared": by_shared, "by_warps": by_warps}
 
 
 # gfx9 CDNA: 512 VGPRs per SIMD lane; waves per SIMD by VGPRs used (parity/NUMERICS.md; AMD CDNA3 ISA
@@ -46,8 +73,10 @@ ARCHS: dict[str, ArchSpec] = {
     for spec in (
         # A100: 108 SMs; H100/H200 SXM: 132 (read on the H200); MI250X: 110 CUs per die;
         # MI300X: 304 CUs (parity/NUMERICS.md); MI355X: 256 CUs (vendors' datasheets).
-        ArchSpec("sm_80", "nvidia", "cuda", 32, 163 * 1024, 32, compute_units=108),
-        ArchSpec("sm_90", "nvidia", "cuda", 32, 227 * 1024, 32, compute_units=132),
+        ArchSpec("sm_80", "nvidia", "cuda", 32, 163 * 1024, 32, compute_units=108,
+                 sm_resources=SmResources(shared_bytes=164 * 1024)),
+        ArchSpec("sm_90", "nvidia", "cuda", 32, 227 * 1024, 32, compute_units=132,
+                 sm_resources=SmResources(shared_bytes=228 * 1024)),
         ArchSpec("gfx90a", "amd", "hip", 64, 64 * 1024, 16, _CDNA_VGPR_WAVES, 8, compute_units=110),
         ArchSpec("gfx942", "amd", "hip", 64, 64 * 1024, 16, _CDNA_VGPR_WAVES, 8, compute_units=304),
         ArchSpec("gfx950", "amd", "hip", 64, 160 * 1024, 16, _CDNA_VGPR_WAVES, 8, compute_units=256),

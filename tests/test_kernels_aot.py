@@ -83,6 +83,22 @@ def test_sm90_bf16_uses_tensor_cores(compiled):
     # The pinned config stays in registers (the earlier 128x128 tile spilled 2-6 registers).
     assert r.spills == 0 and r.scratch_bytes == 0, describe(r)
     assert r.passed, r.problems
+    # occupancy from the same counts: 8 warps of r.registers each against the SM's 64 Ki registers
+    per_cta = -(-r.registers * 32 // 256) * 256 * r.config["num_warps"]
+    assert r.blocks_per_sm_by["by_registers"] == 65536 // per_cta
+    assert r.blocks_per_sm == min(r.blocks_per_sm_by.values()) >= 1
+
+
+@pytest.mark.parametrize("regs, warps, shared, expected", [
+    (255, 4, 112 * 1024, {"blocks": 2, "by_registers": 2, "by_shared": 2, "by_warps": 16}),  # Flex's D=64 shape
+    (152, 8, 64 * 1024, {"blocks": 1, "by_registers": 1, "by_shared": 3, "by_warps": 8}),  # 152*32 -> 4864 regs/warp
+    (128, 4, 0, {"blocks": 4, "by_registers": 4, "by_shared": 228, "by_warps": 16}),
+    (32, 1, 0, {"blocks": 32, "by_registers": 64, "by_shared": 228, "by_warps": 64}),  # the 32-CTA cap
+    (128, 4, 120 * 1024, {"blocks": 1, "by_registers": 4, "by_shared": 1, "by_warps": 16}),  # 2 x 121 KiB > 228
+])
+def test_nvidia_ctas_per_sm(regs, warps, shared, expected):
+    got = platform.arch_spec("sm_90").sm_resources.blocks_per_sm(regs, warps, shared)
+    assert got == expected
 
 
 # ---- the compile uses what the launcher would pass ---------------------------------------------

@@ -101,7 +101,11 @@ def _shared(r) -> str:
 
 def _occupancy(r) -> str:
     if r.vendor != "amd":
-        return "-"
+        if r.blocks_per_sm is None:
+            return "-"
+        by = r.blocks_per_sm_by or {}
+        return (f"{r.blocks_per_sm} CTA/SM (regs {by.get('by_registers')}, smem {by.get('by_shared')}, "
+                f"warps {by.get('by_warps')})")
     text = f"{r.waves_per_simd} (vgpr {r.waves_per_simd_vgpr}, lds {r.waves_per_simd_lds})"
     if r.compiler_occupancy is not None and r.compiler_occupancy != r.waves_per_simd:
         if r.compiler_occupancy == r.config.get("waves_per_eu"):
@@ -120,7 +124,7 @@ def _verdict(r) -> str:
 
 def format_table(results) -> str:
     headers = ["target", "dtype", "D", "tile", "matrix instructions", "registers", "spills",
-               "LDS/shared", "waves/SIMD", "verdict"]
+               "LDS/shared", "occupancy (AMD: waves/SIMD)", "verdict"]
     rows = [[r.target, r.dtype, r.head_dim, _tile(r), _matrix(r), _registers(r) if not r.error else "-",
              _spills(r) if not r.error else "-", _shared(r) if not r.error else "-",
              _occupancy(r) if not r.error else "-", _verdict(r)] for r in results]
