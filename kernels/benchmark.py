@@ -401,13 +401,7 @@ def main(argv=None) -> int:
                         help="print the benchmark document's tables from an earlier --json result (no GPU)")
     args = parser.parse_args(argv)
     if args.markdown:
-        try:
-            with open(args.markdown) as fh:
-                print(markdown(json.load(fh)))
-        except (OSError, ValueError, KeyError) as err:
-            print(f"benchmark: cannot read {args.markdown}: {err}", file=sys.stderr)
-            return 2
-        return 0
+        return render_result(args.markdown, "benchmark", markdown)
     try:  # every argument is checked before the GPU is looked for
         masks = parse_masks(args.masks)
         changes = [parse_config(spec) for spec in args.config]
@@ -431,6 +425,20 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             fh.write(json.dumps(result, indent=2, ensure_ascii=True, allow_nan=False))
+    return 0
+
+
+def render_result(path: str, prog: str, render) -> int:
+    """Print ``render(document)`` of an earlier ``--json`` result: 0, or 2 after one line on stderr
+    naming the file and the problem (unreadable, not JSON, or missing what ``render`` needs).
+    The benchmarks' ``--markdown`` (and the table's ``--pick``) go through here."""
+    try:
+        with open(path) as fh:
+            text = render(json.load(fh))
+    except (OSError, ValueError, KeyError, StopIteration, TypeError) as err:
+        print(f"{prog}: cannot read {path}: {err}", file=sys.stderr)
+        return 2
+    print(text)
     return 0
 
 

@@ -38,6 +38,7 @@ import torch
 
 from . import configs, roofline, targets
 from .attention import block_sparse_attention, decode_config
+from .benchmark import render_result
 from .decode import build_decode_launch
 from .targets import compute_units
 from .layout import BlockLayout, causal_layout, padding_layout, random_layout, sink_layout, sliding_window_layout
@@ -348,13 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", metavar="RESULT.json", help="print the tables of an earlier result (no GPU)")
     args = parser.parse_args(argv)
     if args.markdown:
-        try:
-            with open(args.markdown) as fh:
-                print(markdown(json.load(fh)))
-        except (OSError, ValueError, KeyError) as err:
-            print(f"benchmark_decode: cannot read {args.markdown}: {err}", file=sys.stderr)
-            return 2
-        return 0
+        return render_result(args.markdown, "benchmark_decode", markdown)
     try:
         variants = [parse_variant(spec) for spec in args.variant]
     except ValueError as err:

@@ -42,7 +42,7 @@ import torch
 
 from . import configs, roofline, targets
 from .attention import block_sparse_attention, launch_config
-from .benchmark import flex_block_mask, mask_case, parse_config
+from .benchmark import flex_block_mask, mask_case, parse_config, render_result
 from .layout import (BlockLayout, causal_layout, layout_from_block_mask, random_layout, sliding_window_layout)
 from .reference import reference_attention
 from .testing import random_qkv
@@ -312,6 +312,15 @@ def pick_arguments(best: dict[int, dict[str, Any]]) -> list[str]:
     return out
 
 
+def _pick_text(result: dict[str, Any]) -> str:
+    """``--pick``: the arguments on stdout (for a script), the reasons on stderr."""
+    best = pick(result)
+    for head_dim, choice in best.items():
+        print(f"D={head_dim}: {choice['impl']} {choice['geomean_tflops']} vs pinned "
+              f"{choice['pinned_geomean_tflops']} TFLOP/s (geometric mean)", file=sys.stderr)
+    return " ".join(pick_arguments(best))
+
+
 def markdown(result: dict[str, Any], kernel: str | list[str] = "parity triton") -> str:
     """One line per case: the kernel's time and TFLOP/s, its ratio to FlexAttention and SDPA (a
     ratio only where both outputs passed the check), and what limits it (fractions of the
@@ -373,25 +382,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the --config arguments of the best variant per head dim in a result (no GPU)")
     args = parser.parse_args(argv)
     if args.pick:
-        try:
-            with open(args.pick) as fh:
-                best = pick(json.load(fh))
-        except (OSError, ValueError, KeyError, StopIteration) as err:
-            print(f"benchmark_table: cannot read {args.pick}: {err}", file=sys.stderr)
-            return 2
-        for head_dim, choice in best.items():
-            print(f"D={head_dim}: {choice['impl']} {choice['geomean_tflops']} vs pinned "
-                  f"{choice['pinned_geomean_tflops']} TFLOP/s (geometric mean)", file=sys.stderr)
-        print(" ".join(pick_arguments(best)))
-        return 0
+        return render_result(args.pick, "benchmark_table", _pick_text)
     if args.markdown:
-        try:
-            with open(args.markdown) as fh:
-                print(markdown(json.load(fh), args.kernel or "parity triton"))
-        except (OSError, ValueError, KeyError) as err:
-            print(f"benchmark_table: cannot read {args.markdown}: {err}", file=sys.stderr)
-            return 2
-        return 0
+        return render_result(args.markdown, "benchmark_table", lambda doc: markdown(doc, args.kernel or "parity triton"))
     try:
         changes = [parse_variant(spec) for spec in args.config]
         names = None if not args.cases else [n.strip() for n in args.cases.split(",") if n.strip()]
