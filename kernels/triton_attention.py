@@ -185,6 +185,34 @@ def _attend_block(
 
 
 @triton.jit
+def _element_mask_state(off_b, offs_m, rows_in, bits_head, seq_k, Q_DOC, K_DOC, stride_qdb, stride_kdb,
+                        K_START, K_END, stride_pb, MASK_BITS, stride_mbb, stride_mbh, stride_mbm,
+                        HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr):
+    # One program's element-mask state for _apply_mask, shared by the prefill and decode kernels.
+    # Absent masks are None and their branches are not compiled; present ones broadcast over batch
+    # and heads through zero strides. offs_m: [BLOCK_M] query positions; rows_in: [BLOCK_M] which
+    # of them to load document ids for; bits_head: the query head of the rows' mask words (a
+    # scalar, or [BLOCK_M, 1] where the tile's rows span heads).
+    # (A jit function cannot return None: an absent mask's pointer is returned as an unused 0.)
+    q_doc = 0
+    k_doc_ptr = 0
+    k_lo = 0
+    k_hi = seq_k
+    bits_ptrs = 0
+    if HAS_DOC:
+        q_doc = tl.load(Q_DOC + off_b * stride_qdb + offs_m, mask=rows_in, other=-1)  # [BLOCK_M]
+        k_doc_ptr = K_DOC + off_b * stride_kdb
+    if HAS_PAD:
+        k_lo = tl.load(K_START + off_b * stride_pb)
+        k_hi = tl.load(K_END + off_b * stride_pb)
+    if HAS_BITS:
+        # [BLOCK_M, 1]: each query row's first mask word
+        bits_ptrs = (MASK_BITS + off_b.to(tl.int64) * stride_mbb + bits_head.to(tl.int64) * stride_mbh
+                     + offs_m[:, None].to(tl.int64) * stride_mbm)
+    return q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs
+
+
+@triton.jit
 def block_sparse_attn_fwd(
     Q, K, V, Out, Lse,
     KV_NUM, KV_IDX, FULL_NUM, FULL_IDX,
@@ -261,23 +289,10 @@ def block_sparse_attn_fwd(
         k_desc = k_ptrs0
         v_desc = v_ptrs0
 
-    # Element masks (partial blocks only). Absent ones are None and their branches are not
-    # compiled; present ones broadcast over batch/heads through zero strides.
-    q_doc = 0
-    k_doc_ptr = K_DOC
-    k_lo = 0
-    k_hi = seq_k
-    bits_ptrs = MASK_BITS
-    if HAS_DOC:
-        q_doc = tl.load(Q_DOC + off_b * stride_qdb + offs_m, mask=offs_m < seq_q, other=-1)  # [BLOCK_M]
-        k_doc_ptr = K_DOC + off_b * stride_kdb
-    if HAS_PAD:
-        k_lo = tl.load(K_START + off_b * stride_pb)
-        k_hi = tl.load(K_END + off_b * stride_pb)
-    if HAS_BITS:
-        # [BLOCK_M, 1]: each query row's first mask word
-        bits_ptrs = (MASK_BITS + off_b.to(tl.int64) * stride_mbb + off_h.to(tl.int64) * stride_mbh
-                     + offs_m[:, None].to(tl.int64) * stride_mbm)
+    # Element masks (partial blocks only).
+    q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs = _element_mask_state(
+        off_b, offs_m, offs_m < seq_q, off_h, seq_k, Q_DOC, K_DOC, stride_qdb, stride_kdb, K_START, K_END,
+        stride_pb, MASK_BITS, stride_mbb, stride_mbh, stride_mbm, HAS_DOC, HAS_PAD, HAS_BITS)
 
     # Online softmax state, in log2 units of the scaled scores.
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)  # [BLOCK_M] running row max
@@ -415,20 +430,10 @@ def block_sparse_decode_fwd(
     v_ptrs0 = (V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
                + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
 
-    q_doc = 0
-    k_doc_ptr = K_DOC
-    k_lo = 0
-    k_hi = seq_k
-    bits_ptrs = MASK_BITS
-    if HAS_DOC:
-        q_doc = tl.load(Q_DOC + off_b * stride_qdb + offs_m)  # [BLOCK_M]
-        k_doc_ptr = K_DOC + off_b * stride_kdb
-    if HAS_PAD:
-        k_lo = tl.load(K_START + off_b * stride_pb)
-        k_hi = tl.load(K_END + off_b * stride_pb)
-    if HAS_BITS:
-        bits_ptrs = (MASK_BITS + off_b.to(tl.int64) * stride_mbb + row_head[:, None].to(tl.int64) * stride_mbh
-                     + offs_m[:, None].to(tl.int64) * stride_mbm)  # [BLOCK_M, 1]
+    # Element masks: offs_m = rows % seq_q, so every row's document id is in range.
+    q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs = _element_mask_state(
+        off_b, offs_m, offs_m < seq_q, row_head[:, None], seq_k, Q_DOC, K_DOC, stride_qdb, stride_kdb,
+        K_START, K_END, stride_pb, MASK_BITS, stride_mbb, stride_mbh, stride_mbm, HAS_DOC, HAS_PAD, HAS_BITS)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
