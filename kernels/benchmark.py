@@ -115,6 +115,18 @@ def mask_case(name: str, seq: int, device="cpu") -> MaskCase:
 MASK_CASES = ("document", "padding")
 
 
+def allow_recompiles(limit: int = 256) -> None:
+    """Before compiling FlexAttention: one compiled graph per shape and mask, and a run of many
+    cases recompiles it more often than dynamo's default limit of 8 per function, past which it
+    would run FlexAttention unfused (and the benchmark would time that). Raises the limit under
+    both of its names (``cache_size_limit`` was renamed ``recompile_limit``)."""
+    import torch._dynamo.config as dynamo_config
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(limit, getattr(dynamo_config, name)))
+
+
 def flex_block_mask(layout: BlockLayout, device):
     """The same layout as a FlexAttention BlockMask, with our predicate as its mask_mod."""
     from torch.nn.attention.flex_attention import BlockMask
@@ -171,6 +183,7 @@ def run_masks(names, seqs, heads, head_dim, check: bool):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     device = torch.device("cuda")
+    allow_recompiles()
     flex = torch.compile(flex_attention, dynamic=False)
     rows = []
     for seq in seqs:
@@ -230,6 +243,7 @@ def run(seqs, batch, heads, head_dim, sweep: bool, check: bool, variants=()):
     from triton.runtime.errors import OutOfResources
 
     device = torch.device("cuda")
+    allow_recompiles()
     flex = torch.compile(flex_attention, dynamic=False)
     rows, sweep_rows = [], []
     for seq in seqs:

@@ -38,7 +38,7 @@ import torch
 
 from . import configs, roofline, targets
 from .attention import block_sparse_attention, decode_config
-from .benchmark import render_result
+from .benchmark import allow_recompiles, render_result
 from .decode import build_decode_launch
 from .targets import compute_units
 from .layout import BlockLayout, causal_layout, padding_layout, random_layout, sink_layout, sliding_window_layout
@@ -171,6 +171,7 @@ def flex_runner(layout: BlockLayout, q, k, v, device) -> Callable[[], torch.Tens
         layout.kv_num_blocks.to(device), pad(layout.kv_indices),
         layout.full_kv_num_blocks.to(device), pad(layout.full_kv_indices),
         BLOCK_SIZE=(layout.block_m, layout.block_n), mask_mod=mask_mod, seq_lengths=(layout.seq_q, layout.seq_k))
+    allow_recompiles()
     flex = torch.compile(flex_attention, dynamic=False)
     return lambda: flex(q, k, v, block_mask=block_mask, enable_gqa=True)
 

@@ -42,7 +42,7 @@ import torch
 
 from . import configs, roofline, targets
 from .attention import block_sparse_attention, launch_config
-from .benchmark import flex_block_mask, mask_case, parse_config, render_result
+from .benchmark import allow_recompiles, flex_block_mask, mask_case, parse_config, render_result
 from .layout import (BlockLayout, causal_layout, layout_from_block_mask, random_layout, sliding_window_layout)
 from .reference import reference_attention
 from .testing import random_qkv
@@ -169,6 +169,7 @@ def _impls(case: Case, layout, q, k, v, mc, device, variants, flex: bool) -> dic
     if flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+        allow_recompiles()
         compiled = torch.compile(flex_attention, dynamic=False)
         if mc is not None:
             block_mask = create_block_mask(mc.mask_mod, mc.flex_batch, None, case.seq, case.seq, device=device,

@@ -67,6 +67,8 @@ LATE_IMPORTS = {
     ("parity.testing.plugin", "_pytest.junitxml"): "pytest's private JUnit helper, only when --junit-xml is given",
     ("parity.dist.*", "torch.distributed*"): "torch.distributed and DTensor (which loads dynamo) only when a "
                                              "process group is joined or a DTensor output is seen",
+    ("parity.kernels.benchmark", "torch._dynamo.config"): "dynamo (and what it loads) only when FlexAttention "
+                                                           "is about to be compiled",
     ("parity.kernels.benchmark*", "torch.nn.attention.flex_attention"): "FlexAttention is absent from older "
                                                                          "torch; a benchmark runs without it",
 }

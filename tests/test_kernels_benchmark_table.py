@@ -186,3 +186,15 @@ def test_pick_of_a_bad_file_is_one_line(tmp_path, capsys):
     path.write_text("{not json")
     assert benchmark_table.main(["--pick", str(path)]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_flex_may_recompile_for_every_case(monkeypatch):
+    """21 cases of other shapes and masks: past dynamo's default 8 recompiles FlexAttention would
+    run unfused, and the table would time that."""
+    import torch._dynamo.config as dynamo_config
+
+    from parity.kernels import benchmark
+
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
+    benchmark.allow_recompiles()
+    assert dynamo_config.recompile_limit >= 2 * len(benchmark_table.CASES)

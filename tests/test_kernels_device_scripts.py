@@ -80,3 +80,21 @@ def test_sweep_then_table_with_the_pick(tmp_path):
     table = next(c for c in calls if "table.json" in c)
     assert table.endswith("table.json --repeats 5 --config d64:block_n=128,num_warps=8")  # the pick, appended
     assert [line.split()[0] for line in status.splitlines()] == ["install", "table-sweep", "table"]
+
+
+def test_default_sweep_names_real_cases_and_fields():
+    """The default SWEEP_CASES and SWEEP_ARGS of h200_run.sh parse as the table benchmark reads
+    them: a typo would cost a device call."""
+    import re
+    import shlex
+
+    from parity.kernels import benchmark_table
+
+    text = (REPO / "kernels" / "h200_run.sh").read_text()
+    cases = re.search(r'SWEEP_CASES=\$\{SWEEP_CASES:-([^}]*)\}', text).group(1).split(",")
+    assert set(cases) <= {c.name for c in benchmark_table.CASES} and len(cases) == 6
+    args = shlex.split(re.search(r'SWEEP_ARGS=\$\{SWEEP_ARGS:-"(.*?)"\}', text, re.S).group(1).replace("\\\n", " "))
+    specs = [args[i + 1] for i, a in enumerate(args) if a == "--config"]
+    assert len(specs) == args.count("--config") == 8
+    parsed = [benchmark_table.parse_variant(spec) for spec in specs]  # raises on a bad key or value
+    assert {head for head, _ in parsed} == {64, 128, None}
