@@ -124,11 +124,13 @@ def test_cases_give_a_fast_p_line(tmp_path):
     (["--subject", MATMUL_SPEC, "--impls", "reference,fast", "--fast-p", "0"], "--fast-p"),
     (["--subject", "no_such_module:factory", "--impls", "reference,fast"], "no_such_module"),
     (["--bundle", __file__, "--impls", "reference,fast"], "is not a directory"),
-    (["--bundle", "/tmp", "--impls", "reference,fast"], "not a complete parity bundle"),
+    # an empty directory of the test's own: /tmp would hold the checkout when it is cloned there
+    (["--bundle", "{empty_dir}", "--impls", "reference,fast"], "not a complete parity bundle"),
     (["--subject", MATMUL_SPEC, "--impls", "reference,fast", "--json", "-", "--html", "-"], "only one report"),
 ])
-def test_unusable_input_is_exit_2_with_one_line(argv, message, capsys):
-    status = main(["bench", "--quiet", *argv])
+def test_unusable_input_is_exit_2_with_one_line(argv, message, capsys, tmp_path):
+    (tmp_path / "empty").mkdir()
+    status = main(["bench", "--quiet", *(a.replace("{empty_dir}", str(tmp_path / "empty")) for a in argv)])
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2
     assert len([line for line in err if line.startswith("parity")]) == 1
