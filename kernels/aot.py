@@ -40,7 +40,7 @@ from . import dtypes, targets
 __all__ = [
     "DTYPES", "TARGETS", "Problem", "AotResult", "inspect_configs", "inspect_cases", "launch_arguments",
     "expects_matrix_unit", "kernel_source_digest", "pinned_config", "check_request", "RequestError", "KERNELS",
-    "DECODE_PROBLEM",
+    "DECODE_PROBLEM", "code_digest",
 ]
 
 # Compile targets; each must have an ArchSpec in kernels.targets and rows in kernels.configs.
@@ -124,6 +124,10 @@ class AotResult:
     # matrix work; one CTA leaves the SM to the software pipeline alone.
     blocks_per_sm: int | None = None
     blocks_per_sm_by: dict[str, int] | None = None
+    # sha256 (12 hex digits) of the compiled code, PTX or AMDGCN, without line info, debug
+    # sections and debug labels: equal before and after a change means the change compiled to the
+    # same code on this target (how a refactor of the kernel is checked without a GPU).
+    code_digest: str | None = None
     enable_fp_fusion: bool | None = None
     compile_seconds: float | None = None
     error: str | None = None
@@ -312,6 +316,7 @@ def _compile_one(request: dict[str, Any]) -> dict[str, Any]:
     except Exception as err:  # recorded on the result and shown in the report, never swallowed
         result.error = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
         return result.to_dict()
+    result.code_digest = code_digest(kernel.asm["amdgcn"] if spec.backend == "hip" else kernel.asm["ptx"])
     result.enable_fp_fusion = bool(kernel.metadata.enable_fp_fusion)
     result.shared_bytes = int(kernel.metadata.shared)
     if spec.backend == "hip":
@@ -320,6 +325,23 @@ def _compile_one(request: dict[str, Any]) -> dict[str, Any]:
         _read_nvidia(result, kernel.asm["ptx"], kernel.asm["cubin"])
     _judge(result)
     return result.to_dict()
+
+
+def code_digest(asm: str) -> str:
+    """Digest of compiled code with what names files and source lines removed: ``.loc``/``.file``
+    lines, everything from the first debug section or DWARF entry on, and the labels LLVM emits
+    for debug scopes (``$L__tmpN:`` in PTX, ``.LtmpN:`` in AMDGCN)."""
+    import hashlib
+
+    kept = []
+    for line in asm.splitlines():
+        stripped = line.strip()
+        if re.search(r"\.section\s*\.debug|DW_TAG|DW_AT|Length of Unit|Abbrev \[", line):
+            break
+        if stripped.startswith((".loc", ".file")) or re.fullmatch(r"(\$L__tmp|\.Ltmp)\d+:", stripped):
+            continue
+        kept.append(line)
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:12]
 
 
 def _meta_int(text: str, key: str) -> int | None:

@@ -304,3 +304,29 @@ def test_cli_progress_on_stderr_unless_quiet(capsys):
     status = main([*argv, "--quiet"])
     captured = capsys.readouterr()
     assert status in (0, 1) and json.loads(captured.out)["results"] and captured.err == ""
+
+
+def test_code_digest_ignores_line_info_and_debug_sections_only():
+    ptx = """.version 8.7
+.target sm_90a
+\t.loc\t1 42 7
+$L__tmp3:
+\tmul.wide.s32 \t%rd1, %r1, 2;
+\tadd.s64 \t%rd2, %rd3, %rd1;
+\t.file\t1 "/somewhere/triton_attention.py"
+\t.section\t.debug_abbrev
+\t{
+.b8 1
+\t}
+"""
+    moved = (ptx.replace("42 7", "57 3").replace("$L__tmp3", "$L__tmp9").replace("/somewhere", "/elsewhere")
+             .replace(".b8 1", ".b8 2"))
+    assert aot.code_digest(ptx) == aot.code_digest(moved)
+    assert aot.code_digest(ptx) != aot.code_digest(ptx.replace("add.s64", "sub.s64"))
+    amdgcn = "\ts_load_dwordx2 s[0:1], s[4:5], 0x0\n.Ltmp7:\n\tv_mfma_f32_16x16x16_bf16 v[0:3], v[4:5], v[6:7], 0\n"
+    assert aot.code_digest(amdgcn) == aot.code_digest(amdgcn.replace(".Ltmp7", ".Ltmp2"))
+
+
+def test_compiled_results_carry_a_code_digest(compiled):
+    digests = [r.code_digest for r in compiled.values() if r.error is None]
+    assert digests and all(isinstance(d, str) and len(d) == 12 for d in digests)
