@@ -263,3 +263,21 @@ def test_a_failing_baseline_makes_every_speedup_unverified():
 
 def test_module_is_importable_from_tests():
     assert speed_subjects.MatmulSubject.impls == ("reference", "fast", "wrong", "slow")
+
+
+@pytest.mark.parametrize("command, argv", [
+    ("bench", ["--subject", "no_such_module:factory", "--impls", "reference,fast"]),
+    ("profile", ["--subject", "no_such_module:factory"]),
+])
+def test_refused_run_replaces_a_stale_json_report(command, argv, tmp_path, capsys):
+    """A refused run (exit 2) leaves --json saying so, never a report of an earlier run: CI that
+    reads the file sees the error, not a stale pass."""
+    report = tmp_path / "report.json"
+    report.write_text('{"passed": true}')
+    assert main([command, "--quiet", *argv, "--json", str(report)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    document = json.loads(report.read_text())
+    expected = {"bench": "parity-bench-report", "profile": "parity-profile-report"}[command]
+    assert document["format"] == expected and document["passed"] is False
+    assert document["error"]["status"] == 2 and "no_such_module" in document["error"]["message"]
+    jsonschema.validate(document, schema_for(expected))

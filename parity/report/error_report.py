@@ -1,8 +1,9 @@
-"""Machine-readable reports of a compare that ended without a verdict (exit status 2 or 3).
+"""Machine-readable reports of a run that ended without a verdict (exit status 2 or 3).
 
 CI reads ``--json`` and ``--junit-xml`` files; a run that crashed or was refused must not leave
 them missing (or, worse, stale from a previous run and passing). So when compare ends with 2 or
-3, these files are still written, recording the error instead of layer results:
+3, these files are still written, recording the error instead of layer results (``profile`` and
+``bench`` write their ``--json`` the same way, in their own formats):
 
 - JSON: ``{"format": "parity-compare-report", "version": ..., "passed": false,
   "error": {"status": 2|3, "kind": "usage"|"internal", "message": "..."}}`` (the same format as
@@ -28,11 +29,13 @@ REPORT_FORMAT = jsonformat.COMPARE_REPORT
 _XML_INVALID = re.compile("[^\t\n\r\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
-def error_document(status: int, kind: str, message: str, *, golden: str | None = None) -> dict:
-    """The JSON report of a compare that ended with ``status`` 2 or 3."""
+def error_document(status: int, kind: str, message: str, *, golden: str | None = None,
+                   report_format: str = REPORT_FORMAT) -> dict:
+    """The JSON report of a run that ended with ``status`` 2 or 3: compare's by default, or that of
+    ``report_format`` (``profile`` and ``bench`` write theirs the same way)."""
     document = {
-        "format": REPORT_FORMAT,
-        "version": jsonformat.version_of(REPORT_FORMAT),
+        "format": report_format,
+        "version": jsonformat.version_of(report_format),
         "passed": False,
         "error": {"status": status, "kind": kind, "message": message},
     }

@@ -11,7 +11,8 @@ from parity.cli.options import HelpFormatter, add_cli_options, resolve_device
 from parity.base.text import printable
 from parity.base.overrides import json_value, parse_overrides
 from ._output import stderr_progress
-from ._speed_output import check_report_files, write_reports
+from parity.base import jsonformat
+from ._speed_output import check_report_files, run_reporting_errors, write_reports
 
 EPILOG = """\
 Times each implementation's forward on the same inputs (the bundle's stored inputs and weights
@@ -64,8 +65,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--no-device-time", dest="device_time", action="store_false",
                         help="skip the profiled calls that measure each impl's kernel-only (device) time")
     add_cli_options(parser, "json", "html", "quiet")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run_reporting_json_errors)
     return parser
+
+
+def run_reporting_json_errors(args: argparse.Namespace) -> int:
+    """:func:`run`; refused or crashed, it still leaves a ``--json`` report saying so."""
+    return run_reporting_errors(run, args, jsonformat.BENCH_REPORT)
 
 
 def run(args: argparse.Namespace) -> int:

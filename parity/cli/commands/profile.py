@@ -19,7 +19,8 @@ from parity.base.files import check_writable
 from parity.base.jsonformat import finite
 from parity.base.overrides import json_value, parse_overrides
 from ._output import stderr_progress
-from ._speed_output import check_report_files, write_reports
+from parity.base import jsonformat
+from ._speed_output import check_report_files, run_reporting_errors, write_reports
 
 EPILOG = """\
 Runs the subject's forward under torch.profiler (skip, warm-up, then --active steps), each module
@@ -66,7 +67,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--against", metavar="OTHER", default=None,
                         help="another profile (profile --json output, or a rocprof/nsys CSV) to put side by side")
     add_cli_options(parser, "json", "html", "quiet")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run_reporting_json_errors)
     return parser
 
 
@@ -94,6 +95,11 @@ def _label(document) -> str:
     if document.get("subject"):
         return f"{document['subject'].get('name')} {document.get('impl')} on {document.get('device')}"
     return str((document.get("settings") or {}).get("file"))
+
+
+def run_reporting_json_errors(args: argparse.Namespace) -> int:
+    """:func:`run`; refused or crashed, it still leaves a ``--json`` report saying so."""
+    return run_reporting_errors(run, args, jsonformat.PROFILE_REPORT)
 
 
 def run(args: argparse.Namespace) -> int:
