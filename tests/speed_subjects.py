@@ -12,6 +12,13 @@ correctness are known in advance, all from the same weights:
 ``speed_subjects:make_buffers``: an output computed once and returned again (``cached``) and one
 written into a persistent buffer (``out_buffer``), for the fresh-output check.
 
+Timing tests do not read the machine's clock: ``virtual_clock`` (a fixture's body) puts
+``CLOCK`` in place of the timer of :mod:`parity.speed.timing`, and the matmul subjects' modules
+advance it by the cost of what they compute (``UNIT`` seconds per chunk product, ``chunks`` of them
+for the reference, one for ``fast``; ``UNIT`` for the tanh; a fixed cycle of +-3% jitter), so the
+speedups and verdicts a test asserts are known in advance and do not depend on the machine's load.
+What the modules compute is real: parity is judged on their actual outputs.
+
 ``speed_subjects:make_decoder`` (the H200 story): the built-in decoder with one more impl,
 ``skip_attention``, whose attention core returns the values (repeated per query head) instead of
 attending: faster than any attention kernel and wrong.
@@ -35,6 +42,48 @@ for _spec in (MATMUL_SPEC, DECODER_SPEC, CASES_SPEC, BUFFERS_SPEC):
     parity.run.subjects.trust_subject(_spec)
 
 
+UNIT = 1e-4  # virtual seconds of one chunk product
+JITTER = (1.0, 1.03, 0.98, 1.01, 0.97, 1.02, 0.99)  # median 1.0; the spread of a quiet machine
+
+
+class VirtualClock:
+    """A clock that moves only when a subject's module says what its work costs."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.calls = 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, units: float) -> None:
+        self.now += units * UNIT * JITTER[self.calls % len(JITTER)]
+        self.calls += 1
+
+
+CLOCK = VirtualClock()
+
+
+def virtual_clock(monkeypatch):
+    """A generator for a fixture: parity.speed.timing reads ``CLOCK``, restarted at zero."""
+    import parity.speed.timing
+
+    CLOCK.now, CLOCK.calls = 0.0, 0
+    monkeypatch.setattr(parity.speed.timing, "time", CLOCK)
+    yield CLOCK
+
+
+def cost_units(mode: str, chunks: int) -> float:
+    """The virtual cost of one ChunkedProjection call (the tanh adds 1 more per forward)."""
+    return {"reference": chunks, "slow": 2 * chunks, "fast": 1, "wrong": 0.1}[mode]  # wrong: the call alone
+
+
+class Tanh(nn.Tanh):
+    def forward(self, x):
+        CLOCK.advance(1)
+        return super().forward(x)
+
+
 class ChunkedProjection(nn.Module):
     def __init__(self, dim: int, chunks: int, mode: str):
         super().__init__()
@@ -42,6 +91,7 @@ class ChunkedProjection(nn.Module):
         self.chunks, self.mode = chunks, mode
 
     def forward(self, x):
+        CLOCK.advance(cost_units(self.mode, self.chunks))
         if self.mode in ("reference", "slow"):
             repeats = 2 if self.mode == "slow" else 1
             for _ in range(repeats):
@@ -58,7 +108,7 @@ class MatmulModel(nn.Module):
     def __init__(self, dim: int, chunks: int, mode: str):
         super().__init__()
         self.proj = ChunkedProjection(dim, chunks, mode)
-        self.act = nn.Tanh()
+        self.act = Tanh()
 
     def forward(self, x):
         return self.act(self.proj(x))

@@ -29,10 +29,21 @@ def test_parse_placement(text, expected):
     assert parse_placement(text) == expected
 
 
-@pytest.mark.parametrize("text", ["shard", "shard(x)", "partial(max)", "replicate(1)", "colwise", ""])
-def test_bad_placement_is_one_line_usage_error(text):
-    with pytest.raises(UsageError, match="placement|shard|partial|replicate"):
+@pytest.mark.parametrize("text, message", [
+    ("shard", "placement: shard needs an integer dim, as in shard(-1); got 'shard'"),
+    ("shard(x)", "placement: shard needs an integer dim, as in shard(-1); got 'shard(x)'"),
+    ("partial(max)", "placement: only partial(sum) is supported, got 'partial(max)'"),
+    ("replicate(1)", "placement: replicate takes no argument, got 'replicate(1)'"),
+    ("colwise", "placement: 'colwise' is not a placement; use shard(DIM), replicate or partial"),
+    ("", "placement: '' is not a placement; use shard(DIM), replicate or partial"),
+    ("shard(0)\nreplicate", None),  # a line break in the input is not echoed as a second line
+])
+def test_bad_placement_is_one_line_usage_error(text, message):
+    with pytest.raises(UsageError) as err:
         parse_placement(text)
+    if message is not None:
+        assert str(err.value) == message
+    assert "\n" not in str(err.value) and str(err.value).startswith("placement: ")
 
 
 def test_placement_json_round_trip_and_damage():

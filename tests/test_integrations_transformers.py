@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+import transformers  # a test dependency (pyproject's test extra): missing, the file errors, never skips
 
 from parity.run.capture import capture  # noqa: E402
 from parity.judge.compare import compare_bundle  # noqa: E402

@@ -39,17 +39,16 @@ def _encloses(parent: str, module: str) -> bool:
     return parent == module or parent == "<root>" or module.startswith(parent + ".")
 
 
-def _params():
-    for case in CASES:
-        marks = [pytest.mark.xfail(strict=True, reason=f"known miss: {case.known_miss}")] if case.known_miss else []
-        yield pytest.param(case, id=case.id, marks=marks)
-
-
-@pytest.mark.parametrize("case", list(_params()))
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_fault_matrix(golden, case):
     report = run_case(golden(case.model, case.dtype), case)
     by_name = {r.name: r for r in report.layers}
     failing = [(r.name, r.status, r.verdict.reasons) for r in report.failing]
+    if case.known_miss:
+        # A fault the default rules are measured not to catch: asserted as the miss it is (a crash
+        # fails here, it is not an expected failure); caught one day, the case and its note change.
+        assert report.passed is True, f"the known miss is caught now ({case.known_miss}): {failing[:3]}"
+        return
     if case.passes:
         assert report.passed is True, failing[:3]
         assert {r.status for r in report.layers} <= PASSING

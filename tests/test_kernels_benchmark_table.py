@@ -101,7 +101,7 @@ def test_markdown_ratios_only_where_both_outputs_pass():
 def test_smoke_run_on_cpu_through_the_interpreter(tmp_path, monkeypatch):
     """The whole flow at toy sizes: ceilings, the check against the reference, the rows and their
     roofline fields, a variant on one head dim only, SDPA next to dense layouts, the schema."""
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema  # a test dependency: missing, the test errors, never skips
     sizes = benchmark_table.Sizes(block=64, repeats=1, matmul_n=64, copy_elements=2**12, seq_cap=192,
                                   batch_cap=1, heads_cap=4)
     names = ["d64-s4k-dense", "gqa32:8-d128-s8k-causal", "d128-s16k-documents"]
@@ -116,9 +116,24 @@ def test_smoke_run_on_cpu_through_the_interpreter(tmp_path, monkeypatch):
     assert set(by) == {("d64-s4k-dense", "parity triton"), ("d64-s4k-dense", "parity 64x32 w4 s1"),
                        ("d64-s4k-dense", "SDPA"), ("gqa32:8-d128-s8k-causal", "parity triton"),
                        ("gqa32:8-d128-s8k-causal", "SDPA"), ("d128-s16k-documents", "parity triton")}
+    ceilings = result["ceilings"]
     for row in rows:
         assert row["check"] == "ok" and row["rel_l2_vs_fp32_ref"] < 1e-2, row
-        assert row["tflops"] >= 0 and row["bound"] in ("compute", "memory")
+        # The roofline fields from the row's own counts and time (the time is measured; what is
+        # checked is the arithmetic that turns it into the fields, against the formulas' counts).
+        flops = 4 * row["head_dim"] * row["density"] * row["batch"] * row["heads_q"] * row["seq"] ** 2
+        hbm = 2 * row["head_dim"] * row["batch"] * (2 * row["heads_q"] + 2 * row["heads_kv"]) * row["seq"]  # bf16
+        assert row["flops_per_byte"] == pytest.approx(flops / hbm, abs=0.06), row
+        tflops = flops / (row["ms"] * 1e-3) / 1e12  # ms is rounded to 4 decimals in the row
+        assert row["tflops"] == pytest.approx(tflops, rel=1e-3, abs=0.06), row
+        assert row["fraction_of_matmul"] == pytest.approx(tflops / ceilings["matmul_tflops"], rel=1e-2, abs=6e-4)
+        assert row["fraction_of_hbm"] == pytest.approx(hbm / (row["ms"] * 1e-3) / 1e12 / ceilings["copy_tbps"],
+                                                       rel=1e-2, abs=6e-4)
+        assert row["ridge_flops_per_byte"] == round(ceilings["matmul_tflops"] / ceilings["copy_tbps"], 1)
+        assert row["bound"] == ("compute" if row["flops_per_byte"] >= row["ridge_flops_per_byte"] else "memory")
+    dense = by[("d64-s4k-dense", "parity triton")]
+    # 4 query and 4 K/V heads at 192 x 192, D 64, bf16: 4 * 64 * (4 * 192^2) FLOPs over 2 * 64 * (2*4*192 + 2*4*192) bytes
+    assert dense["flops_per_byte"] == 4 * 64 * (4 * 192 * 192) / (2 * 64 * (2 * 4 * 192 + 2 * 4 * 192)) == 96.0
     gqa = by[("gqa32:8-d128-s8k-causal", "parity triton")]
     assert (gqa["seq"], gqa["heads_q"], gqa["heads_kv"]) == (192, 4, 1)  # capped, the 4:1 ratio kept
     assert by[("d64-s4k-dense", "parity triton")]["density"] == 1.0

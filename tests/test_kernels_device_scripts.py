@@ -18,6 +18,7 @@ def _dry_run(tmp_path, env_extra):
     fake.write_text(f"""#!/bin/sh
 echo "$*" >> {calls}
 case "$*" in
+  *"import jsonschema"*) [ -n "${{FAKE_LACKS_TEST_EXTRA:-}}" ] && exit 1 ;;
   *"--pick "*) echo "--config d64:block_n=128,num_warps=8" ;;
   *benchmark_table*--json*) prev=""; for a in "$@"; do [ "$prev" = "--json" ] && echo '{{}}' > "$a"; prev="$a"; done ;;
 esac
@@ -55,6 +56,22 @@ def test_decode_and_gpu_tests_steps(tmp_path):
     assert tests.endswith("tests/test_kernels_decode.py tests/test_kernels_rescale.py")
     assert not [c for c in calls if "benchmark_table" in c]
     assert [line.split()[0] for line in status.splitlines()] == ["install", "decode", "gpu-tests"]
+
+
+def test_gpu_tests_leave_out_the_modules_a_host_without_the_test_extra_cannot_import(tmp_path):
+    calls, _ = _dry_run(tmp_path, {"STEPS": "gpu-tests", "FAKE_LACKS_TEST_EXTRA": "1"})
+    tests = next(c for c in calls if c.startswith("-m pytest -m gpu")).split()
+    ignored = {arg.removeprefix("--ignore=") for arg in tests if arg.startswith("--ignore=")}
+    assert {"tests/test_report_json_schemas.py", "tests/test_report_junit.py", "tests/test_speed_bench.py",
+            "tests/test_integrations_transformers.py", "tests/harness_benchmark/test_harness_benchmark.py"} <= ignored
+    for module in ignored:  # none of them holds a GPU test, and each imports a test-only dependency at the top
+        text = (REPO / module).read_text()
+        assert "mark.gpu" not in text and "pytestmark" not in text
+        assert any(f"\nimport {dep}" in text or f"\nfrom {dep} " in text
+                   for dep in ("jsonschema", "xmlschema", "transformers"))
+    (tmp_path / "with").mkdir()
+    calls, _ = _dry_run(tmp_path / "with", {"STEPS": "gpu-tests"})
+    assert "--ignore" not in next(c for c in calls if c.startswith("-m pytest -m gpu"))
 
 
 def test_warp_specialize_probe_verdicts(monkeypatch):

@@ -76,40 +76,72 @@ def _growing_keys(seq, head_dim, dtype, device):
     return q.to(dtype), k.to(dtype), v.to(dtype)
 
 
-def _block_max_steps(q, k, layout, block):
-    """Per causal query row: how much the running max (log2 units, scale 1) rises at each key
-    block it sees. Returns all rises as one tensor."""
-    s = (q.double() @ k.double().transpose(-1, -2)) / math.log(2)  # log2 units, sm_scale 1
+def _lazy_branches(q, k, block_m, block_n, sm_scale=1.0):
+    """Replays the kernel's lazy update in fp64 on a causal layout (Sq = Sk, blocks visited in
+    the kernel's order: the full blocks, then the diagonal one) and counts, over every query tile
+    and head, the blocks where it rescales (some row's block max exceeds the tile's lagging
+    running max by more than 2**8) and those where it does not although some row's max rose (p
+    above 1: the lazy path computes differently from the eager one there)."""
+    s = (q.double() @ k.double().transpose(-1, -2)) * sm_scale / math.log(2)  # log2 units
     seq = s.shape[-1]
-    visible = torch.ones(seq, seq, dtype=torch.bool).tril()
-    s = s.masked_fill(~visible, float("-inf"))
-    blocks = s.view(*s.shape[:-1], seq // block, block).amax(-1)  # [B, H, Sq, blocks]
-    running = torch.cummax(blocks, dim=-1).values
-    rises = running[..., 1:] - running[..., :-1]
-    return rises[torch.isfinite(rises)]
+    s = s.masked_fill(~torch.ones(seq, seq, dtype=torch.bool).tril(), float("-inf"))
+    rescaled = kept = 0
+    for m0 in range(0, seq, block_m):
+        tile = s[..., m0:m0 + block_m, :]  # [B, H, rows, Sk]
+        last = (m0 + block_m - 1) // block_n  # the diagonal block; the full ones come before it
+        order = [b for b in range(last + 1) if (b + 1) * block_n - 1 <= m0] + \
+                [b for b in range(last + 1) if (b + 1) * block_n - 1 > m0]
+        m_i = torch.full(tile.shape[:-1], float("-inf"), dtype=torch.float64)
+        for b in order:
+            m_blk = tile[..., b * block_n:(b + 1) * block_n].amax(-1)
+            jump = (m_blk > m_i + THRESHOLD_LOG2).flatten(2).any(-1)  # [B, H]: per program
+            rose = (m_blk > m_i).flatten(2).any(-1)
+            rescaled += int(jump.sum())
+            kept += int((rose & ~jump).sum())
+            m_i = torch.where(jump[..., None], torch.maximum(m_i, m_blk), m_i)
+    return rescaled, kept
+
+
+class _SpyKernel:
+    """Wraps block_sparse_attn_fwd: records each launch's keyword arguments, then launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.fn, self.calls = kernel, kernel.fn, []
+
+    def __getitem__(self, grid):
+        def launch(**kwargs):
+            self.calls.append(kwargs)
+            return self.kernel[grid](**kwargs)
+        return launch
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_both_branches_run_and_agree(dtype, device):
+def test_both_branches_run_and_agree(dtype, device, monkeypatch):
     """Scores whose row maximum rises both by more than 2**8 between some blocks (the branch
     that rescales; skipping it would overflow p to inf) and by less between others (p above 1,
-    no rescale): the output and the LSE hold against the reference either way."""
+    no rescale): the output and the LSE hold against the reference either way, and differ from
+    the eager update's only by rounding."""
+    from parity.kernels import triton_attention
+
     seq, block = 256, 32
     q, k, v = _growing_keys(seq, 32, DTYPES[dtype], device)
     layout = causal_layout(seq, seq, block_m=block, block_n=block).to(device)
-    rises = _block_max_steps(q.cpu(), k.cpu(), layout, block)
-    assert int((rises > THRESHOLD_LOG2).sum()) > 0, "no block max jumps past the threshold"
-    small = int(((rises > 0.5) & (rises <= THRESHOLD_LOG2)).sum())
-    assert small > 0, "no block max rises by less than the threshold"
-    lazy_out = None
+    rescaled, kept = _lazy_branches(q.cpu(), k.cpu(), block, block)
+    assert rescaled > 0, "no block max jumps past the threshold"
+    assert kept > 0, "no block max rises by less than the threshold"
+    spy = _SpyKernel(triton_attention.block_sparse_attn_fwd)
+    monkeypatch.setattr(triton_attention, "block_sparse_attn_fwd", spy)
     for cfg in _configs(q.device, 32, q.dtype, block):
         lazy_out, lazy_lse = _run(q, k, v, layout, cfg, sm_scale=1.0)
-    eager = dataclasses.replace(cfg, lazy_rescale=False)
-    eager_out, eager_lse = _run(q, k, v, layout, eager, sm_scale=1.0)
-    # Same mathematics: the outputs differ by rounding only (p is rounded to 16 bits relative to
-    # another maximum), far below the reference check's bound.
-    assert float((lazy_out.double() - eager_out.double()).abs().max()) < (0.05 if dtype == "bf16" else 1e-5)
-    assert float((lazy_lse - eager_lse).abs().max()) < 1e-4
+        eager_out, eager_lse = _run(q, k, v, layout, dataclasses.replace(cfg, lazy_rescale=False), sm_scale=1.0)
+        assert [call["LAZY_RESCALE"] for call in spy.calls[-2:]] == [True, False]
+        assert [call["ONE_LOOP"] for call in spy.calls[-2:]] == [cfg.one_loop] * 2
+        # Same mathematics: the outputs differ by rounding only (p is rounded relative to another
+        # maximum), far below the reference check's bound...
+        assert float((lazy_out.double() - eager_out.double()).abs().max()) < (0.05 if dtype == "bf16" else 1e-5)
+        assert float((lazy_lse - eager_lse).abs().max()) < 1e-4
+        if dtype == "fp32":  # ...and they do differ: the lazy update ran, not the eager one again
+            assert not torch.equal(lazy_out, eager_out)
 
 
 def test_lazy_rescale_is_a_config_field():

@@ -275,16 +275,15 @@ def test_cuda_without_a_gpu_is_a_usage_error(tmp_path):
 
 
 _TRITON_SCRIPT = """
-import json, sys, time
+import json, sys
 from parity.run.capture import capture
 from parity.bundle.reader import open_bundle
 report = {}
 for name, spec, args in [("attention", "attention", {"cases": "default"}),
                          ("decoder", "decoder", %(decoder)r)]:
-    start = time.monotonic()
     capture(spec, sys.argv[1] + "/" + name, subject_args=args, impl="triton")
     bundle = open_bundle(sys.argv[1] + "/" + name)
-    report[name] = {"seconds": time.monotonic() - start, "hooks": bundle.hooks_check,
+    report[name] = {"hooks": bundle.hooks_check,
                     "configs": bundle.kernel_configs, "interpreter": bundle.platform["triton_interpreter"],
                     "verified": bundle.verify()}
 print(json.dumps(report))
@@ -302,7 +301,7 @@ def test_triton_impl_under_the_interpreter(tmp_path):
         assert report[name]["hooks"]["bitwise_equal"] is True
         assert report[name]["interpreter"] is True
         assert report[name]["configs"]["used"]  # the pinned launch configs were recorded
-    assert report["attention"]["seconds"] < 20  # the default case set stays interpreter-sized
+    # (that the default case set stays interpreter-sized is a bound on its sizes: test_run_subjects)
     assert set(report["decoder"]["configs"]["used"]) == {"layers.0.attn.core", "layers.1.attn.core"}
 
 

@@ -127,6 +127,12 @@ def test_default_case_set_covers_the_edge_cases():
     assert any(c.seq_q == 1 for c in cases)
     assert any(c.seq_q % c.block_m for c in cases if c.seq_q > 1)  # a partial tail block
     assert any(c.batch > 1 for c in cases)
+    # Interpreter-sized: at most 2**20 attention scores in all and 2**18 in one case, at most 256
+    # rows or keys, so that `make demo` and the interpreter tests stay in seconds; a bigger set
+    # belongs in "gpu".
+    scores = [c.batch * c.heads_q * c.seq_q * c.seq_k for c in cases]
+    assert sum(scores) <= 2**20 and max(scores) <= 2**18
+    assert max(max(c.seq_q, c.seq_k) for c in cases) <= 256
 
 
 def test_empty_row_case_really_has_an_empty_row():

@@ -17,7 +17,7 @@ from parity.speed import clocks
 import speed_subjects
 from speed_subjects import MATMUL_SPEC
 
-jsonschema = pytest.importorskip("jsonschema")
+import jsonschema  # a test dependency (pyproject's test extra): missing, the file errors, never skips
 CUDA = torch.device("cuda")  # a device object only: nothing here touches a GPU
 
 

@@ -7,7 +7,6 @@ import math
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jsonschema
@@ -40,7 +39,8 @@ def test_small_preset_produces_a_sane_table_and_json(tmp_path):
         assert compare["passed"], "the bundle's own impl must hold against its golden"
         assert compare["compared"] == 4 * compare["layers"] + 1
         # like for like: the durable capture against the baseline with fsync, --no-fsync without
-        assert capture["raw"]["seconds"] != fast["raw"]["seconds"]
+        assert capture["baseline"] == "forwards + save_file + fsync per file + reference run"
+        assert fast["baseline"] == "forwards + save_file + reference run"
         assert capture["page_cache_ratio"] == pytest.approx(capture["parity"]["seconds"] / fast["raw"]["seconds"])
         for row in (compare, capture, fast):
             for side in ("parity", "raw"):
@@ -152,16 +152,39 @@ class _MovingCounter:
         return int(self.path.read_text()) * 1024
 
 
-def test_settle_waits_until_the_counter_has_been_still_for_the_quiet_time(tmp_path, monkeypatch):
+class _FakeTime:
+    """The benchmark's clock, moved only by its own sleeps and by what a test says work costs."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        return self.now
+
+    perf_counter = monotonic
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+@pytest.fixture
+def fake_time(monkeypatch):
+    clock = _FakeTime()
+    monkeypatch.setattr(benchmark, "time", clock)
+    return clock
+
+
+def test_settle_waits_until_the_counter_has_been_still_for_the_quiet_time(tmp_path, monkeypatch, fake_time):
     counter = _MovingCounter(tmp_path / "reported_kib", moves=5)
     monkeypatch.setattr(benchmark, "reported_bytes", counter.read)
-    waited = benchmark.settle(0.05, poll_s=0.01, counter=str(counter.path))
-    # five moves, each restarting the quiet time, then one quiet time of still reads
-    assert counter.reads >= 5 + 5 and counter.path.read_text() == "500"
-    assert 0.05 <= waited < 5
+    waited = benchmark.settle(5, poll_s=1, counter=str(counter.path))
+    # The counter moves at reads 1-5 (t = 0..4 s, one read per 1 s poll); the quiet time of 5 s
+    # then runs from t = 4 to t = 9: 10 reads in all, 9 s waited.
+    assert counter.reads == 10 and counter.path.read_text() == "500"
+    assert waited == 9.0
 
 
-def test_measure_removes_and_settles_before_the_clock_and_records_both(tmp_path, monkeypatch):
+def test_measure_removes_and_settles_before_the_clock_and_records_both(tmp_path, monkeypatch, fake_time):
     left = tmp_path / "bundle"
     (left / "shards").mkdir(parents=True)
     (left / "shards" / "old.safetensors").write_bytes(b"x" * 4096)
@@ -169,25 +192,28 @@ def test_measure_removes_and_settles_before_the_clock_and_records_both(tmp_path,
 
     def slow_settle(quiet_s):
         settled.append((quiet_s, left.exists()))
-        time.sleep(0.3)
+        fake_time.sleep(0.3)
         return 0.3
 
     monkeypatch.setattr(benchmark, "settle", slow_settle)
     seen = {}
-    result = benchmark.measure(lambda: seen.setdefault("left", left.exists()) and None, settle_s=2.5,
-                               remove=[str(left), str(tmp_path / "never-there")])
+    def work():
+        seen["left"] = left.exists()
+        fake_time.sleep(0.125)  # what the timed work costs
+
+    result = benchmark.measure(work, settle_s=2.5, remove=[str(left), str(tmp_path / "never-there")])
     # removed first, then settled (after the removal), and neither inside the clock
     assert settled == [(2.5, False)] and seen == {"left": False}
-    assert result["settle_seconds"] == 0.3 and result["seconds"] < 0.3
+    assert result["settle_seconds"] == 0.3 and result["seconds"] == 0.125
     reported = benchmark.reported_bytes()
     assert (result["handed_back_bytes"] is None) == (reported is None)
 
 
-def test_settle_gives_up_at_its_limit_and_does_not_wait_without_a_counter(tmp_path, monkeypatch):
+def test_settle_gives_up_at_its_limit_and_does_not_wait_without_a_counter(tmp_path, monkeypatch, fake_time):
     counter = _MovingCounter(tmp_path / "reported_kib", moves=10**9)  # never still
     monkeypatch.setattr(benchmark, "reported_bytes", counter.read)
-    waited = benchmark.settle(10, limit_s=0.2, poll_s=0.01, counter=str(counter.path))
-    assert 0.2 <= waited < 5
+    waited = benchmark.settle(10, limit_s=3, poll_s=1, counter=str(counter.path))
+    assert waited == 3.0 and counter.reads == 4  # one read, then one per 1 s poll until the 3 s limit
     monkeypatch.setattr(benchmark, "reported_bytes", lambda counter: None)
     assert benchmark.settle(10) == 0.0
     counter = _MovingCounter(tmp_path / "still", moves=0)
