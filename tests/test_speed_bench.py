@@ -299,3 +299,39 @@ def test_refused_run_replaces_a_stale_json_report(command, argv, tmp_path, capsy
     assert document["format"] == expected and document["passed"] is False
     assert document["error"]["status"] == 2 and "no_such_module" in document["error"]["message"]
     jsonschema.validate(document, schema_for(expected))
+
+
+def test_module_share_comes_from_the_same_calls_and_noisy_modules_are_warned():
+    from types import SimpleNamespace
+
+    from parity.speed.bench import _modules_section
+
+    def call(root, attn):
+        return ({"<root>": root, "layers.0.attn": attn / 2, "layers.1.attn": attn / 2}, {})
+
+    # The baseline's attention is 8 of 10 in every call; the new impl's attention is noisy.
+    calls = {"ref": [call(10.0, 8.0)] * 5,
+             "new": [call(4.0, a) for a in (1.0, 1.5, 2.0, 2.5, 3.0)]}
+    warnings: list[str] = []
+    section = _modules_section(calls, ["layers.*.attn"], ["ref", "new"],
+                               SimpleNamespace(min_effect=0.02, seed=0), warnings)
+    assert section["baseline_share"] == {"layers.*.attn": 0.8}
+    new = next(row for row in section["rows"] if row["impl"] == "new")
+    assert new["vs_baseline"]["speedup"] == 4.0  # median 8 / median 2
+    assert new["amdahl_whole_forward"] == pytest.approx(1 / (0.2 + 0.8 / 4))
+    assert warnings == ["new layers.*.attn: IQR/median 0.50 > 0.10: noisy timings (other load, clock changes); more "
+                        "repetitions or a quieter machine"]
+
+
+def test_a_device_speedup_above_10x_is_warned(monkeypatch):
+    from parity.speed import bench as bench_module
+
+    per_call = iter([1e-3, 5e-5, 5e-4])  # ref, then 20x and 2x faster
+    monkeypatch.setattr(bench_module, "device_time_per_call",
+                        lambda fn, device: {"per_call_s": next(per_call), "note": None})
+    rows = [{"impl": impl, "summary": {"median": 1e-3}} for impl in ("ref", "skip", "half")]
+    warnings: list[str] = []
+    bench_module._add_device_times(rows, None, ["ref", "skip", "half"], "cpu", warnings)
+    assert [row["device_time"].get("speedup") for row in rows] == [None, pytest.approx(20.0), pytest.approx(2.0)]
+    assert warnings == ["skip: device speedup 20.0x > 10x: re-verify that it computes the same thing (a speedup "
+                        "this large is more often a skipped computation than a faster one)"]

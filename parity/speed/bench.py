@@ -299,7 +299,7 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
         calls = module_rounds(prepared.modules, lambda impl: _forward(prepared, impl), impls, reps=options.reps,
                               seed=options.seed, device=device)
         patterns = list(options.modules) if options.modules else [g for g in [hot_group(calls[baseline])] if g]
-        modules_section = _modules_section(calls, patterns, impls, options, summaries, warnings)
+        modules_section = _modules_section(calls, patterns, impls, options, warnings)
         if cases:
             fast_p_section = _fast_p_section(calls, cases, impls, options, outcomes)
 
@@ -382,7 +382,12 @@ def _add_device_times(rows: list[dict[str, Any]], prepared: Prepared, impls: Seq
     base = rows[0]["device_time"]["per_call_s"]
     for row in rows[1:]:
         mine = row["device_time"]["per_call_s"]
-        row["device_time"]["speedup"] = base / mine if base and mine else None
+        speedup = base / mine if base and mine else None
+        row["device_time"]["speedup"] = speedup
+        if speedup is not None and speedup > stats.SUSPICIOUS_SPEEDUP:
+            warnings.append(f"{row['impl']}: device speedup {speedup:.1f}x > {stats.SUSPICIOUS_SPEEDUP:g}x: re-verify "
+                            "that it computes the same thing (a speedup this large is more often a skipped "
+                            "computation than a faster one)")
 
 
 def _validity(outcomes: Mapping[str, ParityOutcome], impl: str, baseline: str) -> str:
@@ -410,18 +415,26 @@ def _verdict_line(fastest: str, outcomes: Mapping[str, ParityOutcome], rows: lis
             f"{cmp['verdict']}, parity holds ({outcome.tensors} tensor{'s' if outcome.tensors != 1 else ''})")
 
 
-def _modules_section(calls, patterns, impls, options, summaries, warnings) -> dict[str, Any]:
+def _modules_section(calls, patterns, impls, options, warnings) -> dict[str, Any]:
+    """Per module pattern and impl: the module's time per call, its speedup over the baseline's
+    and Amdahl's bound for the whole forward. The baseline share is the module's fraction of the
+    whole forward within the same hooked calls (the median over calls of module / root time), so
+    it is at most 1: the forward's own rounds are other calls, with a cache flush and no hooks."""
     baseline = impls[0]
     section: dict[str, Any] = {"patterns": patterns, "rows": []}
+    roots = glob_seconds(calls[baseline], ROOT)
     for pattern in patterns:
         per_impl = {impl: glob_seconds(calls[impl], pattern) for impl in impls}
         if not any(per_impl[baseline]):
             warnings.append(f"--module {pattern!r} matches no module that ran")
             continue
-        share = stats.median(per_impl[baseline]) / summaries[baseline].median
+        share = stats.median([part / whole for part, whole in zip(per_impl[baseline], roots) if whole > 0] or [0.0])
         for impl in impls:
-            row: dict[str, Any] = {"module": pattern, "impl": impl,
-                                   "summary": stats.summarize(per_impl[impl]).to_dict()}
+            summary = stats.summarize(per_impl[impl])
+            row: dict[str, Any] = {"module": pattern, "impl": impl, "summary": summary.to_dict()}
+            noisy = stats.noise_warning(summary, f"{impl} {pattern}")
+            if noisy:
+                warnings.append(noisy)
             if impl != baseline and min(per_impl[impl]) > 0:
                 comparison = stats.compare(per_impl[baseline], per_impl[impl], min_effect=options.min_effect,
                                            seed=options.seed, what=f"{impl} {pattern}")
