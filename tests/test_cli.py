@@ -434,3 +434,31 @@ def test_markdown_report_escapes_names_and_reasons(tower, trusted, capsys, tmp_p
                           "--markdown", str(tmp_path / "r.md"))
     assert code == 1 and (tmp_path / "r.md").read_text(encoding="utf-8") == out
     assert text.rstrip().splitlines()[-1] == lines[0].strip("*").replace("\\", "")
+
+
+@pytest.mark.parametrize("command", ["bench", "profile", "diff", "show", "verify", "inspect"])
+def test_a_command_that_is_not_rank_aware_refuses_several_ranks(command, monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    argv = {"bench": ["--subject", "decoder", "--impls", "reference,triton"], "profile": ["--subject", "decoder"],
+            "diff": ["a", "b"], "show": ["a"], "verify": ["a"], "inspect": []}[command]
+    assert parity.cli.main.main([command, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"parity: error: parity {command} runs in one process, not on each of 2 ranks (WORLD_SIZE=2, as "
+                   "torchrun sets it): run it without torchrun; under torchrun, capture and compare take rank sets")
+
+
+def test_one_rank_launch_runs_a_command_that_is_not_rank_aware(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert parity.cli.main.main(["verify", str(tmp_path / "missing")]) == 2  # the command's own error, not the launch's
+    assert "runs in one process" not in capsys.readouterr().err
+
+
+def test_no_command_prints_the_commands_and_exits_2(capsys):
+    assert parity.cli.main.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m parity")
+    for command in parity.cli.main.COMMANDS:
+        assert f"\n    {command} " in err  # each command with its one-line help
+    assert "argparse" not in err and "thin over the library API" not in err  # no developer docstring

@@ -122,7 +122,9 @@ def test_interrupt_is_130(tmp_path, capsys):
 def test_argparse_errors_and_help(capsys):
     code, out, err = cli(capsys, "compare")
     assert code == 2 and err == "parity: error: the following arguments are required: --bundle/--golden\n"
-    code, out, err = cli(capsys)
+    code, out, err = cli(capsys)  # no command at all: the commands, not one terse line (test_cli.py)
+    assert code == 2 and err.startswith("usage: python -m parity") and out == ""
+    code, out, err = cli(capsys, "--debug")  # options but no command: argparse's one line
     assert code == 2 and err.startswith("parity: error: the following arguments are required: command")
     code, out, err = cli(capsys, "--help")
     assert code == 0 and "capture" in out and "--debug" in out

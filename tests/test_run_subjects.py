@@ -34,9 +34,18 @@ def test_loader_errors_name_the_spec(spec, message):
     assert "\n" not in str(info.value)
 
 
-def test_loader_rejects_arguments_the_factory_does_not_take():
-    with pytest.raises(UsageError, match=r"subject 'decoder' does not accept arguments \['cases'\]"):
+def test_loader_rejects_arguments_the_factory_does_not_take(tmp_path, monkeypatch):
+    with pytest.raises(UsageError, match=r"subject 'decoder' takes no argument cases; it takes vocab, d_model, layers, "):
         load_subject("decoder", {"cases": "default"})
+    # Only the arguments it does not take are named; a missing required one is said as such.
+    (tmp_path / "needs_width.py").write_text("def make(width, *, depth=2):\n    raise AssertionError('not called')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UsageError) as info:
+        load_subject("needs_width:make", {"width": 4, "depht": 3, "colour": 1})
+    assert str(info.value) == "subject 'needs_width:make' takes no argument colour, depht; it takes width, depth"
+    with pytest.raises(UsageError) as info:
+        load_subject("needs_width:make", {"depth": 3})
+    assert str(info.value) == "subject 'needs_width:make': missing a required argument: 'width'"
 
 
 def test_user_subject_round_trips_through_its_description():

@@ -31,7 +31,8 @@ from parity.run.subjects import (
 
 EXAMPLE = "user_subject_example:make_subject"
 TESTS_DIR = Path(__file__).resolve().parent
-TRUST_HINT = "add it to trust = [...] in parity.toml / [tool.parity]"
+TRUST_HINT = ("add it to trust = [...] under [tool.parity] in ./pyproject.toml (read by default) or in the "
+              "file given to --tolerances")
 
 # A hostile module: importing it writes IMPORTED next to it, calling its factory writes CALLED.
 EVIL = '''

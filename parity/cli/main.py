@@ -23,6 +23,7 @@ from parity.base.errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    UsageError,
     classify,
     debug_from_environment,
     print_traceback,
@@ -30,10 +31,16 @@ from parity.base.errors import (
 from parity.cli.options import HelpFormatter, OneLineParser
 
 COMMANDS = ("capture", "compare", "diff", "inspect", "show", "verify", "profile", "bench")
+# The commands that know they are one rank of a distributed launch (parity.dist); any other,
+# started by torchrun on several ranks, would run whole on each, racing for the same reports.
+RANK_AWARE = ("capture", "compare")
 
 EXIT_OK, EXIT_FAIL = 0, 1  # re-exported for callers of the CLI; the full table is in parity.base.errors
 
 _DEBUG_HELP = "on an error, print the full traceback (also PARITY_DEBUG=1)"
+DESCRIPTION = ("Numerical parity of kernels ported between GPU vendors: capture goldens on one host,\n"
+               "compare another host's run against them, and profile and bench the port.\n"
+               "`python -m parity COMMAND --help` for each command.")
 
 
 def version() -> str:
@@ -51,7 +58,7 @@ class _Parser(OneLineParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m parity", description=__doc__.splitlines()[0], formatter_class=HelpFormatter)
+    parser = _Parser(prog="python -m parity", description=DESCRIPTION, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"parity {version()}")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -82,17 +89,31 @@ def main(argv: list[str] | None = None) -> int:
     debug = debug_from_environment()
     try:
         parser = build_parser()
+        if not (sys.argv[1:] if argv is None else argv):  # no command: what there is, not one terse line
+            sys.stderr.write(parser.format_help())
+            return EXIT_USAGE
         try:
             args = parser.parse_args(argv)
         except SystemExit as exc:  # argparse's usage errors (2) and --help (0), as a return value
             return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
         debug = debug or bool(getattr(args, "debug", False))
+        _check_launch(args.command)
         return int(args.func(args))
     except KeyboardInterrupt:
         print("parity: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as err:  # noqa: BLE001 - every exception becomes exit 2 or 3 with one line
         return report_error(err, debug=debug)
+
+
+def _check_launch(command: str) -> None:
+    """UsageError for a command that is not rank-aware, started on several ranks (``WORLD_SIZE``
+    above 1, as torchrun sets it)."""
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if command not in RANK_AWARE and world.isdigit() and int(world) > 1:
+        raise UsageError(f"parity {command} runs in one process, not on each of {world} ranks (WORLD_SIZE={world}, "
+                         f"as torchrun sets it): run it without torchrun; under torchrun, "
+                         f"{' and '.join(RANK_AWARE)} take rank sets")
 
 
 def entry() -> None:
@@ -113,5 +134,5 @@ def entry() -> None:
     sys.exit(status)
 
 
-__all__ = ["COMMANDS", "EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "build_parser", "entry", "main",
+__all__ = ["COMMANDS", "RANK_AWARE", "EXIT_OK", "EXIT_FAIL", "EXIT_USAGE", "EXIT_INTERNAL", "build_parser", "entry", "main",
            "report_error", "version"]

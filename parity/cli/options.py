@@ -92,18 +92,22 @@ OPTIONS: dict[str, Option] = {
     opt.dest: opt
     for opt in (
         Option("golden", "--bundle", "--parity-golden-dir",
-               "golden bundle directory (compare) / directory of goldens (pytest)", (("metavar", "DIR"),),
+               "directory of the goldens the tests check (default: goldens/ beside each test file)",
+               (("metavar", "DIR"),),
                cli_aliases=("--golden",),
                cli_help=f"the golden bundle directory to compare against (--golden: deprecated alias, until "
                         f"{DEPRECATED_UNTIL})"),
-        Option("impl", "--impl", "--parity-impl", IMPL_HELP, (("default", "triton"), ("metavar", "NAME"))),
+        Option("impl", "--impl", "--parity-impl", IMPL_HELP + " (default: triton)",
+               (("default", "triton"), ("metavar", "NAME")), cli_help=IMPL_HELP),  # the CLI adds its defaults
         Option("device", "--device", "--parity-device",
-               DEVICE_HELP + ", or auto (the default): cuda when torch sees a GPU, else cpu", (("default", None),),
+               DEVICE_HELP + ", or auto (the default): cuda when torch sees a GPU, else cpu",
+               (("default", None), ("metavar", "DEV")),
                cli_help=DEVICE_HELP + ", or auto: cuda when torch sees a GPU, else cpu",
-               cli_kwargs=(("default", "auto"), ("metavar", "DEV"))),
+               cli_kwargs=(("default", "auto"),)),
         Option("tolerances", "--tolerances", "--parity-tolerances",
-               "tolerance policy TOML file (default: [tool.parity] of ./pyproject.toml if present)",
-               (("metavar", "FILE"), ("default", None))),
+               "tolerance policy TOML file (default: [tool.parity] of the rootdir's pyproject.toml if present)",
+               (("metavar", "FILE"), ("default", None)),
+               cli_help="tolerance policy TOML file (default: [tool.parity] of ./pyproject.toml if present)"),
         Option("json", "--json", "--parity-report", "write the machine-readable report (JSON) here",
                (("metavar", "FILE"), ("default", None)), cli_help=_stdout_help("the machine-readable report (JSON)")),
         Option("junit_xml", "--junit-xml", None, _stdout_help("a JUnit XML report"),
@@ -119,7 +123,8 @@ OPTIONS: dict[str, Option] = {
                "always recorded; either way the test fails, so a recording is never a pass)",
                (("action", "store_true"), ("default", False))),
         Option("regen", None, "--parity-regen",
-               "overwrite existing goldens with this run's tensors (explicit regeneration)",
+               "rewrite the goldens that fail (and record missing ones) from this run; passing goldens are "
+               "left as they are, and a rewritten check fails, so a regeneration is never a pass",
                (("action", "store_true"), ("default", False))),
     )
 }

@@ -293,7 +293,17 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for line in tabulate(table, headers=["test", "tensor", "dtype", "cosine", "max abs", "rel L2", "verdict"],
                          tablefmt="github", disable_numparse=True).splitlines():
         terminalreporter.write_line(line)
-    terminalreporter.write_line(f"parity: {len(rows)} tensors checked: {passed} pass, {len(rows) - passed} not")
+    terminalreporter.write_line(f"parity: {len(rows)} tensors checked: {_status_counts(rows, passed)}")
+
+
+def _status_counts(rows, passed: int) -> str:
+    """``1 pass, 2 fail, 1 recorded``: the passes, then every other status that occurs."""
+    others: dict[str, int] = {}
+    for row in rows:
+        status = str(row.get("status"))
+        if status != "pass":
+            others[status] = others.get(status, 0) + 1
+    return ", ".join([f"{passed} pass"] + [f"{count} {status}" for status, count in sorted(others.items())])
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's junitxml writes its file (the suite properties)

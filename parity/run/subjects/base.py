@@ -179,7 +179,8 @@ BUILTINS: dict[str, str] = {
 # Specs trusted by code running on this host (trust_subject), in addition to the built-ins.
 _TRUSTED: set[str] = set()
 
-TRUST_HINT = "add it to trust = [...] in parity.toml / [tool.parity]"
+TRUST_HINT = ("add it to trust = [...] under [tool.parity] in ./pyproject.toml (read by default) or in the "
+              "file given to --tolerances")
 
 
 def register_subject(name: str, target: str) -> None:
@@ -597,6 +598,21 @@ class SubjectRunner:
             return self.call(module, inputs)
 
 
+def _check_arguments(spec: str, signature: inspect.Signature, args: Mapping[str, Any]) -> None:
+    """UsageError naming the arguments a factory does not take (and those it does), or the
+    binding problem (a required argument missing)."""
+    try:
+        signature.bind(**args)
+    except TypeError as err:
+        params = signature.parameters.values()
+        named = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unknown = [] if any(p.kind == p.VAR_KEYWORD for p in params) else sorted(set(args) - set(named))
+        if unknown:
+            raise UsageError(f"subject {printable(spec)!r} takes no argument {', '.join(map(printable, unknown))}; "
+                             f"it takes {', '.join(named) or 'none'}") from None
+        raise UsageError(f"subject {printable(spec)!r}: {err}") from None
+
+
 def load_subject(spec: str, args: Mapping[str, Any] | None = None, *,
                  exclude_dirs: Iterable[str | os.PathLike] = ()) -> SubjectRunner:
     """Create a subject from a built-in name or ``package.module:factory`` and keyword ``args``.
@@ -616,11 +632,11 @@ def load_subject(spec: str, args: Mapping[str, Any] | None = None, *,
     if not all(isinstance(key, str) for key in args):
         raise UsageError(f"arguments of subject {printable(spec)!r} must have string names")
     try:
-        inspect.signature(factory).bind(**args)
-    except TypeError as err:
-        raise UsageError(f"subject {spec!r} does not accept arguments {sorted(args)}: {err}") from None
-    except ValueError:  # no signature available (some builtins); let the call decide
-        pass
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature available (some builtins); let the call decide
+        signature = None
+    if signature is not None:
+        _check_arguments(spec, signature, args)
     try:
         subject = factory(**args)
     except ParityError:
