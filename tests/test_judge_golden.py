@@ -37,6 +37,8 @@ def test_triton_here_matches_the_nvidia_goldens(name, device):
     assert report.passed, table
     assert len(report.layers) >= 16
     assert all(layer.metrics is not None and layer.metrics.numel > 0 for layer in report.layers)
+    # The attention bundle is the default case set (8 cases, each its own module); the decoder one model.
+    assert report.independent_cases == {"h200-attention": 8, "h200-decoder": 0}[name]
 
 
 def test_bf16_kernel_here_is_as_close_to_fp64_as_the_nvidia_golden(device):

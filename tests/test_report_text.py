@@ -13,7 +13,7 @@ from parity.judge.engine import compare_tensors
 from parity.judge.metrics import LayerMetrics
 from parity.judge.policy import LayerOverride, Policy
 from parity.base.numbers import format_cosine, format_number, format_percent, format_shape
-from parity.report.text import format_table, format_text
+from parity.report.text import format_table, format_text, growth_line
 from parity.judge.policy import passing_value
 from parity.report.json_report import to_json, write_json
 from parity.report.junit import to_junit_xml
@@ -154,6 +154,25 @@ def test_json_report_round_trips_the_numbers(tmp_path):
     assert [name for name, _ in growth["rel_l2"]] == [r.name for r in results]
     with pytest.raises(UsageError, match=r"--json .*: directory .* does not exist"):
         write_json(report, tmp_path / "no" / "r.json")
+
+
+def test_independent_cases_have_a_peak_and_no_growth(tmp_path):
+    # Three cases that do not feed one another (a subject's case set): errors 1e-6, 1e-3, 1e-5.
+    results = []
+    for index, scale in enumerate((1e-6, 1e-3, 1e-5)):
+        golden = _tensor(index)
+        results.append(compare_tensors(f"case{index}/out", golden + scale * _tensor(50 + index), golden))
+    peak = results[1].metrics.rel_l2
+    report = _report(results, independent_cases=3)
+    assert growth_line(report) == (f"error (rel L2) over 3 independent cases, so no growth to follow: peak "
+                                   f"{format_number(peak)} at case1/out")
+    growth = json.loads(to_json(report))["summary"]["error_growth"]
+    assert growth["independent_cases"] == 3 and growth["peak"] == ["case1/out", peak]
+    assert growth["largest_jump"] is None and growth["last_over_first"] is None
+    # The same tensors as one model: the jump from case0 to case1 is the largest.
+    chained = json.loads(to_json(_report(results)))["summary"]["error_growth"]
+    assert chained["independent_cases"] == 0 and chained["largest_jump"]["layer"] == "case1/out"
+    assert growth_line(_report(results)).startswith("error growth (rel L2, execution order): ")
 
 
 def test_non_finite_numbers_stay_valid_json():

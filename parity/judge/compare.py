@@ -131,6 +131,7 @@ def compare_bundle(
         kernel_configs={"golden": (bundle.kernel_configs or {}).get("used"), "here": launch_configs(module)},
         seconds=time.monotonic() - started,
         integrity=integrity(bundle),
+        independent_cases=len(runner.case_ids(module)),
     )
     say(f"compared {len(ordered)} tensors in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report

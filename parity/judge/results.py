@@ -219,9 +219,14 @@ class ErrorGrowth:
     ``points``: ``(name, rel_l2, max_abs)`` of every result with metrics. ``largest_jump``: the
     tensor whose rel L2 grows most over the one before it (as a ratio; from exactly 0 counts as
     infinite, ties going to the larger value), ``(name, previous rel_l2, rel_l2)``.
+
+    ``cases``: the number of independent cases the tensors belong to (a subject's case set, whose
+    cases do not feed one another), 0 for one model. With cases there is no growth to follow:
+    the ratio of the last to the first and the largest jump are None; the peak stays.
     """
 
     points: tuple[tuple[str, float, float], ...]
+    cases: int = 0
 
     @property
     def first(self) -> tuple[str, float] | None:
@@ -241,7 +246,7 @@ class ErrorGrowth:
 
     @property
     def last_over_first(self) -> float | None:
-        if not self.points:
+        if not self.points or self.cases:
             return None
         first, last = self.points[0][1], self.points[-1][1]
         if first == 0:
@@ -250,6 +255,8 @@ class ErrorGrowth:
 
     @property
     def largest_jump(self) -> tuple[str, float, float] | None:
+        if self.cases:
+            return None
         best = None
         best_key = None
         for (_, before, _), (name, after, _) in zip(self.points, self.points[1:]):
@@ -272,6 +279,7 @@ class ErrorGrowth:
             "last_over_first": json_safe_float(self.last_over_first),
             "largest_jump": None if jump is None else {
                 "layer": jump[0], "from": json_safe_float(jump[1]), "to": json_safe_float(jump[2])},
+            "independent_cases": self.cases,
         }
 
 
@@ -303,6 +311,7 @@ class CompareReport:
     # What was read of the bundle: {"tensors", "verified", "not_read": {kind: count}} (_integrity).
     integrity: dict[str, Any] = dataclasses.field(default_factory=dict)
     candidate: str | None = None
+    independent_cases: int = 0  # the subject's case count where its cases do not feed one another
 
     @property
     def tensors(self) -> list[TensorResult]:
@@ -343,7 +352,7 @@ class CompareReport:
         return ErrorGrowth(tuple(
             (result.name, result.metrics.rel_l2, result.metrics.max_abs)
             for result in self.layers if result.metrics is not None
-        ))
+        ), cases=self.independent_cases)
 
     @property
     def introducing_layers(self) -> list[str]:

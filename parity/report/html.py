@@ -111,6 +111,9 @@ def _growth_text(growth: dict[str, Any] | None) -> str:
     if not growth or not growth.get("rel_l2"):
         return "no tensor was compared"
     first, last, peak, jump = growth.get("first"), growth.get("last"), growth.get("peak"), growth.get("largest_jump")
+    if growth.get("independent_cases") and peak:
+        return (f"{growth['independent_cases']} independent cases, so no growth to follow: peak "
+                f"{format_number(_number(peak[1]))} at {printable(peak[0])}")
     text = (f"{format_number(_number(first[1]))} at {printable(first[0])} -> "
             f"{format_number(_number(last[1]))} at {printable(last[0])}")
     if peak and peak[0] != last[0]:

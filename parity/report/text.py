@@ -390,6 +390,10 @@ def growth_line(report: CompareReport) -> str:
     if all(rel_l2 == 0 for _, rel_l2, _ in growth.points):
         return "error growth: none (rel L2 is 0 for every compared tensor)"
     first, last, peak = growth.first, growth.last, growth.peak
+    if growth.cases:
+        return (f"error (rel L2) over {growth.cases} independent cases, so no growth to follow: peak "
+                f"{format_number(peak[1])} at {printable(peak[0])}" if peak is not None else
+                f"error (rel L2) over {growth.cases} independent cases: every value is NaN")
     text = (f"error growth (rel L2, execution order): {format_number(first[1])} at {printable(first[0])} -> "
             f"{format_number(last[1])} at {printable(last[0])}")
     ratio = growth.last_over_first

@@ -231,14 +231,7 @@ def _in_case(name: str, case: str) -> bool:
 
 def case_ids(prepared: Prepared) -> list[str]:
     """The subject's cases, where it has several and each is a child module of the root."""
-    cases = getattr(prepared.runner.subject, "cases", None)
-    if not isinstance(cases, (list, tuple)) or len(cases) < 2:
-        return []
-    ids = [getattr(case, "id", None) for case in cases]
-    children = set(dict(next(iter(prepared.modules.values())).named_children()))
-    if not all(isinstance(case_id, str) and case_id in children for case_id in ids):
-        return []
-    return ids
+    return prepared.runner.case_ids(next(iter(prepared.modules.values())))
 
 
 # ---------------------------------------------------------------------------------------------
