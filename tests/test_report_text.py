@@ -200,3 +200,12 @@ def test_junit_xml_is_valid_for_any_name():
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
     assert props["verdict"].startswith("PARITY FAILS: first failing tensor layers.1")
     assert props["golden_host"].startswith("nvidia sm_90 NVIDIA H200")
+
+
+def test_header_counts_what_the_run_did_not_read():
+    from parity.report.text import header_lines
+
+    report = _report(_chain(2), integrity={"tensors": 6, "verified": 3, "not_read": {"module_input": 2, "reference": 1}})
+    line = next(line for line in header_lines(report) if line.startswith("  bundle:"))
+    assert line == ("  bundle: checksums verified for the 3 of 6 stored tensors this run read; not read: 2 module "
+                    "inputs, 1 reference (python -m parity verify checks every one)")

@@ -375,7 +375,8 @@ def header_lines(report: CompareReport) -> list[str]:
     ]
     integrity = report.integrity
     if integrity:
-        not_read = ", ".join(f"{count} {kind.replace('_', ' ')}" for kind, count in sorted(integrity["not_read"].items()))
+        not_read = ", ".join(f"{count} {kind.replace('_', ' ')}" + ("s" if count != 1 else "")
+                             for kind, count in sorted(integrity["not_read"].items()))
         lines.append(f"  bundle: checksums verified for the {integrity['verified']} of {integrity['tensors']} stored "
                      f"tensors this run read" + (f"; not read: {not_read} (python -m parity verify checks every "
                                                   "one)" if not_read else ""))
