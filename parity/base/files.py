@@ -5,51 +5,140 @@ the plugin's report) goes through :func:`write_atomically`: a new temporary file
 directory (created with the user's umask), flushed and fsynced, then renamed over the target. A
 crash or a full disk leaves the old file or no file, never half of one. Bundles have their own,
 stronger protocol (``parity.bundle``).
+
+What is already at the target decides how it is written (:func:`disposition`): a regular file is
+replaced; a character device (``/dev/null``, a terminal) or a FIFO is written through, never
+replaced by a regular file; a symbolic link is followed and its target replaced (the link stays);
+anything else (a directory, a socket, a block device) is refused.
 """
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from parity.base.errors import UsageError
+from parity.base.text import printable
+
+REPLACE, WRITE_THROUGH, REFUSE = "replace", "write through", "refuse"
+
+_SHOWN_CHARS = 160  # of a path echoed in a message: a name too long to write is shortened
+
+
+def shown(path: str | os.PathLike) -> str:
+    """``path`` as a message shows it: printable, a very long one shortened."""
+    return printable(os.fspath(path), limit=_SHOWN_CHARS)
+
+
+def disposition(info: os.stat_result | None) -> str:
+    """How a report is written where ``os.stat`` found ``info`` (None: nothing there yet):
+    :data:`REPLACE` a regular file or nothing, :data:`WRITE_THROUGH` a character device or a FIFO,
+    :data:`REFUSE` anything else."""
+    if info is None or stat.S_ISREG(info.st_mode):
+        return REPLACE
+    if stat.S_ISCHR(info.st_mode) or stat.S_ISFIFO(info.st_mode):
+        return WRITE_THROUGH
+    return REFUSE
+
+
+def _kind(info: os.stat_result) -> str:
+    if stat.S_ISDIR(info.st_mode):
+        return "a directory"
+    return "a socket" if stat.S_ISSOCK(info.st_mode) else "a block device" if stat.S_ISBLK(info.st_mode) else "a special file"
+
+
+def _cannot_write(what: str, file: str | os.PathLike, err: OSError) -> UsageError:
+    if err.errno == errno.ENAMETOOLONG:
+        return UsageError(f"{what} {shown(file)}: file name too long")
+    return UsageError(f"{what} {shown(file)}: cannot write: {err.strerror or err}")
+
+
+def _stat(file: Path, what: str) -> os.stat_result | None:
+    """``os.stat(file)`` (links followed), None where nothing is there yet; UsageError if the name
+    itself is unusable (too long, a loop of links, no permission)."""
+    try:
+        return os.stat(file)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:
+        raise _cannot_write(what, file, err) from None
 
 
 def check_writable(path: str | os.PathLike, what: str) -> Path:
-    """``path`` as a Path; UsageError (``what`` names the flag) if it is a directory or its
-    directory does not exist. Call it before a long run, so a typo fails at once."""
+    """``path`` as a Path; UsageError (``what`` names the flag) if a report could not be written
+    there: a directory or another file that is neither regular, a character device nor a FIFO, a
+    name too long, a directory that does not exist. Call it before a long run, so a typo fails at once."""
     file = Path(path)
-    if file.is_dir():
-        raise UsageError(f"{what} {file} is a directory; give a file name")
-    if not file.parent.is_dir():
-        raise UsageError(f"{what} {file}: directory {file.parent} does not exist")
+    info = _stat(file, what)
+    if info is not None and stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"{what} {shown(file)} is a directory; give a file name")
+    if disposition(info) == REFUSE:
+        raise UsageError(f"{what} {shown(file)} is {_kind(info)}, not a regular file; refusing to replace it")
+    if info is None and not file.parent.is_dir():
+        raise UsageError(f"{what} {shown(file)}: directory {shown(file.parent)} does not exist")
     return file
 
 
-def write_atomically(path: str | os.PathLike, text: str, what: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` whole or not at all; UsageError naming ``what`` if it
-    cannot be written. Returns the path written."""
-    file = check_writable(path, what)
-    temporary = file.parent / f".{file.name}.{secrets.token_hex(4)}.tmp"
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` name the same file: one resolved path, or one file under two names."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
     try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    except OSError as err:
-        raise UsageError(f"{what} {file}: cannot write: {err.strerror or err}") from None
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def check_distinct(path: str | os.PathLike, what: str, others: Sequence[tuple[str, str | os.PathLike]]) -> None:
+    """UsageError if ``path`` (given as ``what``) is the same file as one of ``others``, (flag, path)
+    pairs: the command's input files and its other reports."""
+    for flag, other in others:
+        if same_file(path, other):
+            raise UsageError(f"{what} {shown(path)} is also the {flag} file")
+
+
+def _write_through(file: Path, text: str) -> None:
+    """Write ``text`` into the device or FIFO at ``file`` (opened, never created or replaced)."""
+    with os.fdopen(os.open(file, os.O_WRONLY), "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def _replace(file: Path, text: str) -> None:
+    """Replace ``file`` by a temporary file holding ``text``, written and fsynced beside it (removed
+    again if anything fails)."""
+    temporary = file.parent / f".{file.name[:32]}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, file)
-    except BaseException as err:
+    except BaseException:
         try:
             os.unlink(temporary)
         except OSError:
             pass
-        if isinstance(err, OSError):
-            raise UsageError(f"{what} {file}: cannot write: {err.strerror or err}") from None
         raise
+
+
+def write_atomically(path: str | os.PathLike, text: str, what: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` whole or not at all, as :func:`disposition` says; UsageError
+    naming ``what`` if it cannot be written. Returns the path written."""
+    file = check_writable(path, what)
+    target = Path(os.path.realpath(file))  # a symbolic link stays; the file it names is replaced
+    try:
+        if disposition(_stat(target, what)) == WRITE_THROUGH:
+            _write_through(target, text)
+        else:
+            _replace(target, text)
+    except OSError as err:
+        raise _cannot_write(what, file, err) from None
     return file
 
 
-__all__ = ["check_writable", "write_atomically"]
+__all__ = ["REFUSE", "REPLACE", "WRITE_THROUGH", "check_distinct", "check_writable", "disposition", "same_file",
+           "shown", "write_atomically"]

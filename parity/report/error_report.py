@@ -1,27 +1,30 @@
-"""Machine-readable reports of a run that ended without a verdict (exit status 2 or 3).
+"""The reports of a run that ended without a verdict (exit status 2 or 3).
 
-CI reads ``--json`` and ``--junit-xml`` files; a run that crashed or was refused must not leave
-them missing (or, worse, stale from a previous run and passing). So when compare ends with 2 or
-3, these files are still written, recording the error instead of layer results (``profile`` and
-``bench`` write their ``--json`` the same way, in their own formats):
+CI reads ``--json`` and ``--junit-xml`` files, and people the ``--html`` page and ``--markdown``
+summary; a run that crashed or was refused must not leave them missing (or, worse, stale from a
+previous run and passing). So when compare ends with 2 or 3, every report file asked for is still
+written, recording the error instead of layer results (``profile`` and ``bench`` write their
+``--json`` and ``--html`` the same way, in their own formats):
 
 - JSON: ``{"format": "parity-compare-report", "version": ..., "passed": false,
   "error": {"status": 2|3, "kind": "usage"|"internal", "message": "..."}}`` (the same format as
   the report it stands in for, so that its readers see it; ``parity/schemas/`` describes both);
-- JUnit XML: one test suite ``parity compare`` with one errored test case ``compare``.
+- JUnit XML: one test suite ``parity compare`` with one errored test case ``compare``;
+- HTML: a short self-contained page with the exit status and the message;
+- Markdown: a heading, the exit status and the message.
 
-Writing is best effort: a report that cannot be written (the path was the problem) is skipped,
-since the one-line error on stderr already says what went wrong.
+Writing is best effort (``parity.cli.commands._output``): a report that may not or cannot be
+written (the path was the problem) is skipped, since the one-line error on stderr already says
+what went wrong.
 """
 from __future__ import annotations
 
-import os
+import html
 import re
 from xml.etree import ElementTree as ET
 
 from parity.base import jsonformat
-from parity.base.errors import UsageError, classify
-from parity.base.files import write_atomically
+from parity.base.errors import classify
 
 REPORT_FORMAT = jsonformat.COMPARE_REPORT
 
@@ -56,22 +59,38 @@ def error_junit_xml(status: int, kind: str, message: str) -> str:
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def _write_atomically(path: str | os.PathLike, text: str) -> bool:
-    """Best effort: the run is already failing, so a report that cannot be written is skipped."""
-
-    try:
-        write_atomically(path, text, "report")
-    except UsageError:
-        return False
-    return True
+def _command(report_format: str) -> str:
+    """``parity compare`` for ``parity-compare-report``."""
+    return "parity " + report_format.removeprefix("parity-").removesuffix("-report")
 
 
-def write_error_reports(err: BaseException, *, json_path: str | os.PathLike | None,
-                        junit_path: str | os.PathLike | None, golden: str | None = None) -> None:
-    """Write the requested reports for ``err`` (classified as the CLI does), best effort."""
+def _exit_line(status: int, kind: str) -> str:
+    return f"exit status {status} ({kind} error): no result"
+
+
+def error_html(status: int, kind: str, message: str, *, report_format: str = REPORT_FORMAT) -> str:
+    """A short self-contained page saying that the run ended with ``status`` and why."""
+    title = html.escape(f"{_command(report_format)}: error")
+    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
+            f"<body>\n<h1>{title}</h1>\n<p>{html.escape(_exit_line(status, kind))}</p>\n"
+            f"<pre>{html.escape(message)}</pre>\n</body>\n</html>\n")
+
+
+def error_markdown(status: int, kind: str, message: str, *, report_format: str = REPORT_FORMAT) -> str:
+    """A Markdown summary saying that the run ended with ``status`` and why (the message as code)."""
+    return (f"## {_command(report_format)}: error\n\n{_exit_line(status, kind)}\n\n"
+            f"    {message}\n")
+
+
+def error_reports(err: BaseException, *, report_format: str = REPORT_FORMAT,
+                  golden: str | None = None) -> dict[str, str]:
+    """The text of each report of ``err`` (classified as the CLI does), by the option's dest:
+    ``json``, ``junit_xml``, ``html``, ``markdown``."""
     status, kind, message = classify(err)
-    if json_path is not None:
-        document = error_document(status, kind, message, golden=golden)
-        _write_atomically(json_path, jsonformat.dumps(document) + "\n")
-    if junit_path is not None:
-        _write_atomically(junit_path, error_junit_xml(status, kind, message))
+    document = error_document(status, kind, message, golden=golden, report_format=report_format)
+    return {
+        "json": jsonformat.dumps(document) + "\n",
+        "junit_xml": error_junit_xml(status, kind, message),
+        "html": error_html(status, kind, message, report_format=report_format),
+        "markdown": error_markdown(status, kind, message, report_format=report_format),
+    }

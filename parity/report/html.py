@@ -27,10 +27,9 @@ import html
 import math
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-from parity.base.files import check_writable, write_atomically
+from parity.base.files import write_atomically
 from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_shape
 from parity.base.text import printable
 from parity.judge.policy import would_pass_from_checks
@@ -510,11 +509,6 @@ error budget's bound on this host's.</p>
 
 # ---------------------------------------------------------------------------------------------
 # File
-
-
-def check_html_path(path: str | os.PathLike) -> Path:
-    """UsageError now, before a long comparison, if the page could not be written at ``path``."""
-    return check_writable(path, "--html")
 
 
 def write_html(report: dict[str, Any], path: str | os.PathLike) -> None:

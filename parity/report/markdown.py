@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from parity.base.files import check_writable, write_atomically
+from parity.base.files import write_atomically
 from parity.base.text import printable
 from parity.judge.results import CompareReport, verdict_line
 from parity.report.text import FAILURE_LIMIT, failure_lines, format_table, growth_line, header_lines, markdown_escape
@@ -33,11 +33,6 @@ def format_markdown(report: CompareReport, *, max_rows: int | None = None,
             lines.append("  " * (depth - 1) + "- " + markdown_escape(line.strip()))
     lines += ["", verdict]
     return "\n".join(lines) + "\n"
-
-
-def check_markdown_path(path: str | os.PathLike) -> None:
-    """UsageError now, before a long comparison, if ``--markdown`` could not be written at ``path``."""
-    check_writable(path, "--markdown")
 
 
 def write_markdown(report: CompareReport, path: str | os.PathLike, *, max_rows: int | None = None) -> None:

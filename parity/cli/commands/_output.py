@@ -1,41 +1,112 @@
-"""Where compare's and diff's reports go: the text report on stdout, and ``--json``, ``--junit-xml``,
+"""Where the commands' reports go: the text report on stdout, and ``--json``, ``--junit-xml``,
 ``--html``, ``--markdown`` files, any one of which may be ``-`` (standard output, instead of the
-text report)."""
+text report); which report paths are refused before a run, and the reports of a run that ended
+with an error.
+
+A report path is refused (one line, exit status 2) where writing it could lose data: a path that
+is also one of the command's input files (``--import``, ``--against``, ``--tolerances``) or
+another of its outputs (the same file under any name), or a path inside a parity bundle or rank
+set (any enclosing directory whose manifest declares one), which a stray file would corrupt.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
-from parity.base.errors import UsageError, check_readable_file, classify
+from parity.base.errors import UsageError, check_readable_file
+from parity.base.files import check_distinct, check_writable, shown, write_atomically
+from parity.base.jsonformat import COMPARE_REPORT
 from parity.cli.options import STDOUT
-from parity.report.error_report import error_document, error_junit_xml, write_error_reports
+from parity.report.error_report import error_reports
 
-_FLAGS = (("json", "--json"), ("junit_xml", "--junit-xml"), ("html", "--html"), ("markdown", "--markdown"))
+# The report options, by argparse dest: each may be a file or "-".
+_REPORTS = (("json", "--json"), ("junit_xml", "--junit-xml"), ("html", "--html"), ("markdown", "--markdown"))
+# Files the run itself writes (profile's trace): never standard output, never an error report.
+_RUN_OUTPUTS = (("trace", "--trace"),)
+# Input files, which no report may replace.
+_INPUTS = (("import_file", "--import"), ("against", "--against"), ("tolerances", "--tolerances"))
+
+
+def _given(args: argparse.Namespace, options) -> list[tuple[str, str, str]]:
+    """``(dest, flag, value)`` of each of ``options`` that ``args`` sets."""
+    return [(dest, flag, getattr(args, dest)) for dest, flag in options if getattr(args, dest, None) is not None]
 
 
 def _to_stdout(args: argparse.Namespace) -> list[str]:
-    return [flag for dest, flag in _FLAGS if getattr(args, dest, None) == STDOUT]
+    return [flag for _, flag, path in _given(args, _REPORTS) if path == STDOUT]
+
+
+def _declares(manifest: Path, format_name: str) -> bool:
+    """Whether ``manifest`` is a regular file holding a JSON object of format ``format_name``."""
+    try:
+        if not stat.S_ISREG(os.stat(manifest).st_mode):
+            return False
+        with open(manifest, "rb") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(document, dict) and document.get("format") == format_name
+
+
+def _enclosing_store(path: str) -> str | None:
+    """``parity bundle DIR`` or ``parity rank set DIR`` where ``path`` (links resolved) lies inside one
+    (any enclosing directory), else None."""
+    from parity.bundle.manifest import FORMAT_NAME, MANIFEST_NAME
+    from parity.dist.rankset import FORMAT as RANK_SET_FORMAT, TOP_NAME
+
+    for directory in Path(os.path.realpath(path)).parents:
+        if _declares(directory / MANIFEST_NAME, FORMAT_NAME):
+            return f"parity bundle {shown(directory)}"
+        if _declares(directory / TOP_NAME, RANK_SET_FORMAT):
+            return f"parity rank set {shown(directory)}"
+    return None
+
+
+def check_report_path(path: str, flag: str, others: list[tuple[str, str]]) -> None:
+    """UsageError unless a report may be written at ``path`` (given as ``flag``): writable
+    (:func:`parity.base.files.check_writable`), none of ``others`` ((flag, path) of the inputs and
+    the other reports), outside any parity bundle or rank set."""
+    check_writable(path, flag)
+    check_distinct(path, flag, others)
+    store = _enclosing_store(path)
+    if store is not None:
+        raise UsageError(f"{flag} {shown(path)} is inside {store}; write reports outside it")
+
+
+def _files(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """``(dest, flag, path)`` of every output file asked for: the run's own, then the reports not on
+    standard output."""
+    return _given(args, _RUN_OUTPUTS) + [item for item in _given(args, _REPORTS) if item[2] != STDOUT]
+
+
+def report_problems(args: argparse.Namespace) -> dict[str, UsageError]:
+    """Why each report asked for in ``args`` may not be written, by dest (absent: it may): a second
+    report asked on standard output, or a path :func:`check_report_path` refuses."""
+    on_stdout = [(dest, flag) for dest, flag, path in _given(args, _REPORTS) if path == STDOUT]
+    problems = {dest: UsageError(f"{on_stdout[0][1]} - and {flag} -: only one report can go to standard output; "
+                                 f"give the other a file name") for dest, flag in on_stdout[1:]}
+    others = [(flag, path) for _, flag, path in _given(args, _INPUTS)]
+    for dest, flag, path in _files(args):
+        try:
+            check_report_path(path, flag, others)
+        except UsageError as err:
+            problems[dest] = err
+        else:
+            others.append((flag, path))
+    return problems
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """UsageError now, before a long comparison, for a report that could not be written where asked,
-    or for two reports both asked on standard output."""
-    from parity.report.html import check_html_path
-    from parity.report.json_report import check_report_paths
-    from parity.report.markdown import check_markdown_path
-
-    stdout = _to_stdout(args)
-    if len(stdout) > 1:
-        raise UsageError(f"{' and '.join(f'{flag} -' for flag in stdout)}: only one report can go to standard "
-                         f"output; give the others a file name")
-    check_report_paths(None if args.json == STDOUT else args.json,
-                       None if args.junit_xml == STDOUT else args.junit_xml)
-    if args.html is not None and args.html != STDOUT:
-        check_html_path(args.html)
-    if args.markdown is not None and args.markdown != STDOUT:
-        check_markdown_path(args.markdown)
+    """UsageError now, before a long run, for the first report that may not be written where asked
+    (:func:`report_problems`)."""
+    problems = report_problems(args)
+    if problems:
+        raise next(iter(problems.values()))
 
 
 def write_outputs(report, args: argparse.Namespace) -> None:
@@ -69,30 +140,36 @@ def write_outputs(report, args: argparse.Namespace) -> None:
             write_html(document, args.html)
 
 
-def write_error_outputs(err: BaseException, args: argparse.Namespace, golden: str | None) -> None:
-    """A run that was refused or crashed leaves ``--json`` / ``--junit-xml`` reports saying so (CI
-    reads them), never none or a stale passing one; on standard output where ``-`` was asked."""
-    if args.json is None and args.junit_xml is None:
+def write_error_outputs(err: BaseException, args: argparse.Namespace, report_format: str) -> None:
+    """A run that was refused or crashed leaves every report asked for saying so
+    (:func:`parity.report.error_report.error_reports`), never none or a stale one from an earlier
+    run; on standard output where ``-`` was asked. Best effort: a report that may not
+    (:func:`report_problems`) or cannot be written is skipped; the error on stderr says why."""
+    asked = _given(args, _REPORTS)
+    if not asked:
         return
+    problems = report_problems(args)
+    texts = error_reports(err, report_format=report_format, golden=getattr(args, "golden", None))
+    for dest, flag, path in asked:
+        if dest in problems:
+            continue
+        if path == STDOUT:
+            sys.stdout.write(texts[dest])
+            continue
+        try:
+            write_atomically(path, texts[dest], flag)
+        except UsageError:
+            pass
 
-    write_error_reports(err, json_path=None if args.json == STDOUT else args.json,
-                        junit_path=None if args.junit_xml == STDOUT else args.junit_xml, golden=golden)
-    if STDOUT in (args.json, args.junit_xml):
-        status, kind, message = classify(err)
-        if args.json == STDOUT:
-            document = error_document(status, kind, message, golden=golden)
-            sys.stdout.write(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
-        else:
-            sys.stdout.write(error_junit_xml(status, kind, message))
 
-
-def run_reporting_errors(body: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    """``body(args)``; a refused or crashed run still leaves its report files saying so
-    (:func:`write_error_outputs`) before the error goes on to the CLI's exit status."""
+def run_reporting_errors(body: Callable[[argparse.Namespace], int], args: argparse.Namespace,
+                         report_format: str = COMPARE_REPORT) -> int:
+    """``body(args)``; a refused or crashed run still leaves its report files saying so, in
+    ``report_format`` (:func:`write_error_outputs`), before the error goes on to the CLI's exit status."""
     try:
         return body(args)
     except Exception as err:
-        write_error_outputs(err, args, golden=args.golden)
+        write_error_outputs(err, args, report_format)
         raise
 
 

@@ -70,7 +70,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run_reporting_json_errors(args: argparse.Namespace) -> int:
-    """:func:`run`; refused or crashed, it still leaves a ``--json`` report saying so."""
+    """:func:`run`; refused or crashed, it still leaves its ``--json`` and ``--html`` reports saying so."""
     return run_reporting_errors(run, args, jsonformat.BENCH_REPORT)
 
 

@@ -7,9 +7,9 @@ tolerance file or ``[tool.parity]``. The check runs before anything from the bun
 the bundle's directory is taken off ``sys.path``, and a tolerance file inside it is refused (a
 bundle may not set its own tolerances or trust).
 
-Exit status: 0 holds, 1 fails, 2 unusable input, 3 internal error. With 2 or 3, ``--json`` and
-``--junit-xml`` still get a report recording the error (:mod:`parity.report.error_report`). Report files
-and ``-`` (standard output): :mod:`parity.cli.commands._output`.
+Exit status: 0 holds, 1 fails, 2 unusable input, 3 internal error. With 2 or 3, every report file
+asked for still gets a report recording the error (:mod:`parity.report.error_report`). Report files,
+the paths refused for them, and ``-`` (standard output): :mod:`parity.cli.commands._output`.
 """
 from __future__ import annotations
 

@@ -9,9 +9,11 @@ from tabulate import tabulate
 
 from parity.base import dtypes
 from parity.base.errors import UsageError, require_dependency
+from parity.base.files import write_atomically
 from parity.base.jsonformat import INSPECT_REPORT, dumps, envelope
 from parity.base.overrides import parse_overrides
-from parity.cli.options import HelpFormatter, add_cli_options
+from parity.cli.commands._output import check_outputs
+from parity.cli.options import STDOUT, HelpFormatter, add_cli_options
 
 EPILOG = """\
 Every number comes from ahead-of-time compilation (triton.compile for the target, no GPU):
@@ -144,6 +146,7 @@ def header_line(problem) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args)  # now, before compiling
     require_dependency("triton", "inspect")  # compiling is all it does
     from parity.kernels import aot
     from parity.run import platform
@@ -170,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
                                   jobs=args.jobs, kernel=args.kernel)
     passed = all(r.passed for r in results)
     header = header_line(problem) + ("; the decode path's split kernel" if args.kernel == "decode" else "")
-    if args.json != "-":
+    if args.json != STDOUT:
         print(header)
         print(format_table(results))
         failed = sum(not r.passed for r in results)
@@ -189,12 +192,8 @@ def run(args: argparse.Namespace) -> int:
             "results": [r.to_dict() for r in results],
         }
         text = dumps(document, indent=2, ensure_ascii=True)
-        if args.json == "-":
+        if args.json == STDOUT:
             sys.stdout.write(text + "\n")
         else:
-            try:
-                with open(args.json, "w") as handle:
-                    handle.write(text + "\n")
-            except OSError as err:
-                raise UsageError(f"cannot write --json {args.json}: {err.strerror}") from None
+            write_atomically(args.json, text + "\n", "--json")
     return 0 if passed else 1

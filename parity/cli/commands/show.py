@@ -5,8 +5,9 @@ import argparse
 import json
 import sys
 
-from parity.base.files import check_writable, write_atomically
-from parity.cli.options import HelpFormatter, add_cli_options
+from parity.base.files import write_atomically
+from parity.cli.commands._output import check_outputs
+from parity.cli.options import STDOUT, HelpFormatter, add_cli_options
 
 EPILOG = """\
 Reads the manifest (checked against its schema) and, unless --no-verify, every shard and every
@@ -34,24 +35,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _write_json(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (``parity.base.files``)."""
-
-    write_atomically(path, text, "--json")
-
-
 def run(args: argparse.Namespace) -> int:
     from parity.report.show import describe_bundle, render_show
 
-    if args.json and args.json != "-":
-        check_writable(args.json, "--json")  # now, before a long verification
+    check_outputs(args)  # now, before a long verification
     description = describe_bundle(args.bundle, verify=args.verify)
-    if args.json != "-":
+    if args.json != STDOUT:
         print(render_show(description))
     if args.json:
         text = json.dumps(description, indent=1, ensure_ascii=False) + "\n"
-        if args.json == "-":
+        if args.json == STDOUT:
             sys.stdout.write(text)
         else:
-            _write_json(args.json, text)
+            write_atomically(args.json, text, "--json")
     return 0
