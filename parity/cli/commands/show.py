@@ -40,12 +40,26 @@ def _write_json(path: str, text: str) -> None:
     write_atomically(path, text, "--json")
 
 
+def describe(path: str, *, verify: bool) -> dict:
+    """The description of a bundle, one rank's bundle of a set (shown alone: it judges nothing), or a
+    rank set (the set whole, parity.dist)."""
+    from parity.dist.rankset import looks_like_rank_set
+
+    if looks_like_rank_set(path):
+        from parity.dist.show import describe_rank_set
+
+        return describe_rank_set(path, verify=verify)
+    from parity.report.show import describe_bundle
+
+    return describe_bundle(path, verify=verify)
+
+
 def run(args: argparse.Namespace) -> int:
-    from parity.report.show import describe_bundle, render_show
+    from parity.report.show import render_show
 
     if args.json and args.json != "-":
         check_writable(args.json, "--json")  # now, before a long verification
-    description = describe_bundle(args.bundle, verify=args.verify)
+    description = describe(args.bundle, verify=args.verify)
     if args.json != "-":
         print(render_show(description))
     if args.json:
