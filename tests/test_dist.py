@@ -234,6 +234,9 @@ def test_readme_multi_gpu_commands_run_as_written(tmp_path):
             out = re.search(r"--bundle (\S+)", command).group(1)
             world = int(re.search(r"--nproc-per-node (\d+)", command).group(1))
             assert f"wrote rank set {out}: {world} ranks, 28 recorded tensors per rank" in done.stdout
+            for rank in range(world):  # each rank's true count, once its run is recorded
+                for kind in ("output", "reference"):
+                    assert f"[rank {rank}]: rank {rank}/{world}: recorded 28 {kind} tensors" in done.stderr
             rank_set = open_rank_set(tmp_path / out)
             assert (rank_set.world_size, rank_set.backend) == (world, "gloo")
         else:
@@ -525,3 +528,107 @@ def test_gpu_modules_on_two_devices_in_one_process(tmp_path):
         assert devices["layers.1"] == "cuda:0" and devices["lm_head"] == "cuda:0"
         report = compare_bundle(tmp_path / "pipe", impl="reference", device="cuda")
     assert report.passed and len(report.layers) == 28
+
+
+# ---- a rank's bundle outside its set, show of a set, placements that cannot be ----------------------
+
+
+def _one_line_error(capsys, argv: list[str]) -> str:
+    """Run the CLI; it must exit 2 with exactly one line on stderr (no traceback), returned."""
+    capsys.readouterr()
+    assert main(argv) == 2, argv
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err + captured.out, (argv, lines)
+    return lines[0]
+
+
+def test_a_rank_bundle_alone_is_refused_where_it_would_be_judged(sets, capsys):
+    """compare, diff and bench (and the library) would judge one rank's shards as full tensors (a false
+    verdict) or run the subject without its inputs: refused, exit 2, naming the set to pass."""
+    from parity.judge.compare import compare_bundle
+
+    tp2 = sets / "tp2"
+    take = "(compare, diff, verify and show take a rank set)"
+
+    def lone(rank: int) -> str:
+        return (f"parity: error: {tp2 / f'rank-0000{rank}'} is rank {rank} of the rank set {tp2} (world size 2); "
+                f"pass the set directory {tp2} {take}")
+
+    for rank in (0, 1):
+        bundle = str(tp2 / f"rank-0000{rank}")
+        for argv in (["compare", "--bundle", bundle, "--subject", SPEC, "--impl", "reference", "--device", "cpu"],
+                     ["bench", "--bundle", bundle, "--subject", SPEC, "--impls", "reference,fault-rank1",
+                      "--device", "cpu"],
+                     ["diff", str(sets / "tp1"), bundle, "--quiet"]):
+            assert _one_line_error(capsys, argv) == lone(rank)
+    assert _one_line_error(capsys, ["diff", str(tp2 / "rank-00000"), str(tp2 / "rank-00001")]) == lone(0)
+    assert _one_line_error(capsys, ["diff", str(sets / "tp4"), str(tp2 / "rank-00001"), "--quiet"]) == lone(1)
+    with pytest.raises(BundleError, match="is rank 1 of the rank set"):
+        compare_bundle(tp2 / "rank-00001", impl="reference", device="cpu")
+    # the set where one bundle is taken: bench's message comes from the shared opening path
+    assert _one_line_error(capsys, ["bench", "--bundle", str(tp2), "--subject", SPEC, "--impls",
+                                    "reference,fault-rank1", "--device", "cpu"]) == (
+        f"parity: error: {tp2} is a rank set (world size 2), not a single bundle: this command takes one bundle "
+        f"{take}")
+    # verify and show judge nothing: one rank's bundle is checked and shown alone
+    capsys.readouterr()
+    assert main(["verify", str(tp2 / "rank-00001")]) == 0
+    assert main(["show", str(tp2 / "rank-00001"), "--no-verify"]) == 0
+    assert capsys.readouterr().out.startswith(f"parity verify: {tp2 / 'rank-00001'}: OK")
+
+
+def test_show_of_a_rank_set_summarises_the_set(sets, capsys):
+    capsys.readouterr()
+    assert main(["show", str(sets / "tp4")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"parity show: rank set {sets / 'tp4'}"
+    assert lines[1].startswith("  world size 4, mesh [4] (tp on cpu), backend gloo; set id ")
+    assert lines[4] == "  checksums (blake3): verified, every tensor and shard of all 4 ranks match"
+    assert lines[6] == "ranks: 4"
+    cells = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines if line.startswith("| ")]
+    ranks = [row for row in cells if row[1].startswith("rank-")]
+    assert [(row[0], row[1], row[5], row[6]) for row in ranks] == [
+        ("0", "rank-00000", "yes", "verified"), ("1", "rank-00001", "no", "verified"),
+        ("2", "rank-00002", "no", "verified"), ("3", "rank-00003", "no", "verified")]
+    assert ["27", "\\<root\\>", "shard(2)", "float32", "2x16x66"] in cells, cells
+    assert main(["show", str(sets / "tp4"), "--no-verify", "--json", "-"]) == 0
+    document = _valid(json.loads(capsys.readouterr().out))
+    assert (document["format"], document["rank_set"], document["world_size"]) == (
+        "parity-show-report", str(sets / "tp4"), 4)
+    assert document["checksums"] == {"algorithm": "blake3", "verified": False, "ok": None}
+    assert [(r["rank"], r["bundle"], r["holds_subject"]) for r in document["ranks"]] == [
+        (0, "rank-00000", True), (1, "rank-00001", False), (2, "rank-00002", False), (3, "rank-00003", False)]
+    placed = {p["name"]: (p["placement"], p["shape"]) for p in document["placements"]}
+    assert len(placed) == 28 and placed["lm_head"] == ("shard(2)", [2, 16, 66])
+    assert placed["layers.0.attn.o_proj"] == ("replicate", [2, 16, 32])
+    from jsonschema import ValidationError
+
+    document["ranks"][0]["bundle"] = "rank-0"
+    with pytest.raises(ValidationError):
+        _valid(document)
+
+
+def _replace_placement(rank_set: Path, name: str, placement: dict) -> None:
+    """Edit one placement in ``rankset.json`` and re-seal it (a set that opens, but for what is checked)."""
+    top = json.loads((rank_set / TOP_NAME).read_text())
+    top["placements"][name] = placement
+    (rank_set / TOP_NAME).write_text(json.dumps(seal(top)))
+
+
+def test_a_shard_dim_the_tensor_does_not_have_is_refused(sets, tmp_path, capsys):
+    bad = _copy(sets, "tp2", tmp_path)
+    _replace_placement(bad, "embed", {"kind": "shard", "dim": 7})
+    message = (f"parity: error: rank set {bad}: rankset.json: tensor 'embed' is placed shard(7), but it has 3 "
+               "dimensions (a shard dim from -3 to 2)")
+    for argv in (["verify", str(bad)], ["show", str(bad), "--no-verify"], ["diff", str(sets / "tp1"), str(bad)],
+                 ["compare", "--bundle", str(bad), "--subject", SPEC, "--impl", "reference", "--device", "cpu"]):
+        assert _one_line_error(capsys, argv) == message
+    _replace_placement(bad, "embed", {"kind": "shard", "dim": -4})
+    assert "is placed shard(-4), but it has 3 dimensions" in _one_line_error(capsys, ["verify", str(bad)])
+    # counted from the end, in range: the same placement as the capture's shard(2)
+    last = _copy(sets, "tp2", tmp_path / "last")
+    _replace_placement(last, "lm_head", {"kind": "shard", "dim": -1})
+    assert main(["verify", str(last)]) == 0
+    assert open_rank_set(last).placements["lm_head"].text == "shard(2)"
+    assert diff_sets(sets / "tp2", last).passed

@@ -47,9 +47,9 @@ def test_bad_placement_is_one_line_usage_error(text, message):
 
 
 def test_placement_json_round_trip_and_damage():
-    for placement in (shard(3), REPLICATE, PARTIAL):
+    for placement in (shard(3), shard(-1), REPLICATE, PARTIAL):  # a negative dim counts from the end
         assert placement_from_json(placement.to_json(), "x") == placement
-    for bad in ({"kind": "shard"}, {"kind": "shard", "dim": -1}, {"kind": "shard", "dim": True},
+    for bad in ({"kind": "shard"}, {"kind": "shard", "dim": -65}, {"kind": "shard", "dim": True},
                 {"kind": "replicate", "dim": 0}, {"kind": "gather"}, [], None):
         with pytest.raises(BundleError):
             placement_from_json(bad, "placements")

@@ -32,7 +32,11 @@ from parity.bundle.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Entry, Man
 from parity.bundle.shards import MAX_HEADER_BYTES, ST_NAMES
 
 _READ_CHUNK = 16 * 2**20
-
+# What the single-bundle path knows of rank sets (parity.dist.rankset), to refuse them: a set's
+# directory holds this top manifest, and a rank's bundle manifest names its set under this field.
+RANK_SET_MANIFEST = "rankset.json"
+RANK_SET_FIELD = "distributed"
+_TAKE_A_SET = "compare, diff, verify and show take a rank set"
 
 
 class _ShardLayout:
@@ -136,6 +140,8 @@ class BundleReader:
         try:
             fd, size = _open_regular(file, "manifest")
         except FileNotFoundError:
+            if (self.path / RANK_SET_MANIFEST).is_file():
+                raise _rank_set_error(self.path) from None
             raise BundleError(f"{printable(file)}: manifest missing; {printable(self.path)} is not a complete parity "
                               "bundle") from None
         try:
@@ -456,6 +462,45 @@ class BundleReader:
         self.close()
 
 
-def open_bundle(path: str | os.PathLike) -> BundleReader:
-    """Open a bundle for reading (raises BundleError if it is missing or damaged)."""
-    return BundleReader(path)
+def _rank_set_error(path: Path) -> BundleError:
+    """A rank set's directory given where one bundle is taken (world size from its top manifest, where
+    readable: the set itself is checked by parity.dist, which opens it whole)."""
+    try:
+        with open(path / RANK_SET_MANIFEST, "rb") as handle:
+            world = parse_json(handle.read(MAX_MANIFEST_BYTES), "").get("world_size")
+    except (OSError, BundleError, AttributeError):
+        world = None
+    size = f" (world size {world})" if isinstance(world, int) and not isinstance(world, bool) else ""
+    return BundleError(f"{printable(path)} is a rank set{size}, not a single bundle: this command takes one bundle "
+                       f"({_TAKE_A_SET})")
+
+
+def set_membership(reader: BundleReader) -> dict[str, Any] | None:
+    """What a rank's bundle records of its rank set (``set_id``, ``rank``, ``world_size``, checked by
+    parity.dist.rankset when it opens the set); None for a bundle of its own."""
+    info = reader.manifest.get(RANK_SET_FIELD)
+    return info if isinstance(info, dict) else None
+
+
+def _lone_rank_error(reader: BundleReader) -> BundleError:
+    info = set_membership(reader) or {}
+    rank, world = info.get("rank"), info.get("world_size")
+    parent = reader.path.parent if reader.path.parent != Path(".") else reader.path.resolve().parent
+    which = (f"rank {rank} of the rank set {printable(parent)} (world size {world})"
+             if isinstance(rank, int) and isinstance(world, int) else f"one rank's bundle of the rank set {printable(parent)}")
+    return BundleError(f"{printable(reader.path)} is {which}; pass the set directory {printable(parent)} "
+                       f"({_TAKE_A_SET})")
+
+
+def open_bundle(path: str | os.PathLike, *, rank_of_a_set: bool = False) -> BundleReader:
+    """Open a bundle for reading (raises BundleError if it is missing or damaged).
+
+    A rank set's directory is refused, and so is one rank's bundle of a set unless ``rank_of_a_set``:
+    it holds that rank's shards of each tensor, which mean something only within the set (judged
+    alone they would be taken for full tensors). parity.dist opens the ranks of a set with it, and
+    ``verify`` and ``show`` (which judge nothing) accept a lone rank's bundle.
+    """
+    reader = BundleReader(path)
+    if not rank_of_a_set and reader.manifest.get(RANK_SET_FIELD) is not None:
+        raise _lone_rank_error(reader)
+    return reader

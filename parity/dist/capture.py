@@ -107,11 +107,13 @@ def _first_difference(off: list[tuple[str, torch.Tensor]], on: list[tuple[str, t
 class _Store:
     """The recorder's callback: unwraps DTensors, places plain tensors, writes to this rank's bundle."""
 
-    def __init__(self, writer: BundleWriter, rules: PlacementMap, say: Progress):
+    def __init__(self, writer: BundleWriter, rules: PlacementMap, say: Progress, label: str):
         self.writer = writer
         self.rules = rules
         self.say = say
+        self.label = label  # "rank R/N", heading this rank's progress lines
         self.placements: dict[str, Placement] = {}
+        self.counts: dict[str, int] = {}  # tensors recorded so far, by kind
 
     def __call__(self, record: RecordedTensor) -> None:
         what = f"tensor '{record.name}'"
@@ -126,7 +128,13 @@ class _Store:
                                f"{self.placements[record.name].text}")
         self.writer.add(record.kind, record.name, local, layer=record.layer, module=record.module,
                         call_index=record.call_index, path=record.path, copy=True, device=str(local.device))
-        self.say.tick(lambda: f"recorded {len(self.placements)} tensors")
+        self.counts[record.kind] = self.counts.get(record.kind, 0) + 1
+        self.say.tick(lambda: self.recorded(record.kind))
+
+    def recorded(self, kind: str) -> str:
+        """The progress line of how many ``kind`` tensors (output, reference) this rank recorded so far."""
+        count = self.counts.get(kind, 0)
+        return f"{self.label}: recorded {count} {kind} tensor{'' if count == 1 else 's'}"
 
 
 def record_ranks(
@@ -177,7 +185,7 @@ def record_ranks(
                       durable=durable) as writer:
         error = None
         hooks_check: dict[str, Any] = {}
-        store = _Store(writer, PlacementMap(), say)
+        store = _Store(writer, PlacementMap(), say, f"rank {rank}/{world}")
         try:
             writer.open()
             module = runner.build(impl, state=state, device=device)
@@ -194,6 +202,7 @@ def record_ranks(
             say(f"rank {rank}/{world}: recorded run")
             with recorder:
                 on = _final_outputs(runner.run(module, device_inputs))
+            say(store.recorded("output"))
             difference = _first_difference(off, on)
             hooks_check = {"bitwise_equal": difference is None, "tensors_compared": len(off),
                            "first_difference": difference}
@@ -221,6 +230,7 @@ def record_ranks(
                 ref_recorder = Recorder(ref_module, store, layers=layers, kind="reference", copy=False)
                 with ref_recorder:
                     runner.run(ref_module, inputs.to(device, ref_dtype))
+                say(store.recorded("reference"))
                 reference_calls = [call.to_json() for call in ref_recorder.calls]
                 outputs, references = writer.names("output"), writer.names("reference")
                 reference_info = {"precision": reference, "impl": runner.reference_impl, "device": str(device),
@@ -273,7 +283,7 @@ def record_ranks(
 
 def _manifest_digest(path: Path) -> str:
 
-    return str(open_bundle(path).manifest[DIGEST_FIELD])
+    return str(open_bundle(path, rank_of_a_set=True).manifest[DIGEST_FIELD])
 
 
 def _merge_placements(report: list[dict[str, Any]]) -> dict[str, Placement]:

@@ -106,8 +106,8 @@ def placement_from_json(value: Any, where: str) -> Placement:
         raise BundleError(f"{where}: expected a placement object with kind shard, replicate or partial")
     dim = value.get("dim")
     if value["kind"] == "shard":
-        if not isinstance(dim, int) or isinstance(dim, bool) or not 0 <= dim < 64:
-            raise BundleError(f"{where}: a shard placement needs a dim from 0 to 63")
+        if not isinstance(dim, int) or isinstance(dim, bool) or not -64 <= dim < 64:
+            raise BundleError(f"{where}: a shard placement needs a dim from -64 to 63")
         return Placement("shard", dim)
     if dim is not None:
         raise BundleError(f"{where}: a {value['kind']} placement has no dim")

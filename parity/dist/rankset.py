@@ -22,7 +22,9 @@ So a set whose capture was interrupted anywhere, a rank killed included, has no 
 :func:`open_rank_set` refuses it with one line naming the missing or unfinished rank; a rank
 bundle replaced after the commit (a stale or foreign rank) no longer matches its recorded digest
 or set id and is refused too. The top manifest is data like a bundle manifest: parsed strictly,
-sealed with the sha256 of its canonical JSON, every field checked before use.
+sealed with the sha256 of its canonical JSON, every field checked before use (a shard placement's
+dim too, against the tensor it places). A rank's bundle holds its shards only: the single-bundle
+path (:func:`parity.bundle.reader.open_bundle`) refuses it, and the set alone opens its ranks.
 """
 from __future__ import annotations
 
@@ -38,20 +40,20 @@ from pathlib import Path
 from typing import Any
 
 from parity import __version__
-from parity.bundle.reader import BundleReader, open_bundle
+from parity.bundle.reader import RANK_SET_FIELD, RANK_SET_MANIFEST, BundleReader, open_bundle, set_membership
 from parity.base.errors import BundleError, UsageError
 from parity.base.files import write_atomically
 from parity.bundle.manifest import DIGEST_FIELD, MANIFEST_NAME, canonical_json, manifest_digest, parse_json, seal
 from parity.base.text import printable
 from .placement import Placement, placement_from_json
 
-TOP_NAME = "rankset.json"
+TOP_NAME = RANK_SET_MANIFEST
 FORMAT = "parity-rank-set"
 VERSION = 1
 MAX_TOP_BYTES = 256 * 2**20
 MAX_WORLD_SIZE = 65536
 # The field of a rank bundle's manifest that ties it to its set.
-BUNDLE_FIELD = "distributed"
+BUNDLE_FIELD = RANK_SET_FIELD
 _RANK_DIR = re.compile(r"rank-(\d{5,})")
 # A rank's bundle being written (parity.bundle's hidden partial directory, ``.NAME.partial-HOST-PID-*``).
 _RANK_PARTIAL = re.compile(r"\.rank-(\d{5,})\.partial-.*")
@@ -210,11 +212,6 @@ def _fail(root: Path, problem: str) -> BundleError:
     return BundleError(f"rank set {_show(root)}: {problem}")
 
 
-def _rank_bundle_info(reader: BundleReader) -> dict[str, Any] | None:
-    info = reader.manifest.get(BUNDLE_FIELD)
-    return info if isinstance(info, dict) else None
-
-
 def _diagnose_unfinished(root: Path) -> BundleError:
     """No top manifest: name the rank that is missing or unfinished, as far as the directory tells.
 
@@ -233,11 +230,11 @@ def _diagnose_unfinished(root: Path) -> BundleError:
         match = _RANK_DIR.fullmatch(entry)
         if match:
             try:
-                present[int(match.group(1))] = open_bundle(root / entry)
+                present[int(match.group(1))] = open_bundle(root / entry, rank_of_a_set=True)
             except BundleError as err:
                 present[int(match.group(1))] = err
     world_sizes = {info["world_size"] for reader in present.values() if isinstance(reader, BundleReader)
-                   for info in [_rank_bundle_info(reader)] if info and isinstance(info.get("world_size"), int)}
+                   for info in [set_membership(reader)] if info and isinstance(info.get("world_size"), int)}
     world = max(world_sizes) if world_sizes else None
     expected = range(world) if world is not None and 0 < world <= MAX_WORLD_SIZE else sorted(present)
     for rank in expected:
@@ -319,13 +316,13 @@ def open_rank_set(path: str | os.PathLike) -> RankSet:
         if not where.is_dir():
             raise _fail(root, f"rank {rank}'s bundle {rank_dir(rank)} is missing")
         try:
-            reader = open_bundle(where)
+            reader = open_bundle(where, rank_of_a_set=True)
         except BundleError as err:
             raise _fail(root, f"rank {rank}'s bundle is unusable: {err}") from None
         if reader.manifest.get(DIGEST_FIELD) != digest:
             raise _fail(root, f"rank {rank}'s bundle {rank_dir(rank)} is stale: it is not the bundle the set was "
                               "committed with (replaced or rewritten afterwards)")
-        info = _rank_bundle_info(reader)
+        info = set_membership(reader)
         if info is None or info.get("set_id") != set_id or info.get("rank") != rank or info.get("world_size") != world:
             raise _fail(root, f"rank {rank}'s bundle {rank_dir(rank)} belongs to another capture (its set id, rank or "
                               "world size differs)")
@@ -337,7 +334,7 @@ def open_rank_set(path: str | os.PathLike) -> RankSet:
                   for name, value in placements_raw.items()}
     _check_same_tensors(root, readers, placements)
     return RankSet(path=root, set_id=set_id, world_size=world, mesh=mesh, backend=backend, ranks=readers,
-                   placements=placements, raw=raw)
+                   placements=_fit_placements(root, readers[0], placements), raw=raw)
 
 
 def _check_same_tensors(root: Path, readers: list[BundleReader], placements: Mapping[str, Placement]) -> None:
@@ -354,17 +351,39 @@ def _check_same_tensors(root: Path, readers: list[BundleReader], placements: Map
                 raise _fail(root, f"{kind} tensor '{printable(name, limit=120)}' has no placement in {TOP_NAME}")
 
 
+def _fit_placements(root: Path, rank0: BundleReader, placements: Mapping[str, Placement]) -> dict[str, Placement]:
+    """Each placement with its shard dim counted from the front (``shard(-1)`` of a 3-D tensor is
+    ``shard(2)``); a BundleError naming the tensor whose shard dim its recorded tensors do not have."""
+    fitted = dict(placements)
+    for kind in ("output", "reference"):
+        for entry in rank0.entries_of(kind):
+            placement, ndim = placements[entry.name], len(entry.shape)
+            if placement.dim is not None and not -ndim <= placement.dim < ndim:
+                allowed = f"a shard dim from {-ndim} to {ndim - 1}" if ndim else "a scalar is not sharded"
+                raise _fail(root, f"{TOP_NAME}: tensor '{printable(entry.name, limit=120)}' is placed "
+                                  f"{placement.text}, but it has {ndim} dimensions ({allowed})")
+            fitted[entry.name] = placement.normalized(ndim, what=entry.name)
+    return fitted
+
+
 def verify_rank_set(path: str | os.PathLike, summary: Any) -> list[str]:
     """``parity verify`` of a rank set: open it whole (:func:`open_rank_set`), then verify every rank's
     bundle (:meth:`BundleReader.verify`); the lines to print (``summary(reader)``: one bundle's).
     A BundleError naming the rank for the first problem."""
     rank_set = open_rank_set(path)
+    verify_ranks(rank_set)
     lines = [f"parity verify: rank set {_show(rank_set.path)}: OK, {rank_set.world_size} ranks "
              f"({rank_set.backend}), {len(rank_set.placements)} placed tensors"]
+    for reader in rank_set.ranks:
+        lines.extend(f"  {line}" for line in summary(reader))
+    return lines
+
+
+def verify_ranks(rank_set: RankSet) -> None:
+    """Verify every rank's bundle (:meth:`BundleReader.verify`); a BundleError naming the rank of the
+    first problem."""
     for rank, reader in enumerate(rank_set.ranks):
         try:
             reader.verify()
         except BundleError as err:
             raise _fail(rank_set.path, f"rank {rank}: {err}") from None
-        lines.extend(f"  {line}" for line in summary(reader))
-    return lines

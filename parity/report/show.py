@@ -39,7 +39,7 @@ def describe_bundle(path: str | os.PathLike, *, verify: bool = True) -> dict[str
     """Everything ``show`` reports about the bundle at ``path``; ``verify``: read every tensor
     and shard and check each checksum first (a mismatch raises :class:`~parity.base.errors.BundleError`)."""
 
-    with open_bundle(path) as bundle:
+    with open_bundle(path, rank_of_a_set=True) as bundle:  # a lone rank too: shown, judged nothing
         checked = bundle.verify() if verify else None
         raw = bundle.manifest
         outputs = bundle.entries_of("output")
@@ -129,9 +129,57 @@ def _platform_lines(fp: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _subject_line(subject: dict[str, Any]) -> str:
+    return (f"  subject: {printable(subject.get('name') or subject.get('spec'))} (spec {printable(subject.get('spec'))}); "
+            f"args {_json_line(subject.get('args', {}))}")
+
+
+def _table(rows: list[list[Any]], headers: list[str]) -> str:
+    """Rows whose second cell is a name from the bundle, as a Markdown table (``<root>/h`` stays text)."""
+    for row in rows:
+        row[1] = markdown_escape(row[1])
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
 def render_show(description: dict[str, Any]) -> str:
-    """The description as text: a header, the platform, the checksum status, totals, then one
-    table of tensors per kind (tabulate's Markdown-pasteable ``github`` format)."""
+    """The description as text: a bundle's (:func:`describe_bundle`) or a rank set's
+    (:func:`parity.dist.show.describe_rank_set`)."""
+    return _render_rank_set(description) if "rank_set" in description else _render_bundle(description)
+
+
+def _render_rank_set(d: dict[str, Any]) -> str:
+    """A rank set as text: the set, its subject, the checksum status, a table of ranks, then one of
+    the recorded outputs' placements."""
+    mesh = d["mesh"]
+    checksums = d["checksums"]
+    lines = [
+        f"parity show: rank set {printable(d['rank_set'])}",
+        f"  world size {d['world_size']}, mesh {_json_line(mesh.get('shape'))} "
+        f"({printable(', '.join(map(str, mesh.get('dim_names') or [])) or '?')} on "
+        f"{printable(mesh.get('device_type') or '?')}), backend {printable(d['backend'])}; set id {d['set_id']}; "
+        f"written by parity {printable(d.get('parity_version') or '?')} at {printable(d.get('created') or '?')}",
+        _subject_line(d["subject"]),
+        f"  captured with impl {printable(d.get('impl') or '?')} on {printable(d.get('device') or '?')}",
+        f"  checksums ({checksums['algorithm']}): " + (
+            f"verified, every tensor and shard of all {d['world_size']} ranks match" if checksums["verified"]
+            else "not verified (--no-verify; python -m parity verify checks them)"),
+    ]
+    ranks = [[r["rank"], r["bundle"], r["tensors"], _size(r["bytes"]), r["shards"],
+              "yes" if r["holds_subject"] else "no", "verified" if r["checksums_verified"] else "not verified",
+              r["manifest_sha256"][:16] + "…"] for r in d["ranks"]]
+    placements = [[index, printable(t["name"]), t["placement"], t["dtype"], _shape(t["shape"])]
+                  for index, t in enumerate(d["placements"])]
+    lines += ["", f"ranks: {len(ranks)}",
+              _table(ranks, ["rank", "bundle", "tensors", "size", "shards", "inputs and state", "checksums",
+                             "manifest sha256"]),
+              "", f"recorded outputs, in execution order, with their placement and full shape: {len(placements)}",
+              _table(placements, ["#", "name", "placement", "dtype", "full shape"])]
+    return "\n".join(lines)
+
+
+def _render_bundle(description: dict[str, Any]) -> str:
+    """A bundle as text: a header, the platform, the checksum status, totals, then one table of
+    tensors per kind (tabulate's Markdown-pasteable ``github`` format)."""
 
     d = description
     subject = d["subject"]
@@ -142,8 +190,7 @@ def render_show(description: dict[str, Any]) -> str:
         f"parity show: {printable(d['bundle'])}",
         f"  {printable(d.get('bundle_format') or '?')} schema {d['schema_version']} ({sealing}); "
         f"written by parity {printable(d.get('parity_version') or '?')} at {printable(d.get('created') or '?')}",
-        f"  subject: {printable(subject.get('name') or subject.get('spec'))} (spec {printable(subject.get('spec'))}); "
-        f"args {_json_line(subject.get('args', {}))}",
+        _subject_line(subject),
         f"  captured with impl {printable(d.get('impl') or '?')} on {printable(d.get('device') or '?')}; "
         f"layers {_json_line(capture.get('layers')) if capture.get('layers') else 'every module'}; "
         f"module inputs {'recorded' if capture.get('record_inputs') else 'not recorded'}; "
@@ -179,8 +226,5 @@ def render_show(description: dict[str, Any]) -> str:
             table = [[index, printable(t["name"]), t["dtype"], _shape(t["shape"]), t["bytes"]]
                      for index, t in enumerate(rows)]
             headers = ["#", "name", "dtype", "shape", "bytes"]
-        for row in table:  # a name from the bundle as a Markdown table cell (``<root>/h`` stays text)
-            row[1] = markdown_escape(row[1])
-        lines += ["", f"{title}: {len(rows)}",
-                  tabulate(table, headers=headers, tablefmt="github", disable_numparse=True)]
+        lines += ["", f"{title}: {len(rows)}", _table(table, headers)]
     return "\n".join(lines)

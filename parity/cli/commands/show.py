@@ -15,7 +15,9 @@ tensor checksum, as `verify` does. Prints the subject (spec and arguments), how 
 the capture host's platform fingerprint (the numerics settings on their own line), totals by
 kind, then one table per kind of tensor: name, dtype, shape, bytes, and for recorded outputs
 whether the bundle holds a high-precision reference and how many module inputs were recorded.
-Nothing named in the bundle is imported or run. Exit status: 0 shown, 2 damaged or unusable
+A rank set (torchrun capture) is shown as a set: world size, mesh, each rank's bundle and
+checksums, each recorded output's placement and full shape. Nothing named in the bundle is
+imported or run. Exit status: 0 shown, 2 damaged or unusable
 bundle or argument (one line on stderr).
 """
 
@@ -27,7 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "(kind, dtype, shape, bytes, reference, module inputs), with its checksums verified.",
         epilog=EPILOG, formatter_class=HelpFormatter,
     )
-    parser.add_argument("bundle", help="the bundle directory")
+    parser.add_argument("bundle", help="the bundle directory (or a rank set's, shown as a set)")
     add_cli_options(parser, "json")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="do not read the tensors to check their checksums (the manifest is still checked)")
@@ -35,11 +37,25 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
+def describe(path: str, *, verify: bool) -> dict:
+    """The description of a bundle, one rank's bundle of a set (shown alone: it judges nothing), or a
+    rank set (the set whole, parity.dist)."""
+    from parity.dist.rankset import looks_like_rank_set
+
+    if looks_like_rank_set(path):
+        from parity.dist.show import describe_rank_set
+
+        return describe_rank_set(path, verify=verify)
+    from parity.report.show import describe_bundle
+
+    return describe_bundle(path, verify=verify)
+
+
 def run(args: argparse.Namespace) -> int:
-    from parity.report.show import describe_bundle, render_show
+    from parity.report.show import render_show
 
     check_outputs(args)  # now, before a long verification
-    description = describe_bundle(args.bundle, verify=args.verify)
+    description = describe(args.bundle, verify=args.verify)
     if args.json != STDOUT:
         print(render_show(description))
     if args.json:

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
         print("\n".join(verify_rank_set(args.bundle, summary_lines)))
         return 0
-    with open_bundle(args.bundle) as bundle:
+    with open_bundle(args.bundle, rank_of_a_set=True) as bundle:  # a lone rank: verified, judged nothing
         bundle.verify()
         print("\n".join(summary_lines(bundle)))
     return 0
