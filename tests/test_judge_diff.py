@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+
+from parity.report.text import growth_line
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -121,6 +123,9 @@ def test_h200_goldens_against_a_cpu_capture_hold(tmp_path):
     assert sum(r.metrics.max_abs > 0 for r in outs.values()) >= 4
     assert all(r.budget.host_rel_l2 <= 2 * r.budget.capture_rel_l2 + 1e-6 for r in report.layers)
     assert not any("reference differs" in w for w in report.warnings)  # both fp64 on a CPU
+    # The default case set: 8 independent cases, so the report gives the peak error, not a growth.
+    assert report.independent_cases == 8
+    assert growth_line(report).startswith("error (rel L2) over 8 independent cases, so no growth to follow: peak ")
 
 
 def test_one_tensor_scaled_by_1_01_fails_and_is_named(bundles, cli, tmp_path):

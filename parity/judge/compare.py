@@ -131,7 +131,7 @@ def compare_bundle(
         kernel_configs={"golden": (bundle.kernel_configs or {}).get("used"), "here": launch_configs(module)},
         seconds=time.monotonic() - started,
         integrity=integrity(bundle),
-        independent_cases=len(runner.case_ids(module)),
+        independent_cases=len(runner.case_ids(dict(module.named_children()))),
     )
     say(f"compared {len(ordered)} tensors in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report

@@ -39,6 +39,7 @@ from parity.judge.engine import Judge, bundle_outputs, fused_warning, integrity,
 from parity.judge.policy import Policy, as_policy
 from parity.judge.results import CompareReport, fingerprint_differences, hosts_summary
 from parity.run.runtime import Progress
+from parity.run.subjects.base import is_builtin, load_subject
 
 _WORDING = {"missing-here": "missing in the candidate bundle: it recorded no such tensor",
             "missing-in-golden": "missing in the golden bundle: only the candidate recorded this tensor"}
@@ -104,9 +105,24 @@ def diff_bundles(
         kernel_configs={"golden": (expected.kernel_configs or {}).get("used"),
                         "here": (obtained.kernel_configs or {}).get("used")},
         seconds=time.monotonic() - started, integrity=_integrity(expected, obtained),
+        independent_cases=_independent_cases(expected),
     )
     say(f"compared {len(results)} tensors in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
+
+
+def _independent_cases(bundle: BundleReader) -> int:
+    """How many independent cases a built-in subject's bundle holds (its case set: the error
+    growth line then shows the peak, not a growth between cases); 0 otherwise. Only a built-in
+    subject is loaded (parity's own code); diff imports nothing a bundle names."""
+    spec, args = bundle.subject.get("spec"), bundle.subject.get("args")
+    if not isinstance(spec, str) or not is_builtin(spec) or not isinstance(args, dict):
+        return 0
+    try:
+        runner = load_subject(spec, args)
+    except UsageError:  # arguments this version of the built-in rejects: compare would say so
+        return 0
+    return len(runner.case_ids({entry.layer.split(".")[0] for entry in bundle.entries_of("output")}))
 
 
 def check_same_run(golden: BundleReader, candidate: BundleReader) -> None:

@@ -231,7 +231,7 @@ def _in_case(name: str, case: str) -> bool:
 
 def case_ids(prepared: Prepared) -> list[str]:
     """The subject's cases, where it has several and each is a child module of the root."""
-    return prepared.runner.case_ids(next(iter(prepared.modules.values())))
+    return prepared.runner.case_ids(dict(next(iter(prepared.modules.values())).named_children()))
 
 
 # ---------------------------------------------------------------------------------------------

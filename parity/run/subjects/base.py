@@ -478,16 +478,17 @@ class SubjectRunner:
         """What the manifest records so the other host can :func:`load_subject` it again."""
         return {"spec": self.spec, "name": self.name, "args": self.args}
 
-    def case_ids(self, module: torch.nn.Module) -> list[str]:
+    def case_ids(self, children: Iterable[str]) -> list[str]:
         """The subject's independent cases: the ``id`` of each item of ``subject.cases`` where it has
-        at least two and each names a child module of ``module`` (the built model), as the
-        attention subject's case sets do; else []. Their tensors do not feed one another."""
+        at least two and each is one of ``children`` (the names of the built model's child modules,
+        or of a bundle's top-level layers), as the attention subject's case sets are; else [].
+        Their tensors do not feed one another."""
         cases = getattr(self.subject, "cases", None)
         if not isinstance(cases, (list, tuple)) or len(cases) < 2:
             return []
         ids = [getattr(case, "id", None) for case in cases]
-        children = set(dict(module.named_children()))
-        return ids if all(isinstance(case_id, str) and case_id in children for case_id in ids) else []
+        names = set(children)
+        return ids if all(isinstance(case_id, str) and case_id in names for case_id in ids) else []
 
     def check_impl(self, impl: str) -> None:
         if self.impls is not None and impl not in self.impls:
