@@ -15,8 +15,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
-from parity.report.text import growth_line
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
@@ -28,6 +26,7 @@ from parity.run.capture import capture
 from parity.cli.main import main
 from parity.judge.diff import diff_bundles, same_arguments
 from parity.judge.policy import Policy
+from parity.report.text import growth_line
 
 from bundle_versions import as_version
 
