@@ -3,6 +3,7 @@ importers on files written in the vendors' documented formats, and the side-by-s
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -284,3 +285,13 @@ def test_unusable_input_is_exit_2_with_one_line(tmp_path, capsys, argv, message)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("parity: error: ")
     assert message.replace("{tmp}", str(tmp_path)) in err[0]
+
+
+def test_profile_with_warmup_0_warns_nothing_of_torch(capsys):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["profile", "--quiet", "--subject", MATMUL_SPEC, "--skip", "0", "--warmup", "0",
+                     "--active", "1"]) == 0
+        warnings.warn("another warning", UserWarning)  # other warnings are kept
+    assert [str(w.message) for w in caught] == ["another warning"]
+    assert "warmup" not in capsys.readouterr().err

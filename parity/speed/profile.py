@@ -38,6 +38,7 @@ import math
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -384,6 +385,14 @@ class ModuleRanges:
         self.handles = []
 
 
+def _schedule(skip_first: int, warmup: int, active: int) -> Callable[[int], Any]:
+    """torch's profiler schedule (no wait, one cycle), without torch's warning that warmup 0 "can
+    skew profiler results": that is the caller's choice (``--warmup 0``); other warnings stay."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Profiler won't be using warmup", category=UserWarning)
+        return schedule(skip_first=skip_first, wait=0, warmup=warmup, active=active, repeat=1)
+
+
 def profile_subject(subject: str, *, subject_args: Mapping[str, Any] | None = None, impl: str = "reference",
                     device: Any = "cpu", skip_first: int = DEFAULT_SKIP, warmup: int = DEFAULT_WARMUP,
                     active: int = DEFAULT_ACTIVE, trace: str | os.PathLike | None = None,
@@ -420,8 +429,7 @@ def profile_subject(subject: str, *, subject_args: Mapping[str, Any] | None = No
     started = time.monotonic()
     try:
         with profile(activities=activities,
-                     schedule=schedule(skip_first=skip_first, wait=0, warmup=warmup, active=active, repeat=1),
-                     on_trace_ready=ready) as prof:
+                     schedule=_schedule(skip_first, warmup, active), on_trace_ready=ready) as prof:
             for _ in range(steps):
                 with torch.no_grad():
                     output = runner.call(module, inputs)
@@ -462,8 +470,7 @@ def device_time_per_call(call: Callable[[], Any], device: Any, *, warmup: int = 
     def ready(prof) -> None:
         captured["events"] = kineto_events(prof.profiler.kineto_results)
 
-    with profile(activities=activities, schedule=schedule(skip_first=0, wait=0, warmup=warmup, active=active,
-                                                          repeat=1), on_trace_ready=ready) as prof:
+    with profile(activities=activities, schedule=_schedule(0, warmup, active), on_trace_ready=ready) as prof:
         for _ in range(warmup + active):
             with torch.no_grad():
                 output = call()
