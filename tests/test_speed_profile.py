@@ -295,3 +295,54 @@ def test_profile_with_warmup_0_warns_nothing_of_torch(capsys):
         warnings.warn("another warning", UserWarning)  # other warnings are kept
     assert [str(w.message) for w in caught] == ["another warning"]
     assert "warmup" not in capsys.readouterr().err
+
+
+_ROCPROFV3_HEADER = '"Name","Calls","TotalDurationNs","AverageNs","Percentage","MinNs","MaxNs","StdDev"\n'
+
+
+@pytest.mark.parametrize("content, message", [
+    (_ROCPROFV3_HEADER + '"a",1,1e308,1,50,1,1,0\n"b",1,1e308,1,50,1,1,0\n',
+     "{path} line 2: TotalDurationNs '1e308' must be at most 10^18 ns (31 years)"),
+    (_ROCPROFV3_HEADER + '"a",1,inf,1,50,1,1,0\n', "{path} line 2: TotalDurationNs 'inf' must be at most 10^18 ns (31 years)"),
+    (_ROCPROFV3_HEADER + '"a",1,-5,1,50,1,1,0\n', "{path} line 2: TotalDurationNs '-5' must be a finite number >= 0"),
+    (_ROCPROFV3_HEADER + '"a",1e300,100,1,50,1,1,0\n', "{path} line 2: Calls '1e300' must be at most 10^12"),
+    (_ROCPROFV3_HEADER + '"a",2.5,100,1,50,1,1,0\n', "{path} line 2: Calls '2.5' must be a whole number >= 0"),
+    ("Time (%),Total Time (fortnights),Instances,Name\n1,2,3,k\n",
+     "{path} line 1: unknown time unit 'fortnights' in column 'Total Time (fortnights)' (known: ns, us, ms, s)"),
+    ('"Name","Calls","TotalDurationNs","AverageNs","Percentage","Name"\n"a",1,100,1,50,"b"\n',
+     "{path} line 1: the header has two name columns ('Name' and 'Name')"),
+    ("Time (%),Total Time (ns),Total Time (us),Instances,Name\n1,2,3,4,k\n",
+     "{path} line 1: the header has two total columns ('Total Time (ns)' and 'Total Time (us)')"),
+    (_ROCPROFV3_HEADER + '"a,1,100,1,50,1,1,0\n"b",1,100,1,50,1,1,0\n',
+     "{path} line 2: unterminated quote (the quoted field runs on to line 3)"),
+    (_ROCPROFV3_HEADER + '"b",1,100,1,50,1,1,0\n"a,1,100,1,50,1,1,0\n',
+     "{path} line 3: unterminated quote (the quoted field runs to the end of the file)"),
+    (_ROCPROFV3_HEADER + '"a"x,1,100,1,50,1,1,0\n', "{path} line 2: not valid CSV: ',' expected after '\"'"),
+])
+def test_bad_import_values_are_exit_2_naming_file_line_and_column(tmp_path, capsys, content, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    assert main(["profile", "--import", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"parity: error: --import {message.replace('{path}', str(path))}"]
+
+
+def test_a_kernel_name_longer_than_the_csv_field_limit_is_read(tmp_path, capsys):
+    name = "k" * 200_000 + "(float const*)"
+    path = tmp_path / "long.csv"
+    path.write_text(_ROCPROFV3_HEADER + f'"{name}",3,300,100,100,90,110,5\n"short",1,100,100,100,100,100,0\n')
+    _, rows = read_kernel_table(path)
+    assert [row["name"] for row in rows] == [name, "short"] and rows[0]["total_ns"] == 300
+    assert main(["profile", "--import", str(path), "--against", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert max(len(line) for line in text.splitlines() if line.startswith("|")) < 300  # the name shortened
+
+
+def test_profile_with_warmup_0_warns_nothing_of_torch(capsys):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["profile", "--quiet", "--subject", MATMUL_SPEC, "--skip", "0", "--warmup", "0",
+                     "--active", "1"]) == 0
+        warnings.warn("another warning", UserWarning)  # other warnings are kept
+    assert [str(w.message) for w in caught] == ["another warning"]
+    assert "warmup" not in capsys.readouterr().err

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parity.report.text import TABLE_FORMAT, shorten_name
+from parity.report.text import ELLIPSIS, TABLE_FORMAT, shorten_name
 from parity.base.text import printable
 from tabulate import tabulate
 
@@ -123,6 +123,14 @@ def bench_text(document: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 # profile
 
+def _name_cell(name: Any) -> str:
+    """A module or kernel name as a cell of NAME_WIDTH (:func:`shorten_name`); a very long one (an
+    imported kernel name may run to megabytes) first cut to its two ends, as shorten_name's work
+    grows with the square of a name's length."""
+    text, keep = str(name), 4 * NAME_WIDTH
+    return shorten_name(text if len(text) <= 2 * keep else text[:keep] + ELLIPSIS + text[-keep:], NAME_WIDTH)
+
+
 _VIEW_TITLES = {"modules": "modules (device time charged to the innermost module; repeated layers grouped)",
                 "module_calls": "modules, one row per module", "ops": "ops", "kernels": "kernels"}
 
@@ -136,7 +144,7 @@ def view_table(rows: Sequence[Mapping[str, Any]], *, header: str, kind: bool = F
     headers += ["% wall"] if wall else []
     out = []
     for r in shown:
-        line = [shorten_name(str(r["name"]), NAME_WIDTH)] + ([printable(r.get("kind") or "")] if kind else [])
+        line = [_name_cell(r["name"])] + ([printable(r.get("kind") or "")] if kind else [])
         line.append(str(r["calls"]))
         for key in ("total_ns", "avg_ns", "median_ns", "min_ns", "max_ns"):
             value = _number(r.get(key))
@@ -178,7 +186,7 @@ def profile_text(document: Mapping[str, Any], *, views: Sequence[str] = ("module
     if against:
         rows = against["rows"]
         unit, scale = time_unit([max(_number(r.get("a_ns")) or 0, _number(r.get("b_ns")) or 0) / 1e9 for r in rows])
-        table = [[shorten_name(str(r["name"]), NAME_WIDTH),
+        table = [[_name_cell(r["name"]),
                   fmt_time(None if r.get("a_ns") is None else float(r["a_ns"]) / 1e9, scale),
                   fmt_time(None if r.get("b_ns") is None else float(r["b_ns"]) / 1e9, scale),
                   "-" if r.get("ratio") is None else f"{float(r['ratio']):.2f}",
