@@ -297,6 +297,99 @@ def test_profile_with_warmup_0_warns_nothing_of_torch(capsys):
     assert "warmup" not in capsys.readouterr().err
 
 
+def _valid_other():
+    """A valid --against document: an imported kernel table, with a module row added."""
+    document = import_profile(DATA / "nsys_cuda_gpu_kern_sum.csv")
+    document["modules"] = [{"name": "attn", "calls": 2, "total_ns": 10.0, "avg_ns": 5.0, "median_ns": 5.0,
+                            "min_ns": 4.0, "max_ns": 6.0, "stddev_ns": 1.0, "share": 1.0, "wall_share": None}]
+    return document
+
+
+def _set(path, value):
+    """A change to the valid document: ``value`` at ``path`` (keys and indices); a value DELETE removes it."""
+    def change(document):
+        *parents, last = path
+        for key in parents:
+            document = document[key]
+        if value is DELETE:
+            del document[last]
+        else:
+            document[last] = value
+    return change
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize("change, message", [
+    (_set(["kernels"], "abc"), 'kernels must be an array, got "abc"'),
+    (_set(["kernels"], [1, 2]), "kernels[0] must be an object, got 1"),
+    (_set(["kernels", 2, "name"], DELETE), "kernels[2].name is missing"),
+    (_set(["kernels", 1, "total_ns"], DELETE), "kernels[1].total_ns is missing"),
+    (_set(["kernels", 0, "share"], DELETE), "kernels[0].share is missing"),
+    (_set(["kernels", 3, "total_ns"], "abc"), 'kernels[3].total_ns must be a finite number >= 0, got "abc"'),
+    (_set(["kernels", 3, "total_ns"], None), "kernels[3].total_ns must be a finite number >= 0, got null"),
+    (_set(["kernels", 3, "total_ns"], -1), "kernels[3].total_ns must be a finite number >= 0, got -1"),
+    (_set(["kernels", 3, "total_ns"], "nan"), 'kernels[3].total_ns must be a finite number >= 0, got "nan"'),
+    (_set(["kernels", 3, "total_ns"], "inf"), 'kernels[3].total_ns must be a finite number >= 0, got "inf"'),
+    (_set(["kernels", 3, "total_ns"], True), "kernels[3].total_ns must be a finite number >= 0, got true"),
+    (_set(["kernels", 3, "total_ns"], 10**400), "kernels[3].total_ns must be at most 10^18 ns (31 years), got 1000"),
+    (_set(["kernels", 3, "total_ns"], 1e300), "kernels[3].total_ns must be at most 10^18 ns (31 years), got 1e+300"),
+    (_set(["kernels", 0, "share"], {}), "kernels[0].share must be a number from 0 to 1, got an object"),
+    (_set(["kernels", 0, "share"], 1.5), "kernels[0].share must be a number from 0 to 1, got 1.5"),
+    (_set(["kernels", 0, "calls"], 2.5), "kernels[0].calls must be a whole number >= 0, got 2.5"),
+    (_set(["kernels", 0, "calls"], 1e300), "kernels[0].calls must be at most 10^12, got 1e+300"),
+    (_set(["kernels", 0, "name"], 5), "kernels[0].name must be a string, got 5"),
+    (_set(["kernels", 0, "name"], ["k"]), "kernels[0].name must be a string, got an array"),
+    (_set(["modules", 0, "total_ns"], DELETE), "modules[0].total_ns is missing"),
+    (_set(["modules", 0, "name"], DELETE), "modules[0].name is missing"),
+    (_set(["modules"], None), "modules must be an array, got null"),
+    (_set(["subject"], "decoder"), 'subject must be an object or null, got "decoder"'),
+    (_set(["subject"], {"name": 3}), "subject.name must be a string or null, got 3"),
+    (_set(["impl"], ["x"]), "impl must be a string or null, got an array"),
+    (_set(["settings"], "x"), 'settings must be an object, got "x"'),
+    (_set(["settings", "file"], 1), "settings.file must be a string or null, got 1"),
+    (_set(["totals"], None), "totals must be an object, got null"),
+    (_set(["totals", "steps"], 0), "totals.steps must be a whole number from 1 to 10^12 or null, got 0"),
+    (_set(["totals", "steps"], True), "totals.steps must be a whole number from 1 to 10^12 or null, got true"),
+    (_set(["version"], True), "profile version true, this parity reads 1"),
+    (_set(["version"], 1.0), "profile version 1.0, this parity reads 1"),
+])
+def test_a_malformed_against_profile_is_exit_2_naming_the_field(tmp_path, capsys, change, message):
+    document = _valid_other()
+    change(document)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(document))
+    status = main(["profile", "--import", str(DATA / "rocprofv3_kernel_stats.csv"), "--against", str(other)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1
+    assert err[0].startswith(f"parity: error: --against {other}: {message}")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"format": "parity-profile-report", "version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "not a JSON document: nested too deeply"),
+    ("[" * 100_000 + "]" * 100_000, "not a JSON document: nested too deeply"),
+    (None, "kernels[0].total_ns must be at most 10^18 ns (31 years), got Infinity"),  # 1e400: inf once parsed
+    ("NaN", "kernels[0].total_ns must be a finite number >= 0, got NaN"),
+])
+def test_against_json_text_that_parses_badly_is_exit_2(tmp_path, capsys, text, message):
+    other = tmp_path / "other.json"
+    valid = json.dumps(_valid_other())
+    total = json.dumps(_valid_other()["kernels"][0]["total_ns"])
+    if text is None or text == "NaN":
+        text = valid.replace(f'"total_ns": {total}', f'"total_ns": {text or "1e400"}', 1)
+    other.write_text(text)
+    status = main(["profile", "--import", str(DATA / "rocprofv3_kernel_stats.csv"), "--against", str(other)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err == [f"parity: error: --against {other}: {message}"]
+
+
+def test_a_valid_against_profile_is_read():
+    assert main(["profile", "--quiet", "--import", str(DATA / "rocprofv3_kernel_stats.csv"), "--against",
+                 str(DATA / "nsys_cuda_gpu_kern_sum.csv")]) == 0
+
+
 _ROCPROFV3_HEADER = '"Name","Calls","TotalDurationNs","AverageNs","Percentage","MinNs","MaxNs","StdDev"\n'
 
 

@@ -1,4 +1,5 @@
-"""Kernel tables written by the vendors' profilers, read into the profile's kernel view.
+"""Profiles read from files: the vendors' kernel tables (``--import``, ``--against``) in the
+profile's kernel view, and a parity profile's ``--json`` file (``--against``), checked field by field.
 
 Formats (recognised by their header row; the file is data, read as CSV text and nothing else):
 
@@ -19,14 +20,17 @@ recomputed from the totals (the files' own percentages are rounded).
 
 Refused (UsageError, exit 2, one line naming the file, line or field): malformed CSV (an
 unterminated quote named as such), a header that names a column twice, a time unit parity does not
-know, and values no profile holds (:func:`time_problem`, :func:`calls_problem`): a time that is not a finite number from 0 to 10^18 ns, a call count that is
-not a whole number from 0 to 10^12.
+know, and values no profile holds, in CSV and JSON alike (:func:`time_problem`,
+:func:`calls_problem`): a time that is not a finite number from 0 to 10^18 ns, a call count that
+is not a whole number from 0 to 10^12. A JSON document is data: every field the side by side
+reads is checked before it is used (:func:`check_profile_document`).
 """
 from __future__ import annotations
 
 import contextlib
 import csv
 import io
+import json
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -34,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.base.errors import UsageError, check_readable_file
-from parity.base.jsonformat import PROFILE_REPORT, envelope, finite
+from parity.base.jsonformat import PROFILE_REPORT, envelope, finite, version_of
 from parity.base.text import printable
 from .tables import fmt_time, time_unit
 
@@ -58,7 +62,7 @@ _NSYS_TIMED = {"total time (": "total", "avg (": "avg", "med (": "median", "min 
 
 
 # ---------------------------------------------------------------------------------------------
-# The values a profile may hold
+# The values a profile may hold (CSV rows and --against JSON alike)
 
 
 def _real(value: Any) -> float | None:
@@ -282,5 +286,113 @@ def import_profile(path: str | os.PathLike, flag: str = "--import") -> dict[str,
     return finite(document)
 
 
-__all__ = ["MAX_CALLS", "MAX_NS", "NSYS", "ROCPROFV3", "ROCPROF_V1", "calls_problem", "import_profile",
-           "read_kernel_table", "time_problem"]
+# ---------------------------------------------------------------------------------------------
+# A parity profile's --json file (the other side of --against)
+
+
+def _shown(value: Any) -> str:
+    """A JSON value as a message shows it: scalars as JSON text, containers by their kind."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    return printable(json.dumps(value), limit=60)
+
+
+def _bad(field: str, expected: str, value: Any) -> ValueError:
+    return ValueError(f"{field} {expected}, got {_shown(value)}")
+
+
+def _member(mapping: dict[str, Any], key: str, field: str) -> Any:
+    if key not in mapping:
+        raise ValueError(f"{field} is missing")
+    return mapping[key]
+
+
+def _check_row(row: Any, field: str) -> None:
+    """A module or kernel row as the side by side reads it: name, total_ns, share and calls."""
+    if not isinstance(row, dict):
+        raise _bad(field, "must be an object", row)
+    name = _member(row, "name", f"{field}.name")
+    if not isinstance(name, str):
+        raise _bad(f"{field}.name", "must be a string", name)
+    for key, problem in (("total_ns", time_problem), ("calls", calls_problem)):
+        value = _member(row, key, f"{field}.{key}")
+        if (reason := problem(value)) is not None:
+            raise _bad(f"{field}.{key}", reason, value)
+    share = _member(row, "share", f"{field}.share")
+    number = _real(share)
+    if number is None or not 0 <= number <= 1:
+        raise _bad(f"{field}.share", "must be a number from 0 to 1", share)
+
+
+def _check_object(document: dict[str, Any], key: str, *, nullable: bool) -> dict[str, Any]:
+    """``document[key]``, an object (or null where ``nullable``; then an empty dict)."""
+    value = document.get(key)
+    if value is None and nullable:
+        return {}
+    if not isinstance(value, dict):
+        raise _bad(key, "must be an object" + (" or null" if nullable else ""), value)
+    return value
+
+
+def _check_text(mapping: dict[str, Any], key: str, field: str) -> None:
+    value = mapping.get(key)
+    if value is not None and not isinstance(value, str):
+        raise _bad(field, "must be a string or null", value)
+
+
+def check_profile_document(document: dict[str, Any]) -> None:
+    """ValueError naming the first field that the side by side reads and cannot use: labels
+    (subject.name, impl, device, settings.file), totals.steps, and every modules and kernels row."""
+    subject = _check_object(document, "subject", nullable=True)
+    for mapping, key, field in ((subject, "name", "subject.name"), (document, "impl", "impl"),
+                                (document, "device", "device")):
+        _check_text(mapping, key, field)
+    _check_text(_check_object(document, "settings", nullable=False), "file", "settings.file")
+    steps = _check_object(document, "totals", nullable=False).get("steps")
+    if steps is not None and (calls_problem(steps) is not None or steps < 1):
+        raise _bad("totals.steps", "must be a whole number from 1 to 10^12 or null", steps)
+    for key in ("modules", "kernels"):
+        rows = _member(document, key, key)
+        if not isinstance(rows, list):
+            raise _bad(key, "must be an array", rows)
+        for index, row in enumerate(rows):
+            _check_row(row, f"{key}[{index}]")
+
+
+def _load_json(path: str | os.PathLike, flag: str) -> Any:
+    try:
+        return json.loads(_read_text(path, flag, "a profile JSON file"))
+    except RecursionError:
+        raise UsageError(f"{flag} {path}: not a JSON document: nested too deeply") from None
+    except ValueError as err:  # JSONDecodeError is a ValueError; so is an int of too many digits
+        raise UsageError(f"{flag} {path}: not a JSON document: {printable(str(err), limit=200)}") from None
+
+
+def read_profile_json(path: str | os.PathLike, flag: str) -> dict[str, Any]:
+    """A parity profile's ``--json`` file, its format, version and the fields a side by side
+    reads checked (:func:`check_profile_document`); UsageError naming the first bad field."""
+    document = _load_json(path, flag)
+    if not isinstance(document, dict) or document.get("format") != PROFILE_REPORT:
+        raise UsageError(f"{flag} {path}: not a parity profile (format {PROFILE_REPORT})")
+    version = document.get("version")
+    if type(version) is not int or version != version_of(PROFILE_REPORT):
+        raise UsageError(f"{flag} {path}: profile version {_shown(version)}, this parity reads "
+                         f"{version_of(PROFILE_REPORT)}")
+    try:
+        check_profile_document(document)
+    except ValueError as err:
+        raise UsageError(f"{flag} {path}: {err}") from None
+    return document
+
+
+def read_profile(path: str | os.PathLike, flag: str) -> dict[str, Any]:
+    """A profile document from a file: a parity profile's ``.json``, else a vendor kernel table."""
+    if os.fspath(path).lower().endswith(".json"):
+        return read_profile_json(path, flag)
+    return import_profile(path, flag)
+
+
+__all__ = ["MAX_CALLS", "MAX_NS", "NSYS", "ROCPROFV3", "ROCPROF_V1", "calls_problem", "check_profile_document",
+           "import_profile", "read_kernel_table", "read_profile", "read_profile_json", "time_problem"]

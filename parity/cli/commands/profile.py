@@ -1,7 +1,8 @@
 """``python -m parity profile``: where a subject's device time goes, by module, op and kernel.
 
 The library is :mod:`parity.speed.profile` (running and accounting) and
-:mod:`parity.speed.importers` (``--import``: rocprofv3, rocprof v1 and nsys kernel summaries).
+:mod:`parity.speed.importers` (``--import``: rocprofv3, rocprof v1 and nsys kernel summaries;
+``--against``: those, or a profile's ``--json`` file, checked field by field).
 Exit status: 0 a profile was shown, 2 unusable input or a profile that cannot be trusted (no
 device events, a CUDA graph), one line; 3 internal error.
 """
@@ -11,10 +12,6 @@ import argparse
 
 from parity.base.errors import UsageError, require_dependency
 from parity.cli.options import HelpFormatter, add_cli_options, resolve_device
-from parity.base.text import printable
-import json
-from parity.base.errors import check_readable_file
-from parity.base.jsonformat import PROFILE_REPORT, version_of
 from parity.base.files import check_writable
 from parity.base.jsonformat import finite
 from parity.base.overrides import json_value, parse_overrides
@@ -71,26 +68,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _other(path: str):
-
-    from parity.speed.importers import MAX_BYTES, import_profile
-
-    if not path.lower().endswith(".json"):
-        return import_profile(path, "--against")
-    check_readable_file(path, "--against", expected="a profile JSON file", max_bytes=MAX_BYTES)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"--against {path}: not a JSON document: {printable(str(err), limit=200)}") from None
-    if not isinstance(document, dict) or document.get("format") != PROFILE_REPORT:
-        raise UsageError(f"--against {path}: not a parity profile (format {PROFILE_REPORT})")
-    if document.get("version") != version_of(PROFILE_REPORT):
-        raise UsageError(f"--against {path}: profile version {document.get('version')!r}, this parity reads "
-                         f"{version_of(PROFILE_REPORT)}")
-    return document
-
-
 def _label(document) -> str:
     if document.get("subject"):
         return f"{document['subject'].get('name')} {document.get('impl')} on {document.get('device')}"
@@ -104,7 +81,7 @@ def run_reporting_json_errors(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from parity.speed import pages, tables
-    from parity.speed.importers import import_profile
+    from parity.speed.importers import import_profile, read_profile
 
     check_report_files(args)
     if args.trace is not None:
@@ -113,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.trace, "--trace")
     if args.rows < 0:
         raise UsageError(f"--rows must be 0 (all) or more, got {args.rows}")
-    other = _other(args.against) if args.against is not None else None
+    other = read_profile(args.against, "--against") if args.against is not None else None
     if args.import_file is not None:
         if args.arg:
             raise UsageError("--set applies to --subject, not to --import")
