@@ -30,7 +30,8 @@ time. Names the hot module and what porting it could give at most (Amdahl).
 --import FILE shows a rocprofv3 kernel_stats.csv, a rocprof v1 results.stats.csv or an nsys stats
 cuda_gpu_kern_sum CSV in the same kernel view. --against OTHER (a profile --json file or one of
 those CSV files) puts two profiles side by side: by module where both are parity profiles, else
-by kernel.
+by kernel; per step where both have a step count (parity profiles), else the totals of the two
+captures as given (warned); per call in every case.
 Exit status: 0 shown, 2 unusable input or an untrustworthy profile (no device events, a CUDA
 graph), 3 internal error.
 """
@@ -113,9 +114,11 @@ def run(args: argparse.Namespace) -> int:
                                    active=args.active, trace=args.trace,
                                    progress=None if args.quiet else stderr_progress("profile"))
     if other is not None:
-        from parity.speed.profile import against
+        from parity.speed.profile import against, against_warnings
 
-        document["against"] = finite(against(document, other, a_label=_label(document), b_label=_label(other)))
+        side = against(document, other, a_label=_label(document), b_label=_label(other))
+        document["against"] = finite(side)
+        document["warnings"] = [*document["warnings"], *against_warnings(side)]
     views = ("module_calls" if args.by_layer else "modules", "ops", "kernels")
     write_reports(document, args, lambda doc: tables.profile_text(doc, views=views, limit=args.rows or None),
                   pages.render_profile)
