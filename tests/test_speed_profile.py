@@ -3,6 +3,8 @@ importers on files written in the vendors' documented formats, and the side-by-s
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import pytest
 from parity.cli.main import main
 from parity.base.jsonformat import schema_for
 from parity.speed.importers import NSYS, ROCPROF_V1, ROCPROFV3, import_profile, read_kernel_table
-from parity.speed.profile import Event, ProfileError, account, kernel_key
+from parity.speed.profile import Event, ProfileError, account, against, kernel_key
 
 import speed_subjects
 from speed_subjects import MATMUL_SPEC
@@ -149,26 +151,38 @@ def test_against_two_parity_profiles_is_by_module(tmp_path, capsys):
     # its totals then set by hand); this run's are measured, so the rows are checked against both.
     other = tmp_path / "reference.json"
     assert main(["profile", "--quiet", "--subject", MATMUL_SPEC, "--impl", "reference", "--skip", "1", "--warmup", "1",
-                 "--active", "3", "--json", str(other)]) == 0
+                 "--active", "6", "--json", str(other)]) == 0
     written = json.loads(other.read_text())
     known = {"proj": 3_200_000, "act": 100_000, "<root>": 0}
     for row in written["modules"]:
         row["total_ns"] = known[row["name"]]
         row["share"] = known[row["name"]] / sum(known.values())
     other.write_text(json.dumps(written))
+    capsys.readouterr()
+    # This run has 2 active steps, the other 6: b / a is of the times per step, not of the totals.
     assert main(["profile", "--quiet", "--subject", MATMUL_SPEC, "--impl", "fast", "--skip", "1", "--warmup", "1",
-                 "--active", "3", "--against", str(other), "--json", str(tmp_path / "fast.json")]) == 0
+                 "--active", "2", "--against", str(other), "--json", str(tmp_path / "fast.json"),
+                 "--html", str(tmp_path / "fast.html")]) == 0
+    text = capsys.readouterr().out
     document = json.loads((tmp_path / "fast.json").read_text())
     jsonschema.validate(document, schema_for("parity-profile-report"))
     side = document["against"]
-    assert side["by"] == "module"
-    mine = {row["name"]: row["total_ns"] for row in document["modules"]}
+    assert (side["by"], side["compared"], side["a_steps"], side["b_steps"]) == ("module", "per step", 2, 6)
+    mine = {row["name"]: row for row in document["modules"]}
     rows = {row["name"]: row for row in side["rows"]}
     assert set(rows) == {"proj", "act", "<root>"}
     for name in ("proj", "act"):  # a: this run, b: the other profile; the ratio is b / a
-        assert rows[name]["a_ns"] == mine[name]
-        assert rows[name]["b_ns"] == known[name]
-        assert rows[name]["ratio"] == pytest.approx(known[name] / mine[name])
+        assert rows[name]["a_ns"] == mine[name]["total_ns"] and rows[name]["b_ns"] == known[name]
+        assert rows[name]["a_step_ns"] == mine[name]["total_ns"] / 2 and rows[name]["b_step_ns"] == known[name] / 6
+        assert rows[name]["ratio"] == pytest.approx((known[name] / 6) / (mine[name]["total_ns"] / 2))
+        assert (rows[name]["a_calls"], rows[name]["b_calls"]) == (2, 6)  # one call of each module per step
+        assert rows[name]["call_ratio"] == pytest.approx(rows[name]["ratio"])
+    assert not any("side by side" in warning for warning in document["warnings"])  # like for like: no warning
+    assert re.search(r"side by side, by module, per step \(a: matmul fast on cpu, 2 steps; b: matmul reference on "
+                     r"cpu, 6 steps\)", text)
+    assert re.search(r"\| module +\| a \w+ per step +\| b \w+ per step +\| b / a +\| a \w+ per call", text)
+    assert re.search(r"<th>a \w+ per step</th><th>b \w+ per step</th><th>b / a</th>",
+                     (tmp_path / "fast.html").read_text())
     assert rows["proj"]["b_share"] == pytest.approx(32 / 33)
     assert rows["<root>"]["ratio"] is None  # no time in this run: no ratio, not a division by zero
     assert side["b_label"].startswith("matmul") and "reference" in side["b_label"]
@@ -222,9 +236,70 @@ def test_import_against_import_is_by_kernel(capsys):
     status = main(["profile", "--import", str(DATA / "nsys_cuda_gpu_kern_sum.csv"),
                    "--against", str(DATA / "rocprofv3_kernel_stats.csv"), "--json", "-"])
     document = json.loads(capsys.readouterr().out)
-    assert status == 0 and document["against"]["by"] == "kernel"
+    jsonschema.validate(document, schema_for("parity-profile-report"))
+    side = document["against"]
+    assert status == 0 and side["by"] == "kernel"
+    # Vendor tables have no step count: the totals of the two captures are compared as given, and said so.
+    assert (side["compared"], side["a_steps"], side["b_steps"]) == ("total", None, None)
+    assert [w for w in document["warnings"] if w.startswith("side by side: the step count of")] == [
+        f"side by side: the step count of {DATA / 'nsys_cuda_gpu_kern_sum.csv'} and of "
+        f"{DATA / 'rocprofv3_kernel_stats.csv'} is unknown, so b / a compares the totals of the two captures as "
+        "given, which is like for like only if both captured the same work; b / a per call does not depend on it"]
     attention = next(r for r in document["against"]["rows"] if r["name"] == "sparse_attention_fwd_kernel")
     assert attention["ratio"] == pytest.approx(851_200_000 / 728_432_117)
+    assert (attention["a_calls"], attention["b_calls"]) == (80, 80)
+    assert attention["a_call_ns"] == pytest.approx(728_432_117 / 80)
+    assert attention["call_ratio"] == pytest.approx((851_200_000 / 80) / (728_432_117 / 80))
+    assert attention["a_step_ns"] is None and attention["b_step_ns"] is None
+    assert main(["profile", "--import", str(DATA / "nsys_cuda_gpu_kern_sum.csv"),
+                 "--against", str(DATA / "rocprofv3_kernel_stats.csv")]) == 0
+    text = capsys.readouterr().out
+    assert "side by side, by kernel, totals of the captures as given (a: " in text and "steps unknown" in text
+    assert re.search(r"\| kernel +\| a \w+ total +\| b \w+ total +\| b / a +\| a \w+ per call", text)
+
+
+def _module_rows(steps, rows):
+    return {"totals": {"steps": steps}, "modules": [{"name": name, "total_ns": total, "share": share, "calls": calls}
+                                                    for name, total, share, calls in rows]}
+
+
+def test_against_compares_per_step_and_per_call_with_known_answers():
+    # a: 2 steps, b: 10 steps. attn: 4000 ns a step in a, 2000 in b (b / a 0.5, where the totals
+    # would say 2.5); mlp: 1000 and 2000 (b / a 2.0, the totals 10.0).
+    a = _module_rows(2, [("attn", 8_000, 0.8, 4), ("mlp", 2_000, 0.2, 2)])
+    b = _module_rows(10, [("attn", 20_000, 0.5, 20), ("mlp", 20_000, 0.5, 10), ("new", 0, 0.0, 10)])
+    side = against(a, b, a_label="a", b_label="b")
+    assert (side["by"], side["compared"], side["a_steps"], side["b_steps"]) == ("module", "per step", 2, 10)
+    rows = {row["name"]: row for row in side["rows"]}
+    assert rows["attn"] == {"name": "attn", "a_ns": 8_000, "b_ns": 20_000, "a_step_ns": 4_000, "b_step_ns": 2_000,
+                            "ratio": 0.5, "a_calls": 4, "b_calls": 20, "a_call_ns": 2_000, "b_call_ns": 1_000,
+                            "call_ratio": 0.5, "a_share": 0.8, "b_share": 0.5}
+    assert (rows["mlp"]["ratio"], rows["mlp"]["call_ratio"]) == (2.0, 2.0)
+    assert rows["new"]["ratio"] is None and rows["new"]["a_ns"] is None and rows["new"]["b_step_ns"] == 0
+    assert [row["name"] for row in side["rows"]] == ["attn", "mlp", "new"]  # by the larger time per step
+    # From the accounting itself: the same step once, and twice: the same per step (b / a 1), twice the total.
+    one, two = account(synthetic_step()), account(synthetic_step() + synthetic_step(offset=20_000))
+    rows = {row["name"]: row for row in against(one, two, a_label="one", b_label="two")["rows"]}
+    assert rows["layers.*.attn"]["b_ns"] / rows["layers.*.attn"]["a_ns"] == 2.0
+    assert rows["layers.*.attn"]["ratio"] == 1.0 and rows["layers.*.attn"]["call_ratio"] == 1.0
+    assert rows["(outside modules)"]["ratio"] == 1.0
+
+
+def test_against_with_one_step_count_unknown_compares_totals_and_warns(tmp_path, capsys):
+    # b, a parity profile's JSON with a step count (10), against an imported table (no steps): the
+    # totals are compared as given, and the warning names the side whose steps are unknown.
+    other = import_profile(DATA / "rocprofv3_kernel_stats.csv")
+    other["totals"]["steps"] = 10
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert main(["profile", "--import", str(DATA / "nsys_cuda_gpu_kern_sum.csv"), "--against",
+                 str(tmp_path / "other.json"), "--json", "-"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    side = document["against"]
+    assert (side["compared"], side["a_steps"], side["b_steps"]) == ("total", None, 10)
+    attention = next(r for r in side["rows"] if r["name"] == "sparse_attention_fwd_kernel")
+    assert attention["ratio"] == pytest.approx(851_200_000 / 728_432_117) and attention["b_step_ns"] == 85_120_000
+    assert any(w.startswith(f"side by side: the step count of {DATA / 'nsys_cuda_gpu_kern_sum.csv'} is unknown, so")
+               for w in document["warnings"])
 
 
 @pytest.mark.parametrize("content, message", [
@@ -284,3 +359,147 @@ def test_unusable_input_is_exit_2_with_one_line(tmp_path, capsys, argv, message)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("parity: error: ")
     assert message.replace("{tmp}", str(tmp_path)) in err[0]
+
+
+def _valid_other():
+    """A valid --against document: an imported kernel table, with a module row added."""
+    document = import_profile(DATA / "nsys_cuda_gpu_kern_sum.csv")
+    document["modules"] = [{"name": "attn", "calls": 2, "total_ns": 10.0, "avg_ns": 5.0, "median_ns": 5.0,
+                            "min_ns": 4.0, "max_ns": 6.0, "stddev_ns": 1.0, "share": 1.0, "wall_share": None}]
+    return document
+
+
+def _set(path, value):
+    """A change to the valid document: ``value`` at ``path`` (keys and indices); a value DELETE removes it."""
+    def change(document):
+        *parents, last = path
+        for key in parents:
+            document = document[key]
+        if value is DELETE:
+            del document[last]
+        else:
+            document[last] = value
+    return change
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize("change, message", [
+    (_set(["kernels"], "abc"), 'kernels must be an array, got "abc"'),
+    (_set(["kernels"], [1, 2]), "kernels[0] must be an object, got 1"),
+    (_set(["kernels", 2, "name"], DELETE), "kernels[2].name is missing"),
+    (_set(["kernels", 1, "total_ns"], DELETE), "kernels[1].total_ns is missing"),
+    (_set(["kernels", 0, "share"], DELETE), "kernels[0].share is missing"),
+    (_set(["kernels", 3, "total_ns"], "abc"), 'kernels[3].total_ns must be a finite number >= 0, got "abc"'),
+    (_set(["kernels", 3, "total_ns"], None), "kernels[3].total_ns must be a finite number >= 0, got null"),
+    (_set(["kernels", 3, "total_ns"], -1), "kernels[3].total_ns must be a finite number >= 0, got -1"),
+    (_set(["kernels", 3, "total_ns"], "nan"), 'kernels[3].total_ns must be a finite number >= 0, got "nan"'),
+    (_set(["kernels", 3, "total_ns"], "inf"), 'kernels[3].total_ns must be a finite number >= 0, got "inf"'),
+    (_set(["kernels", 3, "total_ns"], True), "kernels[3].total_ns must be a finite number >= 0, got true"),
+    (_set(["kernels", 3, "total_ns"], 10**400), "kernels[3].total_ns must be at most 10^18 ns (31 years), got 1000"),
+    (_set(["kernels", 3, "total_ns"], 1e300), "kernels[3].total_ns must be at most 10^18 ns (31 years), got 1e+300"),
+    (_set(["kernels", 0, "share"], {}), "kernels[0].share must be a number from 0 to 1, got an object"),
+    (_set(["kernels", 0, "share"], 1.5), "kernels[0].share must be a number from 0 to 1, got 1.5"),
+    (_set(["kernels", 0, "calls"], 2.5), "kernels[0].calls must be a whole number >= 0, got 2.5"),
+    (_set(["kernels", 0, "calls"], 1e300), "kernels[0].calls must be at most 10^12, got 1e+300"),
+    (_set(["kernels", 0, "name"], 5), "kernels[0].name must be a string, got 5"),
+    (_set(["kernels", 0, "name"], ["k"]), "kernels[0].name must be a string, got an array"),
+    (_set(["modules", 0, "total_ns"], DELETE), "modules[0].total_ns is missing"),
+    (_set(["modules", 0, "name"], DELETE), "modules[0].name is missing"),
+    (_set(["modules"], None), "modules must be an array, got null"),
+    (_set(["subject"], "decoder"), 'subject must be an object or null, got "decoder"'),
+    (_set(["subject"], {"name": 3}), "subject.name must be a string or null, got 3"),
+    (_set(["impl"], ["x"]), "impl must be a string or null, got an array"),
+    (_set(["settings"], "x"), 'settings must be an object, got "x"'),
+    (_set(["settings", "file"], 1), "settings.file must be a string or null, got 1"),
+    (_set(["totals"], None), "totals must be an object, got null"),
+    (_set(["totals", "steps"], 0), "totals.steps must be a whole number from 1 to 10^12 or null, got 0"),
+    (_set(["totals", "steps"], True), "totals.steps must be a whole number from 1 to 10^12 or null, got true"),
+    (_set(["version"], True), "profile version true, this parity reads 1"),
+    (_set(["version"], 1.0), "profile version 1.0, this parity reads 1"),
+])
+def test_a_malformed_against_profile_is_exit_2_naming_the_field(tmp_path, capsys, change, message):
+    document = _valid_other()
+    change(document)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(document))
+    status = main(["profile", "--import", str(DATA / "rocprofv3_kernel_stats.csv"), "--against", str(other)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1
+    assert err[0].startswith(f"parity: error: --against {other}: {message}")
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"format": "parity-profile-report", "version": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "not a JSON document: nested too deeply"),
+    ("[" * 100_000 + "]" * 100_000, "not a JSON document: nested too deeply"),
+    (None, "kernels[0].total_ns must be at most 10^18 ns (31 years), got Infinity"),  # 1e400: inf once parsed
+    ("NaN", "kernels[0].total_ns must be a finite number >= 0, got NaN"),
+])
+def test_against_json_text_that_parses_badly_is_exit_2(tmp_path, capsys, text, message):
+    other = tmp_path / "other.json"
+    valid = json.dumps(_valid_other())
+    total = json.dumps(_valid_other()["kernels"][0]["total_ns"])
+    if text is None or text == "NaN":
+        text = valid.replace(f'"total_ns": {total}', f'"total_ns": {text or "1e400"}', 1)
+    other.write_text(text)
+    status = main(["profile", "--import", str(DATA / "rocprofv3_kernel_stats.csv"), "--against", str(other)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err == [f"parity: error: --against {other}: {message}"]
+
+
+def test_a_valid_against_profile_is_read():
+    assert main(["profile", "--quiet", "--import", str(DATA / "rocprofv3_kernel_stats.csv"), "--against",
+                 str(DATA / "nsys_cuda_gpu_kern_sum.csv")]) == 0
+
+
+_ROCPROFV3_HEADER = '"Name","Calls","TotalDurationNs","AverageNs","Percentage","MinNs","MaxNs","StdDev"\n'
+
+
+@pytest.mark.parametrize("content, message", [
+    (_ROCPROFV3_HEADER + '"a",1,1e308,1,50,1,1,0\n"b",1,1e308,1,50,1,1,0\n',
+     "{path} line 2: TotalDurationNs '1e308' must be at most 10^18 ns (31 years)"),
+    (_ROCPROFV3_HEADER + '"a",1,inf,1,50,1,1,0\n', "{path} line 2: TotalDurationNs 'inf' must be at most 10^18 ns (31 years)"),
+    (_ROCPROFV3_HEADER + '"a",1,-5,1,50,1,1,0\n', "{path} line 2: TotalDurationNs '-5' must be a finite number >= 0"),
+    (_ROCPROFV3_HEADER + '"a",1e300,100,1,50,1,1,0\n', "{path} line 2: Calls '1e300' must be at most 10^12"),
+    (_ROCPROFV3_HEADER + '"a",2.5,100,1,50,1,1,0\n', "{path} line 2: Calls '2.5' must be a whole number >= 0"),
+    ("Time (%),Total Time (fortnights),Instances,Name\n1,2,3,k\n",
+     "{path} line 1: unknown time unit 'fortnights' in column 'Total Time (fortnights)' (known: ns, us, ms, s)"),
+    ('"Name","Calls","TotalDurationNs","AverageNs","Percentage","Name"\n"a",1,100,1,50,"b"\n',
+     "{path} line 1: the header has two name columns ('Name' and 'Name')"),
+    ("Time (%),Total Time (ns),Total Time (us),Instances,Name\n1,2,3,4,k\n",
+     "{path} line 1: the header has two total columns ('Total Time (ns)' and 'Total Time (us)')"),
+    (_ROCPROFV3_HEADER + '"a,1,100,1,50,1,1,0\n"b",1,100,1,50,1,1,0\n',
+     "{path} line 2: unterminated quote (the quoted field runs on to line 3)"),
+    (_ROCPROFV3_HEADER + '"b",1,100,1,50,1,1,0\n"a,1,100,1,50,1,1,0\n',
+     "{path} line 3: unterminated quote (the quoted field runs to the end of the file)"),
+    (_ROCPROFV3_HEADER + '"a"x,1,100,1,50,1,1,0\n', "{path} line 2: not valid CSV: ',' expected after '\"'"),
+])
+def test_bad_import_values_are_exit_2_naming_file_line_and_column(tmp_path, capsys, content, message):
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    assert main(["profile", "--import", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"parity: error: --import {message.replace('{path}', str(path))}"]
+
+
+def test_a_kernel_name_longer_than_the_csv_field_limit_is_read(tmp_path, capsys):
+    name = "k" * 200_000 + "(float const*)"
+    path = tmp_path / "long.csv"
+    path.write_text(_ROCPROFV3_HEADER + f'"{name}",3,300,100,100,90,110,5\n"short",1,100,100,100,100,100,0\n')
+    _, rows = read_kernel_table(path)
+    assert [row["name"] for row in rows] == [name, "short"] and rows[0]["total_ns"] == 300
+    assert main(["profile", "--import", str(path), "--against", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert max(len(line) for line in text.splitlines() if line.startswith("|")) < 300  # the name shortened
+
+
+def test_profile_with_warmup_0_warns_nothing_of_torch(capsys):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["profile", "--quiet", "--subject", MATMUL_SPEC, "--skip", "0", "--warmup", "0",
+                     "--active", "1"]) == 0
+        warnings.warn("another warning", UserWarning)  # other warnings are kept
+    assert [str(w.message) for w in caught] == ["another warning"]
+    assert "warmup" not in capsys.readouterr().err

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parity.base.text import printable
-from .tables import fmt_percent, fmt_time, time_unit
+from .tables import against_table, against_title, fmt_percent, fmt_time, time_unit
 
 BAR_WIDTH, BAR_HEIGHT, BAR_LABEL = 900, 22, 330
 MAX_BARS = 15
@@ -191,21 +191,14 @@ def _ns_text(value: Any) -> str:
 
 
 def _against_section(against: Mapping[str, Any]) -> str:
-    rows = against.get("rows") or []
-    head = (f'<tr><th class="name">{_esc(against.get("by"))}</th><th>{_esc(against.get("a_label"))}</th>'
-            f'<th>{_esc(against.get("b_label"))}</th><th>b / a</th><th>% a</th><th>% b</th></tr>')
-    unit, scale = time_unit([max(_num(r.get("a_ns")) or 0, _num(r.get("b_ns")) or 0) / 1e9 for r in rows])
-    body = []
-    for r in rows:
-        a, b = _num(r.get("a_ns")), _num(r.get("b_ns"))
-        ratio = _num(r.get("ratio"))
-        body.append(f'<tr><td class="name">{_esc(r.get("name"))}</td>'
-                    f'<td>{_esc(fmt_time(None if a is None else a / 1e9, scale))}</td>'
-                    f'<td>{_esc(fmt_time(None if b is None else b / 1e9, scale))}</td>'
-                    f'<td>{"-" if ratio is None else f"{ratio:.2f}"}</td>'
-                    f'<td>{_esc(fmt_percent(r.get("a_share")))}</td><td>{_esc(fmt_percent(r.get("b_share")))}</td></tr>')
-    return (f'<section id="against"><h2>Side by side, by {_esc(against.get("by"))} (times in {unit})</h2>'
-            f'<table class="view"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></section>')
+    """The side by side (:func:`parity.speed.tables.against_table`), every cell escaped."""
+    headers, cells = against_table(against)
+    head = "".join(f'<th{" class=name" if i == 0 else ""}>{_esc(h)}</th>' for i, h in enumerate(headers))
+    body = "".join('<tr><td class="name">' + "</td><td>".join(_esc(cell) for cell in row) + "</td></tr>"
+                   for row in cells)
+    title = against_title(against)
+    return (f'<section id="against"><h2>{_esc(title[:1].upper() + title[1:])}</h2>'
+            f'<table class="view"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>')
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,11 @@ Accounting (:func:`account`, a pure function of the profiler's events):
 - The hot module is the module group with the most device time; porting it could give the whole
   forward at most ``1 / (1 - share)`` (Amdahl).
 
+Side by side (:func:`against`, ``--against``): by module where both are parity profiles, else by
+kernel base name; b / a of the times per step where both have a step count, else of the totals
+of the two captures as given (an imported table has no step count: :func:`against_warnings`
+says so); b / a per call in every case.
+
 Refused (:class:`ProfileError`, exit 2, one line): a profile with no device activity (CUPTI or
 roctracer not working, kineto#1338), or one that ran inside a CUDA/HIP graph (graph launches hide
 their kernels). Warned: a kernel count that differs between active steps; device work that could
@@ -38,6 +43,7 @@ import math
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -384,6 +390,14 @@ class ModuleRanges:
         self.handles = []
 
 
+def _schedule(skip_first: int, warmup: int, active: int) -> Callable[[int], Any]:
+    """torch's profiler schedule (no wait, one cycle), without torch's warning that warmup 0 "can
+    skew profiler results": that is the caller's choice (``--warmup 0``); other warnings stay."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Profiler won't be using warmup", category=UserWarning)
+        return schedule(skip_first=skip_first, wait=0, warmup=warmup, active=active, repeat=1)
+
+
 def profile_subject(subject: str, *, subject_args: Mapping[str, Any] | None = None, impl: str = "reference",
                     device: Any = "cpu", skip_first: int = DEFAULT_SKIP, warmup: int = DEFAULT_WARMUP,
                     active: int = DEFAULT_ACTIVE, trace: str | os.PathLike | None = None,
@@ -420,8 +434,7 @@ def profile_subject(subject: str, *, subject_args: Mapping[str, Any] | None = No
     started = time.monotonic()
     try:
         with profile(activities=activities,
-                     schedule=schedule(skip_first=skip_first, wait=0, warmup=warmup, active=active, repeat=1),
-                     on_trace_ready=ready) as prof:
+                     schedule=_schedule(skip_first, warmup, active), on_trace_ready=ready) as prof:
             for _ in range(steps):
                 with torch.no_grad():
                     output = runner.call(module, inputs)
@@ -462,8 +475,7 @@ def device_time_per_call(call: Callable[[], Any], device: Any, *, warmup: int = 
     def ready(prof) -> None:
         captured["events"] = kineto_events(prof.profiler.kineto_results)
 
-    with profile(activities=activities, schedule=schedule(skip_first=0, wait=0, warmup=warmup, active=active,
-                                                          repeat=1), on_trace_ready=ready) as prof:
+    with profile(activities=activities, schedule=_schedule(0, warmup, active), on_trace_ready=ready) as prof:
         for _ in range(warmup + active):
             with torch.no_grad():
                 output = call()
@@ -519,40 +531,79 @@ def kernel_key(name: str) -> str:
     return "".join(kept).strip().removeprefix("void ").strip() or name
 
 
-def _keyed(rows: Sequence[Mapping[str, Any]], by: str) -> dict[str, dict[str, Any]]:
-    """Rows by module name, or by :func:`kernel_key` (rows that share a key are summed)."""
-    if by == "module":
-        return {row["name"]: dict(row) for row in rows}
-    keyed: dict[str, dict[str, Any]] = {}
+def _keyed(rows: Sequence[Mapping[str, Any]], by: str) -> dict[str, dict[str, float]]:
+    """Total, share and calls by module name, or by :func:`kernel_key` (rows that share a key are summed)."""
+    keyed: dict[str, dict[str, float]] = {}
     for row in rows:
-        key = kernel_key(str(row["name"]))
-        if key in keyed:
-            keyed[key]["total_ns"] = float(keyed[key]["total_ns"]) + float(row["total_ns"])
-            keyed[key]["share"] = float(keyed[key]["share"]) + float(row["share"])
-        else:
-            keyed[key] = {"total_ns": row["total_ns"], "share": row["share"]}
+        key = str(row["name"]) if by == "module" else kernel_key(str(row["name"]))
+        entry = keyed.setdefault(key, {"total_ns": 0.0, "share": 0.0, "calls": 0})
+        entry["total_ns"] += float(row["total_ns"])
+        entry["share"] += float(row["share"])
+        entry["calls"] += int(row["calls"])
     return keyed
 
 
+def _steps(document: Mapping[str, Any]) -> int | None:
+    """A profile's active step count; None for an imported table (its steps are unknown)."""
+    steps = (document.get("totals") or {}).get("steps")
+    return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
+
+
+def _ratio(b: float | None, a: float | None) -> float | None:
+    return b / a if a and b is not None else None
+
+
+def _per_call(entry: Mapping[str, float] | None) -> float | None:
+    return entry["total_ns"] / entry["calls"] if entry and entry["calls"] else None
+
+
+def _side_row(name: str, ra: Mapping[str, float] | None, rb: Mapping[str, float] | None,
+              a_steps: int | None, b_steps: int | None) -> dict[str, Any]:
+    """One row of the side by side: totals as given, per step (where both step counts are known),
+    per call, and the ratios b / a (``ratio``: per step, else of the totals)."""
+    a_ns, b_ns = (ra["total_ns"] if ra else None), (rb["total_ns"] if rb else None)
+    a_step = a_ns / a_steps if a_ns is not None and a_steps else None
+    b_step = b_ns / b_steps if b_ns is not None and b_steps else None
+    a_call, b_call = _per_call(ra), _per_call(rb)
+    return {"name": name, "a_ns": a_ns, "b_ns": b_ns, "a_step_ns": a_step, "b_step_ns": b_step,
+            "ratio": _ratio(b_step, a_step) if a_steps and b_steps else _ratio(b_ns, a_ns),
+            "a_calls": int(ra["calls"]) if ra else None, "b_calls": int(rb["calls"]) if rb else None,
+            "a_call_ns": a_call, "b_call_ns": b_call, "call_ratio": _ratio(b_call, a_call),
+            "a_share": ra["share"] if ra else None, "b_share": rb["share"] if rb else None}
+
+
 def against(a: Mapping[str, Any], b: Mapping[str, Any], *, a_label: str, b_label: str) -> dict[str, Any]:
-    """Two profiles side by side: by module where both have modules (parity profiles), else by kernel."""
+    """Two profiles side by side: by module where both have modules (parity profiles), else by
+    kernel. Compared per step where both have a step count (``compared``: ``"per step"``), else
+    the totals of the two captures as given (``"total"``); per call in every case."""
     by = "module" if a.get("modules") and b.get("modules") else "kernel"
     key = "modules" if by == "module" else "kernels"
     rows_a, rows_b = _keyed(a.get(key) or [], by), _keyed(b.get(key) or [], by)
     if not rows_a or not rows_b:
         raise UsageError(f"--against: {'the other profile' if not rows_b else 'this profile'} has no {key} to put "
                          "side by side")
-    names = sorted(set(rows_a) | set(rows_b),
-                   key=lambda n: -max(float(rows_a.get(n, {}).get("total_ns", 0)), float(rows_b.get(n, {}).get("total_ns", 0))))
-    rows = []
-    for name in names:
-        ra, rb = rows_a.get(name), rows_b.get(name)
-        a_ns = float(ra["total_ns"]) if ra else None
-        b_ns = float(rb["total_ns"]) if rb else None
-        rows.append({"name": name, "a_ns": a_ns, "b_ns": b_ns, "ratio": b_ns / a_ns if a_ns and b_ns is not None else None,
-                     "a_share": ra["share"] if ra else None, "b_share": rb["share"] if rb else None})
-    return {"by": by, "a_label": a_label, "b_label": b_label, "rows": rows}
+    a_steps, b_steps = _steps(a), _steps(b)
+    per_step = a_steps is not None and b_steps is not None
+    rows = [_side_row(name, rows_a.get(name), rows_b.get(name), a_steps, b_steps)
+            for name in set(rows_a) | set(rows_b)]
+    a_key, b_key = ("a_step_ns", "b_step_ns") if per_step else ("a_ns", "b_ns")
+    rows.sort(key=lambda row: (-max(row[a_key] or 0.0, row[b_key] or 0.0), row["name"]))
+    return {"by": by, "compared": "per step" if per_step else "total", "a_label": a_label, "b_label": b_label,
+            "a_steps": a_steps, "b_steps": b_steps, "rows": rows}
+
+
+def against_warnings(side: Mapping[str, Any]) -> list[str]:
+    """What a reader of the side by side must know: where a step count is unknown (an imported
+    table), the totals of the two captures are compared as given."""
+    if side["compared"] == "per step":
+        return []
+    unknown = [label for label, steps in ((side["a_label"], side["a_steps"]), (side["b_label"], side["b_steps"]))
+               if steps is None]
+    return [f"side by side: the step count of {' and of '.join(unknown)} is unknown, so b / a compares the totals "
+            "of the two captures as given, which is like for like only if both captured the same work; "
+            "b / a per call does not depend on it"]
 
 
 __all__ = ["DEFAULT_ACTIVE", "DEFAULT_SKIP", "DEFAULT_WARMUP", "Event", "ModuleRanges", "ProfileError", "account",
-           "against", "device_time_per_call", "headline", "kernel_key", "kineto_events", "profile_subject"]
+           "against", "against_warnings", "device_time_per_call", "headline", "kernel_key", "kineto_events",
+           "profile_subject"]

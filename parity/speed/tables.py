@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parity.report.text import TABLE_FORMAT, shorten_name
+from parity.report.text import ELLIPSIS, TABLE_FORMAT, shorten_name
 from parity.base.text import printable
 from tabulate import tabulate
 
@@ -123,6 +123,14 @@ def bench_text(document: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------
 # profile
 
+def _name_cell(name: Any) -> str:
+    """A module or kernel name as a cell of NAME_WIDTH (:func:`shorten_name`); a very long one (an
+    imported kernel name may run to megabytes) first cut to its two ends, as shorten_name's work
+    grows with the square of a name's length."""
+    text, keep = str(name), 4 * NAME_WIDTH
+    return shorten_name(text if len(text) <= 2 * keep else text[:keep] + ELLIPSIS + text[-keep:], NAME_WIDTH)
+
+
 _VIEW_TITLES = {"modules": "modules (device time charged to the innermost module; repeated layers grouped)",
                 "module_calls": "modules, one row per module", "ops": "ops", "kernels": "kernels"}
 
@@ -136,7 +144,7 @@ def view_table(rows: Sequence[Mapping[str, Any]], *, header: str, kind: bool = F
     headers += ["% wall"] if wall else []
     out = []
     for r in shown:
-        line = [shorten_name(str(r["name"]), NAME_WIDTH)] + ([printable(r.get("kind") or "")] if kind else [])
+        line = [_name_cell(r["name"])] + ([printable(r.get("kind") or "")] if kind else [])
         line.append(str(r["calls"]))
         for key in ("total_ns", "avg_ns", "median_ns", "min_ns", "max_ns"):
             value = _number(r.get(key))
@@ -176,17 +184,55 @@ def profile_text(document: Mapping[str, Any], *, views: Sequence[str] = ("module
                                                                wall=wall, limit=limit)]
     against = document.get("against")
     if against:
-        rows = against["rows"]
-        unit, scale = time_unit([max(_number(r.get("a_ns")) or 0, _number(r.get("b_ns")) or 0) / 1e9 for r in rows])
-        table = [[shorten_name(str(r["name"]), NAME_WIDTH),
-                  fmt_time(None if r.get("a_ns") is None else float(r["a_ns"]) / 1e9, scale),
-                  fmt_time(None if r.get("b_ns") is None else float(r["b_ns"]) / 1e9, scale),
-                  "-" if r.get("ratio") is None else f"{float(r['ratio']):.2f}",
-                  fmt_percent(r.get("a_share")), fmt_percent(r.get("b_share"))] for r in rows[:limit or None]]
-        lines += ["", f"side by side, by {against['by']} (a: {printable(against['a_label'])}, b: "
-                      f"{printable(against['b_label'])}):",
-                  _table([against["by"], f"a {unit}", f"b {unit}", "b / a", "% a", "% b"], table)]
+        headers, cells = against_table(against, limit=limit)
+        for row in cells:
+            row[0] = _name_cell(row[0])
+        lines += ["", f"{against_title(against)}:", _table(headers, cells)]
     for warning in document.get("warnings") or []:
         lines.append(f"warning: {printable(warning, limit=500)}")
     lines += ["", printable(document["headline"], limit=1000)]
     return "\n".join(lines)
+
+
+def _pair_unit(rows: Sequence[Mapping[str, Any]], a_key: str, b_key: str) -> tuple[str, float]:
+    """The unit of a pair of ns columns (a and b), as :func:`time_unit` picks it."""
+    return time_unit([max(_number(r.get(a_key)) or 0.0, _number(r.get(b_key)) or 0.0) / 1e9 for r in rows])
+
+
+def _ns_cell(value: Any, scale: float) -> str:
+    number = _number(value)
+    return fmt_time(None if number is None else number / 1e9, scale)
+
+
+def _ratio_cell(value: Any) -> str:
+    number = _number(value)
+    return "-" if number is None else f"{number:.2f}"
+
+
+def against_title(against: Mapping[str, Any]) -> str:
+    """``side by side, by module, per step (a: LABEL, 2 steps; b: LABEL, 10 steps)``: what is compared."""
+    what = "per step" if against["compared"] == "per step" else "totals of the captures as given"
+
+    def side(label: Any, steps: Any) -> str:
+        return f"{printable(label, limit=200)}, {f'{steps} steps' if steps else 'steps unknown'}"
+
+    return (f"side by side, by {against['by']}, {what} (a: {side(against['a_label'], against.get('a_steps'))}; "
+            f"b: {side(against['b_label'], against.get('b_steps'))})")
+
+
+def against_table(against: Mapping[str, Any], *, limit: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells (names in full) of the side by side: a and b as compared (per step, or the
+    totals as given) and per call, every time header with its unit (``a ms per step``)."""
+    rows = list(against["rows"])[:limit] if limit else list(against["rows"])
+    per_step = against["compared"] == "per step"
+    a_key, b_key = ("a_step_ns", "b_step_ns") if per_step else ("a_ns", "b_ns")
+    basis = "per step" if per_step else "total"
+    unit, scale = _pair_unit(rows, a_key, b_key)
+    call_unit, call_scale = _pair_unit(rows, "a_call_ns", "b_call_ns")
+    headers = [against["by"], f"a {unit} {basis}", f"b {unit} {basis}", "b / a", f"a {call_unit} per call",
+               f"b {call_unit} per call", "b / a per call", "% a", "% b"]
+    cells = [[str(r["name"]), _ns_cell(r.get(a_key), scale), _ns_cell(r.get(b_key), scale), _ratio_cell(r.get("ratio")),
+              _ns_cell(r.get("a_call_ns"), call_scale), _ns_cell(r.get("b_call_ns"), call_scale),
+              _ratio_cell(r.get("call_ratio")), fmt_percent(r.get("a_share")), fmt_percent(r.get("b_share"))]
+             for r in rows]
+    return headers, cells

@@ -1,7 +1,8 @@
 """``python -m parity profile``: where a subject's device time goes, by module, op and kernel.
 
 The library is :mod:`parity.speed.profile` (running and accounting) and
-:mod:`parity.speed.importers` (``--import``: rocprofv3, rocprof v1 and nsys kernel summaries).
+:mod:`parity.speed.importers` (``--import``: rocprofv3, rocprof v1 and nsys kernel summaries;
+``--against``: those, or a profile's ``--json`` file, checked field by field).
 Exit status: 0 a profile was shown, 2 unusable input or a profile that cannot be trusted (no
 device events, a CUDA graph), one line; 3 internal error.
 """
@@ -11,10 +12,6 @@ import argparse
 
 from parity.base.errors import UsageError, require_dependency
 from parity.cli.options import HelpFormatter, add_cli_options, resolve_device
-from parity.base.text import printable
-import json
-from parity.base.errors import check_readable_file
-from parity.base.jsonformat import PROFILE_REPORT, version_of
 from parity.base.files import check_writable
 from parity.base.jsonformat import finite
 from parity.base.overrides import json_value, parse_overrides
@@ -33,7 +30,8 @@ time. Names the hot module and what porting it could give at most (Amdahl).
 --import FILE shows a rocprofv3 kernel_stats.csv, a rocprof v1 results.stats.csv or an nsys stats
 cuda_gpu_kern_sum CSV in the same kernel view. --against OTHER (a profile --json file or one of
 those CSV files) puts two profiles side by side: by module where both are parity profiles, else
-by kernel.
+by kernel; per step where both have a step count (parity profiles), else the totals of the two
+captures as given (warned); per call in every case.
 Exit status: 0 shown, 2 unusable input or an untrustworthy profile (no device events, a CUDA
 graph), 3 internal error.
 """
@@ -71,26 +69,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def _other(path: str):
-
-    from parity.speed.importers import MAX_BYTES, import_profile
-
-    if not path.lower().endswith(".json"):
-        return import_profile(path, "--against")
-    check_readable_file(path, "--against", expected="a profile JSON file", max_bytes=MAX_BYTES)
-    try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"--against {path}: not a JSON document: {printable(str(err), limit=200)}") from None
-    if not isinstance(document, dict) or document.get("format") != PROFILE_REPORT:
-        raise UsageError(f"--against {path}: not a parity profile (format {PROFILE_REPORT})")
-    if document.get("version") != version_of(PROFILE_REPORT):
-        raise UsageError(f"--against {path}: profile version {document.get('version')!r}, this parity reads "
-                         f"{version_of(PROFILE_REPORT)}")
-    return document
-
-
 def _label(document) -> str:
     if document.get("subject"):
         return f"{document['subject'].get('name')} {document.get('impl')} on {document.get('device')}"
@@ -104,7 +82,7 @@ def run_reporting_json_errors(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from parity.speed import pages, tables
-    from parity.speed.importers import import_profile
+    from parity.speed.importers import import_profile, read_profile
 
     check_report_files(args)
     if args.trace is not None:
@@ -113,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.trace, "--trace")
     if args.rows < 0:
         raise UsageError(f"--rows must be 0 (all) or more, got {args.rows}")
-    other = _other(args.against) if args.against is not None else None
+    other = read_profile(args.against, "--against") if args.against is not None else None
     if args.import_file is not None:
         if args.arg:
             raise UsageError("--set applies to --subject, not to --import")
@@ -136,9 +114,11 @@ def run(args: argparse.Namespace) -> int:
                                    active=args.active, trace=args.trace,
                                    progress=None if args.quiet else stderr_progress("profile"))
     if other is not None:
-        from parity.speed.profile import against
+        from parity.speed.profile import against, against_warnings
 
-        document["against"] = finite(against(document, other, a_label=_label(document), b_label=_label(other)))
+        side = against(document, other, a_label=_label(document), b_label=_label(other))
+        document["against"] = finite(side)
+        document["warnings"] = [*document["warnings"], *against_warnings(side)]
     views = ("module_calls" if args.by_layer else "modules", "ops", "kernels")
     write_reports(document, args, lambda doc: tables.profile_text(doc, views=views, limit=args.rows or None),
                   pages.render_profile)
