@@ -247,6 +247,18 @@ def test_a_symbolic_link_stays_and_its_target_is_replaced(capsys, csv, tmp_path)
         assert json.loads((tmp_path / target).read_text())["format"] == "parity-profile-report"
 
 
+def test_a_trace_is_written_as_every_report_is(capsys, tmp_path):
+    # profile's --trace goes through the same writer: a symbolic link stays, its target is replaced.
+    (tmp_path / "real-trace.json").write_text("old\n")
+    os.symlink("real-trace.json", tmp_path / "trace.json")
+    code, _, err = run(capsys, "profile", "--quiet", "--subject", MATMUL_SPEC, "--device", "cpu", "--skip", "0",
+                       "--warmup", "1", "--active", "1", "--trace", tmp_path / "trace.json")
+    assert code == 0, err
+    assert (tmp_path / "trace.json").is_symlink()
+    assert "traceEvents" in json.loads((tmp_path / "real-trace.json").read_text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["real-trace.json", "trace.json"]  # no temporary left
+
+
 def test_a_socket_is_refused(capsys, csv, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a socket's path is limited to about 100 bytes
     with socket.socket(socket.AF_UNIX) as server:

@@ -296,6 +296,25 @@ def test_shorten_name_keeps_both_ends_within_the_width():
         assert "<" not in cell.replace("\\<", "")
     assert shorten_name("layers.0", 16) == "layers.0"
 
+def test_shorten_name_of_megabytes_cuts_it_at_once(monkeypatch):
+    # An imported kernel's name may run to megabytes (50,000 characters here): cut to its ends first, it takes a few hundred
+    # trial cuts (it took one per character, minutes, when every cut was tried one by one).
+    from parity.report import text
+
+    calls = []
+    real_cut = text._cut
+
+    def counted(part, length):
+        calls.append(length)
+        if len(calls) > 10_000:
+            raise AssertionError("shorten_name tries a cut per character of the name")
+        return real_cut(part, length)
+
+    monkeypatch.setattr(text, "_cut", counted)
+    cell = shorten_name("kernel_" + "x" * 50_000 + ".tail_part", 40)
+    assert len(cell) <= 40 and cell.startswith("kernel_") and cell.endswith("tail_part")
+    assert len(calls) < 1_000
+
 
 # ---- '-' is standard output; --html ---------------------------------------------------------------
 

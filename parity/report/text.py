@@ -156,14 +156,22 @@ def _cut(part: str, length: int) -> str:
     return _escape_cell(part[:head]) + ELLIPSIS + _escape_cell(part[len(part) - (length - 1 - head):])
 
 
+LONG_NAME = 8  # names longer than this many cell widths are cut to their ends before shortening
+
+
 def shorten_name(name: str, width: int) -> str:
     """``name`` as a table cell of at most ``width`` characters. The longest dotted parts are cut
     in the middle first (``…`` in place of what was cut), so that the module indices and the ends
     of the names stay (``transfor…blocks.1.attenti…ve_name``); if that is not enough, the whole
-    name is cut in the middle, more of its end kept than of its start."""
+    name is cut in the middle, more of its end kept than of its start. A name longer than
+    ``LONG_NAME`` widths (an imported kernel name may run to megabytes) is first cut to its two
+    ends: the search below costs the square of the length it starts from."""
     cell = _escape_cell(name)
     if len(cell) <= width:
         return cell
+    keep = LONG_NAME * max(width, 1) // 2
+    if len(name) > 2 * keep:
+        name = name[:keep] + ELLIPSIS + name[-keep:]
     parts = name.split(".")
     lengths = [len(part) for part in parts]
     while True:

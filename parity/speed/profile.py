@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from parity.base.errors import UsageError
+from parity.base.files import write_atomically
 from parity.base.jsonformat import PROFILE_REPORT, envelope, finite
 from . import stats
 from .timing import group_name, synchronize
@@ -492,16 +493,16 @@ def device_time_per_call(call: Callable[[], Any], device: Any, *, warmup: int = 
 
 
 def _export_trace(prof: Any, path: str | os.PathLike) -> None:
-    """The Chrome/Perfetto trace, written whole or not at all (a temporary file, then a rename)."""
-    target = Path(path)
-    handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    """The Chrome/Perfetto trace, exported to a temporary file, then written to ``path`` as every
+    report is (:func:`parity.base.files.write_atomically`: whole or not at all; a FIFO or a
+    device written into, a symbolic link's target replaced)."""
+    handle, temporary = tempfile.mkstemp(prefix=".parity-trace.", suffix=".json")
     os.close(handle)
     try:
         prof.export_chrome_trace(temporary)
-        os.replace(temporary, target)
-    except BaseException:
+        write_atomically(path, Path(temporary).read_text(encoding="utf-8"), "--trace")
+    finally:
         Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------------------------------------

@@ -124,11 +124,8 @@ def bench_text(document: Mapping[str, Any]) -> str:
 # profile
 
 def _name_cell(name: Any) -> str:
-    """A module or kernel name as a cell of NAME_WIDTH (:func:`shorten_name`); a very long one (an
-    imported kernel name may run to megabytes) first cut to its two ends, as shorten_name's work
-    grows with the square of a name's length."""
-    text, keep = str(name), 4 * NAME_WIDTH
-    return shorten_name(text if len(text) <= 2 * keep else text[:keep] + ELLIPSIS + text[-keep:], NAME_WIDTH)
+    """A module or kernel name as a cell of NAME_WIDTH (:func:`shorten_name`)."""
+    return shorten_name(str(name), NAME_WIDTH)
 
 
 _VIEW_TITLES = {"modules": "modules (device time charged to the innermost module; repeated layers grouped)",

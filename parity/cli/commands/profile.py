@@ -12,7 +12,6 @@ import argparse
 
 from parity.base.errors import UsageError, require_dependency
 from parity.cli.options import HelpFormatter, add_cli_options, resolve_device
-from parity.base.files import check_writable
 from parity.base.jsonformat import finite
 from parity.base.overrides import json_value, parse_overrides
 from ._output import stderr_progress
@@ -88,7 +87,6 @@ def run(args: argparse.Namespace) -> int:
     if args.trace is not None:
         if args.import_file is not None:
             raise UsageError("--trace needs a run (--subject); an imported table has no trace")
-        check_writable(args.trace, "--trace")
     if args.rows < 0:
         raise UsageError(f"--rows must be 0 (all) or more, got {args.rows}")
     other = read_profile(args.against, "--against") if args.against is not None else None
