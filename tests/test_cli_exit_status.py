@@ -361,8 +361,7 @@ BAD_ARGUMENTS = {
     "inspect-set-huge": ["inspect", "--set", "block_m=99999999"],
     "inspect-set-no-value": ["inspect", "--set", "num_warps"],
     "inspect-jobs-zero": ["inspect", "--jobs", "0"],
-    # the top level
-    "no-command": [],
+    # the top level (no command at all prints the commands instead: test_argparse_errors_and_help)
     "unknown-command": ["frobnicate"],
 }
 
