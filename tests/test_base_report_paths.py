@@ -15,6 +15,8 @@ import os
 import shutil
 import socket
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -219,6 +221,69 @@ def test_a_character_device_is_written_through_never_replaced(tmp_path, monkeypa
     assert [p.name for p in tmp_path.iterdir()] == ["null"]  # no temporary file was made or left
 
 
+def test_one_character_device_takes_several_reports(capsys, csv, tmp_path, monkeypatch):
+    # --json /dev/null --html /dev/null: nothing written to a device replaces anything, so the
+    # distinct-outputs rule does not apply to it (a stand-in file here, never the real /dev/null).
+    device = tmp_path / "null"
+    device.touch()
+    real_stat = os.stat
+
+    def as_device(path, *args, **kwargs):
+        info = real_stat(path, *args, **kwargs)
+        if os.path.realpath(path) == str(device):
+            return os.stat_result((stat.S_IFCHR | 0o666,) + tuple(info)[1:10])
+        return info
+
+    monkeypatch.setattr(os, "stat", as_device)
+    code, _, err = run(capsys, "profile", "--import", csv, "--json", device, "--html", device)
+    monkeypatch.undo()
+    assert code == 0, err
+    assert "<html" in device.read_text()  # both written through, the page last
+    refused(capsys, f"--html {tmp_path / 'o.json'} is also the --json file",  # a regular file still is not
+            "profile", "--import", csv, "--json", tmp_path / "o.json", "--html", tmp_path / "o.json")
+
+
+def test_a_link_to_a_missing_directory_is_refused_before_the_run(capsys, csv, tmp_path):
+    os.symlink("nodir/x.json", tmp_path / "dangling.json")
+    refused(capsys, f"--json {tmp_path / 'dangling.json'}: directory {tmp_path / 'nodir'} does not exist",
+            "profile", "--import", csv, "--json", tmp_path / "dangling.json")
+
+
+@pytest.mark.parametrize("stdout", ["file", "pipe"])
+def test_dev_stdout_is_the_stream_after_what_it_holds(tmp_path, stdout):
+    # /dev/stdout names this process's stdout: a report written there follows the text report
+    # (it replaced a redirected log file, or failed on a pipe, when the path was resolved first).
+    command = [sys.executable, "-m", "parity", "profile", "--import", str(PROFILES / "nsys_cuda_gpu_kern_sum.csv"),
+               "--json", "/dev/stdout"]
+    if stdout == "file":
+        log = tmp_path / "log.txt"
+        log.write_text("earlier lines\n")
+        with open(log, "a") as handle:
+            code = subprocess.run(command, stdout=handle, stderr=subprocess.PIPE, timeout=120).returncode
+        out = log.read_text()
+    else:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        code, out = done.returncode, done.stdout
+    assert code == 0
+    if stdout == "file":
+        assert out.startswith("earlier lines\n")
+    table, _, document = out.partition("\n{")
+    assert "kernels" in table and json.loads("{" + document)["format"] == "parity-profile-report"
+
+
+def test_a_fifo_without_a_reader_does_not_hold_up_an_error_report(tmp_path, csv):
+    # After a failure, the error report is best effort: a FIFO nobody reads is skipped, not waited on.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("not,a,kernel,table\n")
+    done = subprocess.run([sys.executable, "-m", "parity", "profile", "--import", str(bad), "--json", str(fifo)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith(f"parity: error: --import {bad}")
+    with pytest.raises(UsageError, match="cannot write: No such device or address"):
+        files.write_atomically(fifo, "x", "--json", wait_for_reader=False)
+
+
 def test_a_fifo_is_written_through(capsys, csv, tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
@@ -290,3 +355,11 @@ def test_a_failed_run_replaces_every_report_by_the_error(capsys, tmp_path, monke
     assert 'errors="1"' in (tmp_path / "o.xml").read_text()
     code, out, _ = run(capsys, "bench", "--subject", "nowhere:make", "--impls", "reference", "--html", "-")
     assert code == 2 and out.startswith("<!DOCTYPE html>") and "parity bench: error" in out
+
+
+def test_an_error_summary_keeps_every_line_of_the_message_in_its_code_block():
+    from parity.report.error_report import error_markdown
+
+    text = error_markdown(3, "internal error", "first line\nsecond line")
+    assert text.endswith("\n\n    first line\n    second line\n")
+    assert text.startswith("## parity compare: error\n\nexit status 3")

@@ -467,11 +467,18 @@ def test_a_command_that_is_not_rank_aware_refuses_several_ranks(command, monkeyp
                    "torchrun sets it): run it without torchrun; under torchrun, capture and compare take rank sets")
 
 
-def test_one_rank_launch_runs_a_command_that_is_not_rank_aware(monkeypatch, capsys, tmp_path):
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
+@pytest.mark.parametrize("env", [{"RANK": "0", "WORLD_SIZE": "1"},  # a one-rank launch
+                                 {"WORLD_SIZE": "4"},  # left in the environment, no launch (torchrun sets RANK too)
+                                 {"RANK": "1", "WORLD_SIZE": "\u00b9"},  # not a number: no launch to refuse, no crash
+                                 {"RANK": "1", "WORLD_SIZE": ""}])
+def test_no_several_rank_launch_runs_a_command_that_is_not_rank_aware(monkeypatch, capsys, tmp_path, env):
+    for name in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     assert parity.cli.main.main(["verify", str(tmp_path / "missing")]) == 2  # the command's own error, not the launch's
-    assert "runs in one process" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "runs in one process" not in err and "does not exist" in err
 
 
 def test_no_command_prints_the_commands_and_exits_2(capsys):

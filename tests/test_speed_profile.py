@@ -416,6 +416,7 @@ DELETE = object()
     (_set(["totals"], None), "totals must be an object, got null"),
     (_set(["totals", "steps"], 0), "totals.steps must be a whole number from 1 to 10^12 or null, got 0"),
     (_set(["totals", "steps"], True), "totals.steps must be a whole number from 1 to 10^12 or null, got true"),
+    (_set(["totals", "steps"], 2.0), "totals.steps must be a whole number from 1 to 10^12 or null, got 2.0"),
     (_set(["version"], True), "profile version true, this parity reads 1"),
     (_set(["version"], 1.0), "profile version 1.0, this parity reads 1"),
 ])

@@ -9,14 +9,18 @@ stronger protocol (``parity.bundle``).
 What is already at the target decides how it is written (:func:`disposition`): a regular file is
 replaced; a character device (``/dev/null``, a terminal) or a FIFO is written through, never
 replaced by a regular file; a symbolic link is followed and its target replaced (the link stays);
-anything else (a directory, a socket, a block device) is refused.
+anything else (a directory, a socket, a block device) is refused. A path that names this
+process's own standard output or error (``/dev/stdout``, ``/dev/fd/1``, whatever they are
+redirected to) is written to that stream, after what it already holds.
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import secrets
 import stat
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,8 +81,11 @@ def check_writable(path: str | os.PathLike, what: str) -> Path:
         raise UsageError(f"{what} {shown(file)} is a directory; give a file name")
     if disposition(info) == REFUSE:
         raise UsageError(f"{what} {shown(file)} is {_kind(info)}, not a regular file; refusing to replace it")
-    if info is None and not file.parent.is_dir():
-        raise UsageError(f"{what} {shown(file)}: directory {shown(file.parent)} does not exist")
+    if info is None:
+        # A name not there yet, or a link to one: the file is made where the link points.
+        parent = Path(os.path.realpath(file)).parent
+        if not parent.is_dir():
+            raise UsageError(f"{what} {shown(file)}: directory {shown(parent)} does not exist")
     return file
 
 
@@ -94,15 +101,41 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 def check_distinct(path: str | os.PathLike, what: str, others: Sequence[tuple[str, str | os.PathLike]]) -> None:
     """UsageError if ``path`` (given as ``what``) is the same file as one of ``others``, (flag, path)
-    pairs: the command's input files and its other reports."""
+    pairs: the command's input files and its other reports. A character device (``/dev/null``)
+    may take several reports: nothing written to it replaces anything."""
+    try:
+        if stat.S_ISCHR(os.stat(path).st_mode):
+            return
+    except (OSError, ValueError):
+        pass
     for flag, other in others:
         if same_file(path, other):
             raise UsageError(f"{what} {shown(path)} is also the {flag} file")
 
 
-def _write_through(file: Path, text: str) -> None:
-    """Write ``text`` into the device or FIFO at ``file`` (opened, never created or replaced)."""
-    with os.fdopen(os.open(file, os.O_WRONLY), "w", encoding="utf-8") as handle:
+def _standard_stream(info: os.stat_result | None):
+    """``sys.stdout`` or ``sys.stderr`` where ``info`` is the file behind it (``/dev/stdout``, or
+    the file it is redirected to), else None."""
+    if info is None:
+        return None
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            own = os.fstat(stream.fileno())
+        except (AttributeError, OSError, ValueError):  # a stream without a descriptor (captured)
+            continue
+        if (own.st_dev, own.st_ino) == (info.st_dev, info.st_ino):
+            return stream
+    return None
+
+
+def _write_through(file: Path, text: str, *, wait_for_reader: bool) -> None:
+    """Write ``text`` into the device or FIFO at ``file`` (opened by the name given, never created
+    or replaced). A FIFO nobody reads blocks until a reader comes, unless not ``wait_for_reader``
+    (then ENXIO, an OSError)."""
+    fd = os.open(file, os.O_WRONLY | (0 if wait_for_reader else os.O_NONBLOCK))
+    if not wait_for_reader:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
 
 
@@ -125,16 +158,22 @@ def _replace(file: Path, text: str) -> None:
         raise
 
 
-def write_atomically(path: str | os.PathLike, text: str, what: str) -> Path:
+def write_atomically(path: str | os.PathLike, text: str, what: str, *, wait_for_reader: bool = True) -> Path:
     """Write ``text`` (UTF-8) to ``path`` whole or not at all, as :func:`disposition` says; UsageError
-    naming ``what`` if it cannot be written. Returns the path written."""
+    naming ``what`` if it cannot be written. ``wait_for_reader``: False for a best-effort write
+    (an error report after a failure), which skips a FIFO nobody reads instead of waiting for
+    one. Returns the path written."""
     file = check_writable(path, what)
-    target = Path(os.path.realpath(file))  # a symbolic link stays; the file it names is replaced
+    info = _stat(file, what)
     try:
-        if disposition(_stat(target, what)) == WRITE_THROUGH:
-            _write_through(target, text)
-        else:
-            _replace(target, text)
+        stream = _standard_stream(info)
+        if stream is not None:  # /dev/stdout and the like: the stream, after what it holds
+            stream.write(text)
+            stream.flush()
+        elif disposition(info) == WRITE_THROUGH:
+            _write_through(file, text, wait_for_reader=wait_for_reader)
+        else:  # a symbolic link stays; the regular file it names (or will name) is replaced
+            _replace(Path(os.path.realpath(file)), text)
     except OSError as err:
         raise _cannot_write(what, file, err) from None
     return file

@@ -107,10 +107,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check_launch(command: str) -> None:
-    """UsageError for a command that is not rank-aware, started on several ranks (``WORLD_SIZE``
-    above 1, as torchrun sets it)."""
+    """UsageError for a command that is not rank-aware, started as one of several ranks (``RANK``
+    set and ``WORLD_SIZE`` above 1, as torchrun sets them and ``parity.dist.group`` reads them)."""
+    if command in RANK_AWARE or "RANK" not in os.environ:
+        return
     world = os.environ.get("WORLD_SIZE", "1").strip()
-    if command not in RANK_AWARE and world.isdigit() and int(world) > 1:
+    if world.isascii() and world.isdecimal() and int(world) > 1:
         raise UsageError(f"parity {command} runs in one process, not on each of {world} ranks (WORLD_SIZE={world}, "
                          f"as torchrun sets it): run it without torchrun; under torchrun, "
                          f"{' and '.join(RANK_AWARE)} take rank sets")

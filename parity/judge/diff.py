@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from parity.base.errors import UsageError
+from parity.base.errors import ParityError, UsageError
 from parity.base.text import printable
 from parity.bundle import checksums
 from parity.bundle.reader import BundleReader, open_bundle
@@ -120,7 +120,7 @@ def _independent_cases(bundle: BundleReader) -> int:
         return 0
     try:
         runner = load_subject(spec, args)
-    except UsageError:  # arguments this version of the built-in rejects: compare would say so
+    except ParityError:  # arguments this version of the built-in rejects, or cannot hold: compare would say so
         return 0
     return len(runner.case_ids({entry.layer.split(".")[0] for entry in bundle.entries_of("output")}))
 

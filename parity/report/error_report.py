@@ -77,9 +77,10 @@ def error_html(status: int, kind: str, message: str, *, report_format: str = REP
 
 
 def error_markdown(status: int, kind: str, message: str, *, report_format: str = REPORT_FORMAT) -> str:
-    """A Markdown summary saying that the run ended with ``status`` and why (the message as code)."""
-    return (f"## {_command(report_format)}: error\n\n{_exit_line(status, kind)}\n\n"
-            f"    {message}\n")
+    """A Markdown summary saying that the run ended with ``status`` and why (the message as an
+    indented code block, every line of it)."""
+    block = "\n".join(f"    {line}" for line in message.splitlines() or [""])
+    return f"## {_command(report_format)}: error\n\n{_exit_line(status, kind)}\n\n{block}\n"
 
 
 def error_reports(err: BaseException, *, report_format: str = REPORT_FORMAT,

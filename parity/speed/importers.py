@@ -351,7 +351,7 @@ def check_profile_document(document: dict[str, Any]) -> None:
         _check_text(mapping, key, field)
     _check_text(_check_object(document, "settings", nullable=False), "file", "settings.file")
     steps = _check_object(document, "totals", nullable=False).get("steps")
-    if steps is not None and (calls_problem(steps) is not None or steps < 1):
+    if steps is not None and (type(steps) is not int or calls_problem(steps) is not None or steps < 1):  # 2.0: no
         raise _bad("totals.steps", "must be a whole number from 1 to 10^12 or null", steps)
     for key in ("modules", "kernels"):
         rows = _member(document, key, key)

@@ -157,7 +157,7 @@ def write_error_outputs(err: BaseException, args: argparse.Namespace, report_for
             sys.stdout.write(texts[dest])
             continue
         try:
-            write_atomically(path, texts[dest], flag)
+            write_atomically(path, texts[dest], flag, wait_for_reader=False)
         except UsageError:
             pass
 
