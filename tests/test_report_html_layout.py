@@ -46,6 +46,7 @@ TAIL = ("<script>(function(){var r={scroll:document.documentElement.scrollWidth,
         "r.tables.push({cls:t.className,right:Math.round(box.right),head:head})});"
         "r.resources=performance.getEntriesByType('resource').map(function(e){return e.name});"
         "r.errors=window.__errors;var pre=document.createElement('pre');pre.id='parity-measure';"
+        "pre.style.whiteSpace='pre-wrap';pre.style.wordBreak='break-all';"  # no overflow of its own in the screenshot
         "pre.textContent=JSON.stringify(r);document.body.appendChild(pre)})();</script>")
 NAME_HEADERS = {"tensor", "module", "op", "kernel", "impl", "case"}
 
@@ -62,7 +63,8 @@ def pages(tmp_path_factory):
     spec, args = fault_models.SPEC, {"model": "res", "dtype": "bf16"}
     capture(spec, root / "golden", subject_args=args, impl="reference", record_inputs=True)
     capture(spec, root / "faulty", subject_args=args, impl="scale1.01-block3")
-    made = {name: root / f"{name}.html" for name in ("compare", "diff", "profile", "bench")}
+    made = {name: root / f"{name}.html" for name in ("compare", "diff", "profile", "bench", "profile-against",
+                                                      "error")}
     assert main(["compare", "--quiet", "--bundle", str(root / "golden"), "--subject", spec, "--impl",
                  "scale1.01-block3", "--isolate", "--device", "cpu", "--html", str(made["compare"])]) == 1
     assert main(["diff", "--quiet", str(root / "golden"), str(root / "faulty"), "--html", str(made["diff"])]) == 1
@@ -70,6 +72,12 @@ def pages(tmp_path_factory):
                  "--html", str(made["profile"])]) == 0
     assert main(["bench", "--quiet", "--subject", MATMUL_SPEC, "--impls", "reference,fast,wrong", "--reps", "4",
                  "--warmup", "1", "--html", str(made["bench"])]) == 1
+    # Side by side (the widest profile table: per step and per call), and a refused run's error page.
+    assert main(["profile", "--quiet", "--subject", MATMUL_SPEC, "--impl", "fast", "--skip", "0", "--warmup", "1",
+                 "--active", "2", "--json", str(root / "fast.json")]) == 0
+    assert main(["profile", "--quiet", "--subject", MATMUL_SPEC, "--skip", "0", "--warmup", "1", "--active", "3",
+                 "--against", str(root / "fast.json"), "--html", str(made["profile-against"])]) == 0
+    assert main(["compare", "--quiet", "--bundle", str(root / "no-such-bundle"), "--html", str(made["error"])]) == 2
     gen.close()
     return made
 
@@ -81,7 +89,7 @@ def measure(page: Path, width: int, shot: Path) -> dict:
     copy.write_text(text.replace("<head>", "<head>" + HEAD, 1).replace("</body>", TAIL + "</body>", 1), encoding="utf-8")
     done = subprocess.run([CHROMIUM, *FLAGS, f"--window-size={width},900", "--dump-dom", f"--screenshot={shot}",
                            copy.as_uri()], capture_output=True, text=True, timeout=120)
-    found = re.search(r'<pre id="parity-measure">(.*?)</pre>', done.stdout, re.S)
+    found = re.search(r'<pre id="parity-measure"[^>]*>(.*?)</pre>', done.stdout, re.S)
     assert found, f"chromium rendered no measurement of {page.name}: {done.stderr[-500:]}"
     return json.loads(html.unescape(found.group(1)))
 
@@ -92,7 +100,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-@pytest.mark.parametrize("kind", ["compare", "diff", "profile", "bench"])
+@pytest.mark.parametrize("kind", ["compare", "diff", "profile", "bench", "profile-against", "error"])
 def test_page_fits_1024_and_1400_pixels(pages, kind, tmp_path):
     page = pages[kind]
     text = page.read_text(encoding="utf-8")
