@@ -74,16 +74,20 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
         (128, LaunchConfig(128, 64, 8, 3, one_loop=True)),
         (256, LaunchConfig(64, 32, 8, 1)),
     ),
-    # Hopper (H100/H200), D<=128: 128x64 tiles, 8 warps (two warpgroups of 64 rows), 3 stages, one
-    # loop over full and partial blocks. Of 10 variants timed on the H200 (bf16, D=128, causal,
-    # window 1024 and random 25% at 4k and 16k; BENCHMARK.md) it and 128x128 s3 one-loop were
-    # the two fastest, within 3% of each other everywhere; this one has no spills (inspect), the
-    # 128x128 one spills. One loop pays only with 3+ stages: at 2 it was 4-10% slower.
-    # D=64 uses 8 warps (4 spill 18 registers, inspect); D=256 one stage (two need 288 KiB) and
-    # 8 warps (with 4, Triton 3.6 on the H200 spilled 6 registers; inspect).
+    # Hopper (H100/H200), 8 warps (two warpgroups of 64 rows), 3 stages, K/V through TMA. D=128:
+    # 128x128 tiles, one loop over full and partial blocks; D=64: 128x64. Picked by the table
+    # sweep on the H200 and then measured next to FlexAttention and SDPA in one run (issue 26,
+    # kernels/BENCHMARK.md, kernels/results/h200-table-1.json): over the 128x64 pointer tiles
+    # pinned before, D=128 gains 4-16% on every case but random 25% at 4k (-11%), D=64 gains
+    # 20-70% (TMA frees the registers for 2 CTAs per SM: 124 instead of 152; inspect) but loses
+    # 16% on random 25% at 4k. Spill-free with TMA under Triton 3.6 (inspect); where TMA cannot
+    # describe the tensors, the same tiles run on pointers (D=128 then spills 8 B, inspect).
+    # D=256 one stage (two need 288 KiB) and 8 warps (with 4, Triton 3.6 on the H200 spilled 6
+    # registers; inspect). Element-mask layouts use IRREGULAR_CONFIGS (128x128 s3 with a bit
+    # mask needs 233,496 B of shared memory, 1 KiB past the H200's; measured).
     "sm_90": (
-        (64, LaunchConfig(128, 64, 8, 3)),
-        (128, LaunchConfig(128, 64, 8, 3, one_loop=True)),
+        (64, LaunchConfig(128, 64, 8, 3, tma=True)),
+        (128, LaunchConfig(128, 128, 8, 3, tma=True, one_loop=True)),
         (256, LaunchConfig(64, 32, 8, 1)),
     ),
     # CDNA2 (MI200): 64 KiB LDS; MFMA subnormal flushing is a known numerics difference.

@@ -213,3 +213,19 @@ def test_flex_may_recompile_for_every_case(monkeypatch):
     monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
     benchmark.allow_recompiles()
     assert dynamo_config.recompile_limit >= 2 * len(benchmark_table.CASES)
+
+
+def test_the_committed_h200_tables_validate_and_render():
+    import jsonschema  # a test dependency: missing, the test errors, never skips
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parent.parent / "kernels" / "results"
+    runs = sorted(results.glob("h200-table*.json"))
+    assert [path.name for path in runs] == ["h200-table-1.json", "h200-table-sweep-1.json"]
+    for path in runs:
+        document = json.loads(path.read_text())
+        jsonschema.validate(document, jsonformat.schema_for(benchmark_table.FORMAT))
+        assert document["environment"]["device"] == "NVIDIA H200"
+        assert all(row.get("check") == "ok" for row in document["rows"] if "ms" in row)  # every timed output checked
+    table = benchmark_table.markdown(json.loads(runs[0].read_text()), kernel="parity 128x64 w8 s3 +tma")
+    assert "| d64-s16k-causal |" in table

@@ -483,14 +483,15 @@ def test_gpu_masks(name, dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["documents", "prefix-lm-23"])
 def test_gpu_launch_variants_with_masks(name):
-    """The pinned config's tiles and half of them, 2 and 3 stages, one loop or two: same bits."""
+    """The tiles the launcher pins for this layout (element-mask layouts have their own rows) and
+    half of them, 2 and 3 stages, one loop or two: same bits."""
     from parity.kernels.attention import launch_config
 
     device = torch.device("cuda")
     build, batch, heads_q, heads_kv = GPU_CASES[name]
     layout = build().to(device)
     q, k, v = random_qkv(batch, heads_q, heads_kv, layout.seq_q, layout.seq_k, 128, torch.bfloat16, 4, device)
-    base = launch_config(device, 128, torch.bfloat16)
+    base = launch_config(device, 128, torch.bfloat16, layout=layout)
     _check_variants(layout, q, k, v, base, block_ns=(base.block_n, base.block_n // 2), stages=(2, 3))
 
 

@@ -171,8 +171,19 @@ def test_gpu_lazy_rescale(kind, dtype):
 
 @pytest.mark.gpu
 def test_gpu_both_branches():
+    """The growing keys at 2048: LSEs reach about 5,200, where one fp32 ulp is 4.9e-4, so the LSE is
+    held to 4 ulps of the largest one (the fixed 1e-4 of ordinary inputs is below one ulp there);
+    measured on the H200: 9.2e-4 for the eager and the lazy update alike, old tiles and new."""
     device = torch.device("cuda")
     q, k, v = _growing_keys(2048, 128, torch.bfloat16, device)
     layout = causal_layout(2048, 2048, block_m=128, block_n=128).to(device)
     base = launch_config(device, 128, q.dtype)
-    _run(q, k, v, layout, dataclasses.replace(base, lazy_rescale=True), sm_scale=1.0)
+    for lazy in (False, True):
+        cfg = dataclasses.replace(base, lazy_rescale=lazy)
+        out, lse = block_sparse_attention(q, k, v, layout, return_lse=True, config=cfg, sm_scale=1.0,
+                                          out=torch.full_like(q, float("nan")))
+        check = check_kernel_output(out, lse, q, k, v, layout, sm_scale=1.0)
+        assert check.nonfinite_outputs == 0 and check.empty_rows_agree, f"{cfg}: {check}"
+        assert check.kernel_error <= check.bound, f"{cfg}: {check}"
+        ulp = 2.0 ** -23 * float(lse.abs().max())
+        assert check.lse_error <= 4 * ulp, f"{cfg}: LSE error {check.lse_error:.3e} > 4 ulps ({4 * ulp:.3e})"
