@@ -416,15 +416,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.markdown:
         return render_result(args.markdown, "benchmark", markdown)
-    try:  # every argument is checked before the GPU is looked for
-        masks = parse_masks(args.masks)
-        changes = [parse_config(spec) for spec in args.config]
-    except ValueError as err:
-        print(f"benchmark: {err}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("benchmark: needs a GPU", file=sys.stderr)
-        return 2
+    parsed, status = arguments_or_status(
+        "benchmark", lambda: (parse_masks(args.masks), [parse_config(spec) for spec in args.config]))
+    if status is not None:
+        return status
+    masks, changes = parsed
     pinned = launch_config(torch.device("cuda"), args.head_dim, torch.bfloat16)
     variants = [configs.with_overrides(pinned, change) for change in changes]
     rows, sweep_rows, mask_rows = [], [], []
@@ -440,6 +436,21 @@ def main(argv=None) -> int:
         with open(args.json, "w") as fh:
             fh.write(json.dumps(result, indent=2, ensure_ascii=True, allow_nan=False))
     return 0
+
+
+def arguments_or_status(prog: str, parse):
+    """``(parse(), None)`` for a run on the GPU, or ``(None, 2)`` after one line on stderr: the
+    ValueError of an argument ``parse`` rejects, or no GPU. Every argument is checked before the
+    GPU is looked for. The three benchmarks' commands go through here."""
+    try:
+        value = parse()
+    except ValueError as err:
+        print(f"{prog}: {err}", file=sys.stderr)
+        return None, 2
+    if not torch.cuda.is_available():
+        print(f"{prog}: needs a GPU", file=sys.stderr)
+        return None, 2
+    return value, None
 
 
 def render_result(path: str, prog: str, render) -> int:

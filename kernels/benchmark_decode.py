@@ -38,7 +38,7 @@ import torch
 
 from . import configs, roofline, targets
 from .attention import block_sparse_attention, decode_config
-from .benchmark import allow_recompiles, render_result
+from .benchmark import allow_recompiles, arguments_or_status, render_result
 from .decode import build_decode_launch
 from .targets import compute_units
 from .layout import BlockLayout, causal_layout, padding_layout, random_layout, sink_layout, sliding_window_layout
@@ -351,14 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.markdown:
         return render_result(args.markdown, "benchmark_decode", markdown)
-    try:
-        variants = [parse_variant(spec) for spec in args.variant]
-    except ValueError as err:
-        print(f"benchmark_decode: {err}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("benchmark_decode: needs a GPU", file=sys.stderr)
-        return 2
+    variants, status = arguments_or_status("benchmark_decode", lambda: [parse_variant(spec) for spec in args.variant])
+    if status is not None:
+        return status
     result = run(sweep=args.sweep, threshold=args.threshold, variants=variants, check=not args.no_check,
                  flex=not args.no_flex, dense_only=args.dense_only)
     print(markdown(result))

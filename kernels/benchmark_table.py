@@ -42,7 +42,7 @@ import torch
 
 from . import configs, roofline, targets
 from .attention import block_sparse_attention, launch_config
-from .benchmark import allow_recompiles, flex_block_mask, mask_case, parse_config, render_result
+from .benchmark import allow_recompiles, arguments_or_status, flex_block_mask, mask_case, parse_config, render_result
 from .layout import (BlockLayout, causal_layout, layout_from_block_mask, random_layout, sliding_window_layout)
 from .reference import reference_attention
 from .testing import random_qkv
@@ -366,6 +366,18 @@ def markdown(result: dict[str, Any], kernel: str | list[str] = "parity triton") 
     return "\n".join(lines)
 
 
+def _parse_arguments(args: argparse.Namespace) -> tuple[list, list[str] | None]:
+    """The variants and the case names of the command line (ValueError naming a bad one)."""
+    changes = [parse_variant(spec) for spec in args.config]
+    names = None if not args.cases else [n.strip() for n in args.cases.split(",") if n.strip()]
+    unknown = [n for n in names or () if n not in {c.name for c in CASES}]
+    if unknown:
+        raise ValueError(f"unknown case {unknown[0]!r}; the cases: {', '.join(c.name for c in CASES)}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    return changes, names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", metavar="NAME,...", help="only these cases (names as in the table)")
@@ -386,20 +398,10 @@ def main(argv: list[str] | None = None) -> int:
         return render_result(args.pick, "benchmark_table", _pick_text)
     if args.markdown:
         return render_result(args.markdown, "benchmark_table", lambda doc: markdown(doc, args.kernel or "parity triton"))
-    try:
-        changes = [parse_variant(spec) for spec in args.config]
-        names = None if not args.cases else [n.strip() for n in args.cases.split(",") if n.strip()]
-        unknown = [n for n in names or () if n not in {c.name for c in CASES}]
-        if unknown:
-            raise ValueError(f"unknown case {unknown[0]!r}; the cases: {', '.join(c.name for c in CASES)}")
-        if args.repeats < 1:
-            raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
-    except ValueError as err:
-        print(f"benchmark_table: {err}", file=sys.stderr)
-        return 2
-    if not torch.cuda.is_available():
-        print("benchmark_table: needs a GPU", file=sys.stderr)
-        return 2
+    parsed, status = arguments_or_status("benchmark_table", lambda: _parse_arguments(args))
+    if status is not None:
+        return status
+    changes, names = parsed
     result = run(names, changes, flex=not args.no_flex, check=not args.no_check,
                  sizes=dataclasses.replace(Sizes(), repeats=args.repeats),
                  after_case=(lambda doc: write_json(args.json, doc)) if args.json else None)

@@ -78,9 +78,9 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
     # 128x128 tiles, one loop over full and partial blocks; D=64: 128x64. Picked by the table
     # sweep on the H200 and then measured next to FlexAttention and SDPA in one run (issue 26,
     # kernels/BENCHMARK.md, kernels/results/h200-table-1.json): over the 128x64 pointer tiles
-    # pinned before, D=128 gains 4-16% on every case but random 25% at 4k (-11%), D=64 gains
-    # 20-70% (TMA frees the registers for 2 CTAs per SM: 124 instead of 152; inspect) but loses
-    # 16% on random 25% at 4k. Spill-free with TMA under Triton 3.6 (inspect); where TMA cannot
+    # pinned before, D=128 gains 5-16% on every case but random 25% at 4k (-11%); D=64 gains
+    # 20-70% on causal, window and random 16k (TMA frees the registers for 2 CTAs per SM: 124
+    # instead of 152; inspect) and 0-3% dense, but loses 16% on random 25% at 4k. Spill-free with TMA under Triton 3.6 (inspect); where TMA cannot
     # describe the tensors, the same tiles run on pointers (D=128 then spills 8 B, inspect).
     # D=256 one stage (two need 288 KiB) and 8 warps (with 4, Triton 3.6 on the H200 spilled 6
     # registers; inspect). Element-mask layouts use IRREGULAR_CONFIGS (128x128 s3 with a bit

@@ -15,6 +15,7 @@ redirected to) is written to that stream, after what it already holds.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -144,18 +145,18 @@ def _replace(file: Path, text: str) -> None:
     again if anything fails)."""
     temporary = file.parent / f".{file.name[:32]}.{secrets.token_hex(4)}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    renamed = False
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, file)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
+        renamed = True
+    finally:
+        if not renamed:  # whatever stopped it (a full disk, an interrupt) goes on up; the temporary goes
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
 
 
 def write_atomically(path: str | os.PathLike, text: str, what: str, *, wait_for_reader: bool = True) -> Path:

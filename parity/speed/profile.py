@@ -404,8 +404,6 @@ def profile_subject(subject: str, *, subject_args: Mapping[str, Any] | None = No
                     active: int = DEFAULT_ACTIVE, trace: str | os.PathLike | None = None,
                     progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Profile ``impl`` of ``subject`` on ``device`` and return the report document."""
-
-
     for value, flag, low in ((skip_first, "--skip", 0), (warmup, "--warmup", 0), (active, "--active", 1)):
         if not low <= value <= 10_000:
             raise UsageError(f"{flag} must be from {low} to 10000, got {value}")
