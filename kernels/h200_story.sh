@@ -5,7 +5,8 @@
 #   1. install this checkout (no dependencies: the host's torch and Triton are the ones measured);
 #   2. profile-reference: `parity profile --impl reference` (the PyTorch reference stands in for
 #      the hand-written CUDA kernel): the attention's share of GPU time, the hot module, Amdahl;
-#   3. profile-triton: the same with the Triton kernel, side by side with step 2 (--against);
+#   3. profile-triton: the same with the Triton kernel, side by side with step 2 (--against), and
+#      its Chrome trace (how each kernel's launch was recorded);
 #   4. capture: a golden of the decoder on this GPU (root output only, fp32 reference);
 #   5. bench: `parity bench --impls reference,triton --bundle` that golden: the speedup, valid
 #      because parity holds (exit 0);
@@ -58,7 +59,7 @@ step profile-reference 150 "$PY" -m parity profile --subject decoder "${SIZE[@]}
     "${PROFILE_ARGS[@]}" --quiet --json "$R/profile-reference.json" --html "$R/profile-reference.html"
 step profile-triton 150 "$PY" -m parity profile --subject decoder "${SIZE[@]}" --impl triton --device "$DEVICE" \
     "${PROFILE_ARGS[@]}" --quiet --against "$R/profile-reference.json" --json "$R/profile-triton.json" \
-    --html "$R/profile-triton.html"
+    --html "$R/profile-triton.html" --trace "$R/trace-triton.json"
 BUNDLES=$(mktemp -d)
 step capture 150 "$PY" -m parity capture --subject decoder "${SIZE[@]}" --impl reference --device "$DEVICE" \
     --layers '<root>' --reference fp32 --no-fsync --quiet --bundle "$BUNDLES/decoder"

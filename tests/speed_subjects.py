@@ -22,6 +22,9 @@ What the modules compute is real: parity is judged on their actual outputs.
 ``speed_subjects:make_decoder`` (the H200 story): the built-in decoder with one more impl,
 ``skip_attention``, whose attention core returns the values (repeated per query head) instead of
 attending: faster than any attention kernel and wrong.
+
+``cpu`` and ``gpu``: profiler events as ``parity.speed.profile.kineto_events`` gives them, for the
+accounting tests (torch's ops on thread 1, the device on stream 7).
 """
 from __future__ import annotations
 
@@ -268,3 +271,15 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def cpu(name, kind, start, dur, correlation=0, thread=1, linked=0):
+    from parity.speed.profile import Event
+
+    return Event(name, kind, start, dur, thread=thread, correlation=correlation, linked=linked)
+
+
+def gpu(name, kind, start, dur, correlation=0, linked=0):
+    from parity.speed.profile import Event
+
+    return Event(name, kind, start, dur, thread=7, correlation=correlation, linked=linked, on_device=True)

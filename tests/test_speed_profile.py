@@ -12,10 +12,10 @@ import pytest
 from parity.cli.main import main
 from parity.base.jsonformat import schema_for
 from parity.speed.importers import NSYS, ROCPROF_V1, ROCPROFV3, import_profile, read_kernel_table
-from parity.speed.profile import Event, ProfileError, account, against, kernel_key
+from parity.speed.profile import ProfileError, account, against, kernel_key
 
 import speed_subjects
-from speed_subjects import MATMUL_SPEC
+from speed_subjects import MATMUL_SPEC, cpu, gpu
 
 import jsonschema  # a test dependency (pyproject's test extra): missing, the file errors, never skips
 
@@ -24,14 +24,6 @@ import jsonschema  # a test dependency (pyproject's test extra): missing, the fi
 def single_cpu_thread():
     yield from speed_subjects.one_thread()
 DATA = Path(__file__).parent / "data" / "profiles"
-
-
-def cpu(name, kind, start, dur, correlation=0, thread=1, linked=0):
-    return Event(name, kind, start, dur, thread=thread, correlation=correlation, linked=linked)
-
-
-def gpu(name, kind, start, dur, correlation=0, linked=0):
-    return Event(name, kind, start, dur, thread=7, correlation=correlation, linked=linked, on_device=True)
 
 
 def synthetic_step(offset=0):

@@ -15,7 +15,8 @@ Accounting (:func:`account`, a pure function of the profiler's events):
   children's), so nested ops are not counted twice either.
 - Charged to: the op or range torch links it to (its linked correlation id, else that of the
   runtime call with its correlation id), then the innermost ``parity/`` range around that op:
-  its module. The
+  its module. A runtime or driver call that torch linked to nothing (Triton's launches) is
+  placed by time: the innermost frontend event around it on its thread. The
   shares of all modules (plus ``(outside modules)`` and ``(unattributed)``, shown when not empty)
   add up to 100% of the summed device time.
 - Views: modules (grouped: numbered path parts become ``*``, so ``layers.*.attn.core`` sums every
@@ -38,6 +39,7 @@ not be attributed to a launch.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import os
@@ -182,6 +184,39 @@ class _Item:
     attributed: bool
 
 
+def _place_unlinked_launches(nodes: Sequence[_Node], runtime_calls: Sequence[Event],
+                             frontend: Mapping[int, _Node]) -> dict[int, _Node]:
+    """The frontend event around each runtime or driver call that torch linked to nothing, by
+    correlation id of the call. Seen on the H200 (torch 2.11, Triton 3.6): Triton's
+    ``cuLaunchKernelEx`` is recorded, on the launching thread, inside the module's range, but with
+    no link, because a ``record_function`` range gives the calls inside it none. Runtime calls may
+    carry another number for the same thread than torch's ops (the OS's): the numbering is learnt
+    from the calls that are linked; a call whose thread cannot be mapped stays unplaced."""
+    trees: dict[int, list[_Node]] = {}
+    for node in nodes:
+        trees.setdefault(node.event.thread, []).append(node)
+    starts = {thread: [node.event.start_ns for node in tree] for thread, tree in trees.items()}
+    thread_of: dict[int, int] = {}
+    for call in runtime_calls:
+        if call.linked and call.linked in frontend:
+            thread_of.setdefault(call.thread, frontend[call.linked].event.thread)
+    placed: dict[int, _Node] = {}
+    for call in runtime_calls:
+        if call.linked or not call.correlation:
+            continue
+        thread = thread_of.get(call.thread, call.thread)
+        if thread not in trees:
+            continue
+        # The last node on that thread starting at or before the call, then up to one that holds it.
+        index = bisect.bisect_right(starts[thread], call.start_ns) - 1
+        node = trees[thread][index] if index >= 0 else None
+        while node is not None and not node.event.start_ns <= call.start_ns < node.event.end_ns:
+            node = node.parent
+        if node is not None:
+            placed[call.correlation] = node
+    return placed
+
+
 def _row(name: str, values: Sequence[int], total_device: int, wall: int | None, calls: int | None = None,
          **extra: Any) -> dict[str, Any]:
     count = len(values) if calls is None else calls
@@ -211,8 +246,9 @@ def account(events: Sequence[Event], *, cpu_only: bool = False) -> dict[str, Any
     # The frontend events (torch ops, record_function ranges: linked to nothing) nest by time on
     # their thread. Runtime calls and device events link to the frontend event that issued them
     # (torch's linked correlation id); a runtime call's thread may be numbered differently (the
-    # OS's), so it is placed through that link, never by its own thread.
-    nodes = _tree(e for e in cpu_events if not e.linked)
+    # OS's), so it is placed through that link, or, where it has none, by time on the thread its
+    # number maps to (_place_unlinked_launches).
+    nodes = _tree(e for e in cpu_events if not e.linked and e.kind not in RUNTIME_KINDS)
     steps = [node for node in nodes if node.event.name.startswith(STEP_PREFIX)]
     warnings: list[str] = []
 
@@ -227,12 +263,14 @@ def account(events: Sequence[Event], *, cpu_only: bool = False) -> dict[str, Any
     else:
         frontend = {node.event.correlation: node for node in nodes if node.event.correlation}
         runtime_links = {e.correlation: e.linked for e in cpu_events if e.linked and e.kind in RUNTIME_KINDS}
+        placed = _place_unlinked_launches(nodes, [e for e in cpu_events if e.kind in RUNTIME_KINDS], frontend)
         for event in events:
             if not event.on_device or event.kind not in DEVICE_KINDS:
                 continue  # gpu_user_annotation and anything else on the device: not activity
-            # The device event's own link, else the link of the runtime call with its correlation id.
+            # The device event's own link, else the link of the runtime call with its correlation id,
+            # else the frontend event around that runtime call in time.
             link = event.linked or runtime_links.get(event.correlation, 0)
-            launcher = frontend.get(link) if link else None
+            launcher = frontend.get(link) if link else placed.get(event.correlation)
             if launcher is None:
                 step = next((s for s in steps if s.event.start_ns <= event.start_ns < s.event.end_ns), None)
                 items.append(_Item(event.name, DEVICE_KINDS[event.kind], event.dur_ns, event.start_ns, event.end_ns,
