@@ -35,6 +35,11 @@ class LaunchConfig:
     # Rescale the accumulator only when a row's maximum grows by more than 2**8 (FlashAttention-4's
     # conditional rescaling; kernels/triton_attention.py). Same function, other rounding.
     lazy_rescale: bool = False
+    # Half of each tile's exponentials (the odd key columns) by a degree-3 polynomial on the FMA
+    # units instead of the special-function unit (FlashAttention-4's exp2 emulation), so that both
+    # units work at once; maximum relative error 7.5e-5, below the 16-bit rounding of p that
+    # follows (2**-9). 16-bit inputs only (kernels/launch.py refuses fp32).
+    poly_exp2: bool = False
 
     def launch_kwargs(self) -> dict[str, Any]:
         """Compiler options for the kernel launch (``kernel[grid](..., **cfg.launch_kwargs())``)."""
@@ -53,7 +58,7 @@ class LaunchConfig:
 
 
 # The boolean options of LaunchConfig, in the order labels and dicts list them.
-FLAGS = ("tma", "one_loop", "lazy_rescale")
+FLAGS = ("tma", "one_loop", "lazy_rescale", "poly_exp2")
 
 
 def _amd(block_m, block_n, num_warps, num_stages, *, waves_per_eu=2, nonkdim=16, kpack=1):
