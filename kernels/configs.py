@@ -35,11 +35,6 @@ class LaunchConfig:
     # Rescale the accumulator only when a row's maximum grows by more than 2**8 (FlashAttention-4's
     # conditional rescaling; kernels/triton_attention.py). Same function, other rounding.
     lazy_rescale: bool = False
-    # Half of each tile's exponentials (the odd key columns) by a degree-3 polynomial on the FMA
-    # units instead of the special-function unit (FlashAttention-4's exp2 emulation), so that both
-    # units work at once; maximum relative error 7.5e-5, below the 16-bit rounding of p that
-    # follows (2**-9). 16-bit inputs only (kernels/launch.py refuses fp32).
-    poly_exp2: bool = False
 
     def launch_kwargs(self) -> dict[str, Any]:
         """Compiler options for the kernel launch (``kernel[grid](..., **cfg.launch_kwargs())``)."""
@@ -58,7 +53,7 @@ class LaunchConfig:
 
 
 # The boolean options of LaunchConfig, in the order labels and dicts list them.
-FLAGS = ("tma", "one_loop", "lazy_rescale", "poly_exp2")
+FLAGS = ("tma", "one_loop", "lazy_rescale")
 
 
 def _amd(block_m, block_n, num_warps, num_stages, *, waves_per_eu=2, nonkdim=16, kpack=1):
@@ -79,19 +74,22 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
         (128, LaunchConfig(128, 64, 8, 3, one_loop=True)),
         (256, LaunchConfig(64, 32, 8, 1)),
     ),
-    # Hopper (H100/H200), 8 warps (two warpgroups of 64 rows), 3 stages, K/V through TMA. D=128:
-    # 128x128 tiles, one loop over full and partial blocks; D=64: 128x64. Picked by the table
+    # Hopper (H100/H200), 8 warps (two warpgroups of 64 rows), 3 stages, K/V through TMA, one
+    # loop over full and partial blocks. D=128: 128x128 tiles; D=64: 128x64. Picked by the table
     # sweep on the H200 and then measured next to FlexAttention and SDPA in one run (issue 26,
     # kernels/BENCHMARK.md, kernels/results/h200-table-1.json): over the 128x64 pointer tiles
     # pinned before, D=128 gains 5-16% on every case but random 25% at 4k (-11%); D=64 gains
     # 20-70% on causal, window and random 16k (TMA frees the registers for 2 CTAs per SM: 124
-    # instead of 152; inspect) and 0-3% dense, but loses 16% on random 25% at 4k. Spill-free with TMA under Triton 3.6 (inspect); where TMA cannot
+    # instead of 152; inspect) and 0-3% dense, but loses 16% on random 25% at 4k. One loop at
+    # D=64: +2 to +19% on causal 4k and 16k, window and random 25% at 4k (geometric mean 294
+    # against 269 TFLOP/s; kernels/results/h200-table-sweep-2.json), 125 registers, still 2 CTAs
+    # per SM (inspect). Spill-free with TMA under Triton 3.6 (inspect); where TMA cannot
     # describe the tensors, the same tiles run on pointers (D=128 then spills 8 B, inspect).
     # D=256 one stage (two need 288 KiB) and 8 warps (with 4, Triton 3.6 on the H200 spilled 6
     # registers; inspect). Element-mask layouts use IRREGULAR_CONFIGS (128x128 s3 with a bit
     # mask needs 233,496 B of shared memory, 1 KiB past the H200's; measured).
     "sm_90": (
-        (64, LaunchConfig(128, 64, 8, 3, tma=True)),
+        (64, LaunchConfig(128, 64, 8, 3, tma=True, one_loop=True)),
         (128, LaunchConfig(128, 128, 8, 3, tma=True, one_loop=True)),
         (256, LaunchConfig(64, 32, 8, 1)),
     ),

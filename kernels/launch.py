@@ -55,8 +55,6 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     return_lse = lse is not None
     if lse is None:
         lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
-    if config.poly_exp2 and q.dtype == torch.float32:
-        raise ValueError("poly_exp2 is for 16-bit inputs: its relative error (7.5e-5) is far above fp32's rounding")
     programs = batch * heads_q * triton.cdiv(seq_q, config.block_m)
     if programs > MAX_PROGRAMS:
         raise ValueError(f"{programs} query tiles (batch x heads x ceil(seq_q / {config.block_m})) exceed one "
@@ -104,7 +102,6 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         "USE_TMA": use_tma,
         "ONE_LOOP": config.one_loop,
         "LAZY_RESCALE": config.lazy_rescale,
-        "POLY_EXP2": config.poly_exp2,
     }
     runtime, constant = _kernel_parameters()
     if list(args) != runtime or set(constexprs) != constant:

@@ -32,44 +32,6 @@ def _round_to_bf16(x):
     return bits.to(tl.float32, bitcast=True)
 
 
-# POLY_EXP2: 2**f on [-0.5, 0.5] by a degree-3 polynomial, the coefficients of least maximum
-# relative error (7.5e-5; Lawson's iteration on 20,001 points, kernels/BENCHMARK.md).
-EXP2_C0 = tl.constexpr(0.99992811)
-EXP2_C1 = tl.constexpr(0.69326099)
-EXP2_C2 = tl.constexpr(0.24261054)
-EXP2_C3 = tl.constexpr(0.05517132)
-ROUNDER = tl.constexpr(12582912.0)  # 1.5 * 2**23: x + ROUNDER holds round(x) in its low mantissa bits
-
-
-@triton.jit
-def _exp2_fma(x):
-    # 2**x for x <= 0 (scaled scores minus the row max, or -inf) with FMA and integer operations
-    # only (FlashAttention-4): x = j + f, j = round(x), f in [-0.5, 0.5]; 2**f by the polynomial,
-    # times 2**j by adding j to its exponent bits. Below -125 the result is 0, as the hardware's
-    # flush-to-zero exp2 gives (such a term is under 2**-125 of the row max's, far below fp32's
-    # relative precision of the row sum). x: [BLOCK_M, BLOCK_N // 2] fp32.
-    xc = tl.maximum(x, -125.0)
-    shifted = xc + ROUNDER
-    j = shifted - ROUNDER
-    f = xc - j
-    poly = EXP2_C0 + f * (EXP2_C1 + f * (EXP2_C2 + f * EXP2_C3))  # 2**f, in [0.707, 1.415]
-    j_int = shifted.to(tl.int32, bitcast=True) - 0x4B400000  # the bits of ROUNDER: j as an integer
-    y = (poly.to(tl.int32, bitcast=True) + (j_int << 23)).to(tl.float32, bitcast=True)
-    return tl.where(x < -125.0, 0.0, y)
-
-
-@triton.jit
-def _exp2_tile(s, POLY_EXP2: tl.constexpr):
-    # exp2 of a [BLOCK_M, BLOCK_N] tile of scores; with POLY_EXP2 the odd key columns go through
-    # _exp2_fma (the FMA units) and the even ones through the special-function unit, so both work.
-    if POLY_EXP2:
-        pairs = tl.reshape(s, [s.shape[0], s.shape[1] // 2, 2])  # [BLOCK_M, BLOCK_N // 2, 2]
-        even, odd = tl.split(pairs)  # [BLOCK_M, BLOCK_N // 2] each: columns 2i and 2i + 1
-        return tl.reshape(tl.join(tl.math.exp2(even), _exp2_fma(odd)), [s.shape[0], s.shape[1]])
-    else:
-        return tl.math.exp2(s)
-
-
 @triton.jit
 def _load_kv_tiles(k_ptrs0, v_ptrs0, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
@@ -144,7 +106,7 @@ def _attend_block(
     RUNTIME_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
     EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr, POLY_EXP2: tl.constexpr,
+    LAZY_RESCALE: tl.constexpr,
 ):
     # MASKED (constexpr): this block is partial. RUNTIME_MASK (constexpr): the caller's single
     # loop visits full and partial blocks alike and ``partial`` (a runtime scalar) says which;
@@ -199,7 +161,7 @@ def _attend_block(
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_sub = m_new
-        p = _exp2_tile(qk * qk_scale - m_sub[:, None], POLY_EXP2)  # [BLOCK_M, BLOCK_N]
+        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i + tl.sum(p, 1)  # [BLOCK_M]
     else:
         m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # [BLOCK_M]
@@ -209,7 +171,7 @@ def _attend_block(
             m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         else:
             m_sub = m_new
-        p = _exp2_tile(qk * qk_scale - m_sub[:, None], POLY_EXP2)  # [BLOCK_M, BLOCK_N]
+        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
         alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
         l_i = l_i * alpha + tl.sum(p, 1)  # [BLOCK_M]
         acc = acc * alpha[:, None]  # [BLOCK_M, BLOCK_D]
@@ -276,7 +238,7 @@ def block_sparse_attn_fwd(
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr, HAS_ORDER: tl.constexpr,
     RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr, LAZY_RESCALE: tl.constexpr, POLY_EXP2: tl.constexpr,
+    USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr, LAZY_RESCALE: tl.constexpr,
 ):
     # 1-D grid of B * Hq * num_m_tiles programs. The query tiles of one (batch, head) are
     # adjacent, so the programs resident at once share a few heads' K/V, which stay in L2 (on the
@@ -362,7 +324,7 @@ def block_sparse_attn_fwd(
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                 IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
                 EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-                LAZY_RESCALE=LAZY_RESCALE, POLY_EXP2=POLY_EXP2,
+                LAZY_RESCALE=LAZY_RESCALE,
             )
     else:
         for t in range(full_count * SUB):
@@ -376,7 +338,7 @@ def block_sparse_attn_fwd(
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                 IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
                 EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-                LAZY_RESCALE=LAZY_RESCALE, POLY_EXP2=POLY_EXP2,
+                LAZY_RESCALE=LAZY_RESCALE,
             )
         for t in range(part_count * SUB):
             start_n = tl.load(part_idx_base + t // SUB) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
@@ -389,7 +351,7 @@ def block_sparse_attn_fwd(
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                 IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
                 EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-                LAZY_RESCALE=LAZY_RESCALE, POLY_EXP2=POLY_EXP2,
+                LAZY_RESCALE=LAZY_RESCALE,
             )
 
     # Rows that saw no key have l = 0 and acc = 0: output 0, LSE -inf (the project's convention).
@@ -501,7 +463,6 @@ def block_sparse_decode_fwd(
             HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
             IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
             EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=False, LAZY_RESCALE=False,
-            POLY_EXP2=False,
         )
 
     # A split (or a whole row) that saw no key: output 0, LSE -inf (the project's convention).
