@@ -39,6 +39,7 @@ def test_story_script_on_cpu(tmp_path):
     assert modules["layers.*.attn.core"]["calls"] == 2 and modules["layers.*.attn.core"]["share"] > 0
     assert sum(row["share"] for row in profile["modules"]) == pytest.approx(1.0)
     assert json.loads((story / "profile-triton.json").read_text())["against"]["by"] == "module"
+    assert "traceEvents" in json.loads((story / "trace-triton.json").read_text())  # the launches, as recorded
     bench = {row["impl"]: row for row in json.loads((story / "bench.json").read_text())["impls"]}
     assert bench["triton"]["parity"]["status"] == "holds" and bench["triton"]["valid"] is True
     rows = {row["impl"]: row for row in wrong["impls"]}
