@@ -115,3 +115,41 @@ def test_default_sweep_names_real_cases_and_fields():
     assert len(specs) == args.count("--config") == 8
     parsed = [benchmark_table.parse_variant(spec) for spec in specs]  # raises on a bad key or value
     assert {head for head, _ in parsed} == {64, 128, None}
+
+
+def test_launch_time_and_ncu_steps(tmp_path):
+    ncu = tmp_path / "ncu"  # a stand-in for Nsight Compute that records its arguments too
+    ncu.write_text(f"#!/bin/sh\necho \"ncu $*\" >> {tmp_path / 'calls.txt'}\n")
+    ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
+    calls, status = _dry_run(tmp_path, {"STEPS": "launch-time ncu", "NCU": str(ncu), "LAUNCH_CASES": "d64-s4k-causal",
+                                        "NCU_CASES": "d128-s16k-causal"})
+    assert "-m parity.kernels.launch_time --cases d64-s4k-causal" in calls
+    profiled = next(c for c in calls if c.startswith("ncu "))
+    assert profiled.startswith("ncu --clock-control none --profile-from-start off --section SpeedOfLight")
+    assert profiled.endswith("-m parity.kernels.launch_time --ncu-target --cases d128-s16k-causal")
+    assert [line.split()[:2] for line in status.splitlines()] == [["install", "rc=0"], ["launch-time", "rc=0"],
+                                                                   ["ncu", "rc=0"]]
+
+
+def test_launch_time_arguments_are_checked_before_the_gpu(capsys):
+    from parity.kernels import launch_time
+
+    assert launch_time.main(["--cases", "d64-s4k-causal,nope"]) == 2
+    assert capsys.readouterr().err.startswith("launch_time: unknown case 'nope'; the cases: d128-s4k-causal")
+    assert launch_time.main([]) == 2
+    assert capsys.readouterr().err == "launch_time: --cases: name at least one case\n"
+
+
+def test_launch_time_summary_says_what_bounds_each_call():
+    from parity.kernels.launch_time import summary
+
+    rows = [{"case": "c", "impl": "ours", "call_ms": [0.40, 0.41, 0.39], "graph_ms": [0.16, 0.15, 0.16],
+             "host_ms": [0.25, 0.24, 0.26]},
+            {"case": "c", "impl": "theirs", "call_ms": [0.16, 0.17, 0.16], "graph_ms": [0.16, 0.16, 0.15],
+             "host_ms": [0.10, 0.09, 0.10]},
+            {"case": "c", "impl": "no graph", "call_ms": [1.0, 1.0, 1.0], "graph_error": "RuntimeError: x",
+             "host_ms": [0.1, 0.1, 0.1]}]
+    assert summary(rows) == [
+        {"case": "c", "impl": "ours", "call_ms": 0.40, "graph_ms": 0.16, "host_ms": 0.25, "bound": "host"},
+        {"case": "c", "impl": "theirs", "call_ms": 0.16, "graph_ms": 0.16, "host_ms": 0.10, "bound": "device"},
+        {"case": "c", "impl": "no graph", "call_ms": 1.0, "host_ms": 0.1, "bound": None}]

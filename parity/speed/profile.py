@@ -189,7 +189,8 @@ def _place_unlinked_launches(nodes: Sequence[_Node], runtime_calls: Sequence[Eve
     """The frontend event around each runtime or driver call that torch linked to nothing, by
     correlation id of the call. Seen on the H200 (torch 2.11, Triton 3.6): Triton's
     ``cuLaunchKernelEx`` is recorded, on the launching thread, inside the module's range, but with
-    no link, because a ``record_function`` range gives the calls inside it none. Runtime calls may
+    no link (calls made inside a torch op carry its id; Triton launches from Python, inside
+    ``record_function`` ranges only). Runtime calls may
     carry another number for the same thread than torch's ops (the OS's): the numbering is learnt
     from the calls that are linked; a call whose thread cannot be mapped stays unplaced."""
     trees: dict[int, list[_Node]] = {}

@@ -1,0 +1,134 @@
+"""Where a table row's time goes when the kernel is short: call time, device time, host time.
+
+    python -m parity.kernels.launch_time --cases d64-s4k-random25,... > launch.jsonl
+    python -m parity.kernels.launch_time --ncu-target --cases d64-s4k-causal,...   # under ncu
+
+For each case of ``kernels/benchmark_table.py`` (same inputs, layouts and implementations: the
+kernel at its pinned config, FlexAttention, SDPA where it applies), three times per
+implementation, each repeated three times:
+
+- ``call_ms``: ``triton.testing.do_bench``, as the table times it: what a caller waits per call,
+  host work included when the host is slower than the device;
+- ``graph_ms``: ``triton.testing.do_bench_cudagraph``: the same call replayed from a CUDA graph,
+  the device time without the host (a capture that fails is recorded as ``graph_error``);
+- ``host_ms``: wall time of 50 calls queued without waiting for the device, per call: the host's
+  time to issue one call (argument checks, the launcher, Triton's launch path).
+
+Where ``host_ms`` exceeds ``graph_ms`` the device waits for the host and ``call_ms`` is host time
+(kernels/BENCHMARK.md, issue 26). Output: one JSON line per implementation with the three
+repeats, then one per implementation with their medians and ``bound`` (host or device). ``--ncu-target`` instead runs each implementation once, after a
+warm-up, between ``cudaProfilerStart``/``Stop``, for ``ncu --profile-from-start off``
+(``STEPS=ncu bash kernels/h200_run.sh``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import benchmark_table as table
+from .benchmark import arguments_or_status
+
+QUEUED_CALLS = 50
+REPEATS = 3
+
+
+def _cases(spec: str | None) -> list[table.Case]:
+    names = [n.strip() for n in (spec or "").split(",") if n.strip()]
+    if not names:
+        raise ValueError("--cases: name at least one case")
+    known = {case.name: case for case in table.CASES}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown case {unknown[0]!r}; the cases: {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+def _implementations(case: table.Case, device: torch.device) -> dict[str, Callable[[], torch.Tensor]]:
+    layout, q, k, v, _batch, mc = table._problem(case, device, table.Sizes())
+    return table._impls(case, layout, q, k, v, mc, device, [], True)
+
+
+def host_ms(fn: Callable[[], Any], calls: int = QUEUED_CALLS) -> float:
+    """Per call, the wall time of ``calls`` calls issued without waiting for the device."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e3
+
+
+def measure(cases: list[table.Case], device: torch.device) -> list[dict[str, Any]]:
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    rows: list[dict[str, Any]] = []
+    for case in cases:
+        for label, fn in _implementations(case, device).items():
+            fn()
+            fn()  # compiled and warm
+            torch.cuda.synchronize()
+            row: dict[str, Any] = {"case": case.name, "impl": label,
+                                   "call_ms": [round(do_bench(fn, warmup=25, rep=100), 4) for _ in range(REPEATS)]}
+            try:
+                row["graph_ms"] = [round(do_bench_cudagraph(fn, rep=100), 4) for _ in range(REPEATS)]
+            except Exception as err:  # recorded in the row, never hidden
+                row["graph_error"] = f"{type(err).__name__}: {str(err)[:200]}"
+                torch.cuda.synchronize()
+            row["host_ms"] = [round(host_ms(fn), 4) for _ in range(REPEATS)]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def ncu_target(cases: list[table.Case], device: torch.device) -> None:
+    for case in cases:
+        for label, fn in _implementations(case, device).items():
+            fn()
+            fn()  # compiled and warm
+            torch.cuda.synchronize()
+            print(f"profiled: {case.name} {label}", flush=True)
+            torch.cuda.profiler.start()
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Medians of the three repeats, and whether the host or the device sets the call time."""
+    out = []
+    for row in rows:
+        med = {key: statistics.median(row[key]) for key in ("call_ms", "graph_ms", "host_ms") if row.get(key)}
+        bound = None
+        if "graph_ms" in med:
+            bound = "host" if med["host_ms"] > med["graph_ms"] else "device"
+        out.append({"case": row["case"], "impl": row["impl"], **med, "bound": bound})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", metavar="NAME,...", help="table cases (kernels/benchmark_table.py names)")
+    parser.add_argument("--ncu-target", action="store_true", help="run each implementation once for ncu instead")
+    args = parser.parse_args(argv)
+    cases, status = arguments_or_status("launch_time", lambda: _cases(args.cases))
+    if status is not None:
+        return status
+    device = torch.device("cuda")
+    if args.ncu_target:
+        ncu_target(cases, device)
+        return 0
+    for row in summary(measure(cases, device)):
+        print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
