@@ -366,13 +366,28 @@ def markdown(result: dict[str, Any], kernel: str | list[str] = "parity triton") 
     return "\n".join(lines)
 
 
+def cases_named(spec: str) -> list[Case]:
+    """``"d64-s4k-causal,d128-s4k-causal"`` -> those cases, in that order (ValueError naming an
+    unknown one)."""
+    known = {case.name: case for case in CASES}
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown case {unknown[0]!r}; the cases: {', '.join(known)}")
+    return [known[n] for n in names]
+
+
+def case_implementations(case: Case, device: torch.device) -> dict[str, Callable[[], torch.Tensor]]:
+    """A case's implementations as the table times them (the kernel at its pinned config,
+    FlexAttention, SDPA where it computes the same function), on the table's inputs."""
+    layout, q, k, v, _batch, mc = _problem(case, device, Sizes())
+    return _impls(case, layout, q, k, v, mc, device, [], True)
+
+
 def _parse_arguments(args: argparse.Namespace) -> tuple[list, list[str] | None]:
     """The variants and the case names of the command line (ValueError naming a bad one)."""
     changes = [parse_variant(spec) for spec in args.config]
-    names = None if not args.cases else [n.strip() for n in args.cases.split(",") if n.strip()]
-    unknown = [n for n in names or () if n not in {c.name for c in CASES}]
-    if unknown:
-        raise ValueError(f"unknown case {unknown[0]!r}; the cases: {', '.join(c.name for c in CASES)}")
+    names = None if not args.cases else [case.name for case in cases_named(args.cases)]
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     return changes, names

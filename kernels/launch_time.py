@@ -4,21 +4,24 @@
     python -m parity.kernels.launch_time --ncu-target --cases d64-s4k-causal,...   # under ncu
 
 For each case of ``kernels/benchmark_table.py`` (same inputs, layouts and implementations: the
-kernel at its pinned config, FlexAttention, SDPA where it applies), three times per
-implementation, each repeated three times:
+kernel at its pinned config, FlexAttention, SDPA where it applies), three measures per
+implementation, each taken three times:
 
-- ``call_ms``: ``triton.testing.do_bench``, as the table times it: what a caller waits per call,
-  host work included when the host is slower than the device;
-- ``graph_ms``: ``triton.testing.do_bench_cudagraph``: the same call replayed from a CUDA graph,
-  the device time without the host (a capture that fails is recorded as ``graph_error``);
+- ``call_ms``: ``triton.testing.do_bench`` (its default: the mean over 100 ms of calls, L2
+  flushed before each): what a caller waits per call, host work included when the host is slower
+  than the device (the table takes ``do_bench``'s median over 150 ms, kernels/roofline.py);
+- ``graph_ms``: ``triton.testing.do_bench_cudagraph`` (mean): the same call replayed from a CUDA
+  graph, the device time without the host, but also without the L2 flush between calls (a capture
+  that fails is recorded as ``graph_error``);
 - ``host_ms``: wall time of 50 calls queued without waiting for the device, per call: the host's
   time to issue one call (argument checks, the launcher, Triton's launch path).
 
 Where ``host_ms`` exceeds ``graph_ms`` the device waits for the host and ``call_ms`` is host time
 (kernels/BENCHMARK.md, issue 26). Output: one JSON line per implementation with the three
-repeats, then one per implementation with their medians and ``bound`` (host or device). ``--ncu-target`` instead runs each implementation once, after a
-warm-up, between ``cudaProfilerStart``/``Stop``, for ``ncu --profile-from-start off``
-(``STEPS=ncu bash kernels/h200_run.sh``).
+repeats, then one per implementation with their medians and ``bound`` (host or device).
+``--ncu-target`` instead runs each implementation once, after a warm-up, between
+``cudaProfilerStart``/``Stop``, for ``ncu --profile-from-start off`` (``STEPS=ncu bash
+kernels/h200_run.sh``).
 """
 from __future__ import annotations
 
@@ -40,19 +43,10 @@ REPEATS = 3
 
 
 def _cases(spec: str | None) -> list[table.Case]:
-    names = [n.strip() for n in (spec or "").split(",") if n.strip()]
-    if not names:
+    cases = table.cases_named(spec or "")
+    if not cases:
         raise ValueError("--cases: name at least one case")
-    known = {case.name: case for case in table.CASES}
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(f"unknown case {unknown[0]!r}; the cases: {', '.join(known)}")
-    return [known[n] for n in names]
-
-
-def _implementations(case: table.Case, device: torch.device) -> dict[str, Callable[[], torch.Tensor]]:
-    layout, q, k, v, _batch, mc = table._problem(case, device, table.Sizes())
-    return table._impls(case, layout, q, k, v, mc, device, [], True)
+    return cases
 
 
 def host_ms(fn: Callable[[], Any], calls: int = QUEUED_CALLS) -> float:
@@ -66,39 +60,40 @@ def host_ms(fn: Callable[[], Any], calls: int = QUEUED_CALLS) -> float:
     return elapsed / calls * 1e3
 
 
+def _warm(cases: list[table.Case], device: torch.device):
+    """``(case, label, fn)`` for each implementation of each case, compiled and run once first."""
+    for case in cases:
+        for label, fn in table.case_implementations(case, device).items():
+            fn()
+            torch.cuda.synchronize()
+            yield case, label, fn
+
+
 def measure(cases: list[table.Case], device: torch.device) -> list[dict[str, Any]]:
     from triton.testing import do_bench, do_bench_cudagraph
 
     rows: list[dict[str, Any]] = []
-    for case in cases:
-        for label, fn in _implementations(case, device).items():
-            fn()
-            fn()  # compiled and warm
+    for case, label, fn in _warm(cases, device):
+        row: dict[str, Any] = {"case": case.name, "impl": label,
+                               "call_ms": [round(do_bench(fn, warmup=25, rep=100), 4) for _ in range(REPEATS)]}
+        try:
+            row["graph_ms"] = [round(do_bench_cudagraph(fn, rep=100), 4) for _ in range(REPEATS)]
+        except Exception as err:  # recorded in the row, never hidden
+            row["graph_error"] = f"{type(err).__name__}: {str(err)[:200]}"
             torch.cuda.synchronize()
-            row: dict[str, Any] = {"case": case.name, "impl": label,
-                                   "call_ms": [round(do_bench(fn, warmup=25, rep=100), 4) for _ in range(REPEATS)]}
-            try:
-                row["graph_ms"] = [round(do_bench_cudagraph(fn, rep=100), 4) for _ in range(REPEATS)]
-            except Exception as err:  # recorded in the row, never hidden
-                row["graph_error"] = f"{type(err).__name__}: {str(err)[:200]}"
-                torch.cuda.synchronize()
-            row["host_ms"] = [round(host_ms(fn), 4) for _ in range(REPEATS)]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        row["host_ms"] = [round(host_ms(fn), 4) for _ in range(REPEATS)]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
 def ncu_target(cases: list[table.Case], device: torch.device) -> None:
-    for case in cases:
-        for label, fn in _implementations(case, device).items():
-            fn()
-            fn()  # compiled and warm
-            torch.cuda.synchronize()
-            print(f"profiled: {case.name} {label}", flush=True)
-            torch.cuda.profiler.start()
-            fn()
-            torch.cuda.synchronize()
-            torch.cuda.profiler.stop()
+    for case, label, fn in _warm(cases, device):
+        print(f"profiled: {case.name} {label}", flush=True)
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

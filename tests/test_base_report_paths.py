@@ -251,8 +251,9 @@ def test_a_link_to_a_missing_directory_is_refused_before_the_run(capsys, csv, tm
 
 @pytest.mark.parametrize("stdout", ["file", "pipe"])
 def test_dev_stdout_is_the_stream_after_what_it_holds(tmp_path, stdout):
-    # /dev/stdout names this process's stdout: a report written there follows the text report
-    # (it replaced a redirected log file, or failed on a pipe, when the path was resolved first).
+    # /dev/stdout names this process's stdout: the report is written as with "-", alone on stdout
+    # after what the stream held (it replaced a redirected log file, or failed on a pipe, when the
+    # path was resolved first; it followed the text report before it was taken for "-").
     command = [sys.executable, "-m", "parity", "profile", "--import", str(PROFILES / "nsys_cuda_gpu_kern_sum.csv"),
                "--json", "/dev/stdout"]
     if stdout == "file":
@@ -267,8 +268,8 @@ def test_dev_stdout_is_the_stream_after_what_it_holds(tmp_path, stdout):
     assert code == 0
     if stdout == "file":
         assert out.startswith("earlier lines\n")
-    table, _, document = out.partition("\n{")
-    assert "kernels" in table and json.loads("{" + document)["format"] == "parity-profile-report"
+        out = out.removeprefix("earlier lines\n")
+    assert json.loads(out)["format"] == "parity-profile-report"  # the JSON alone: no text report
 
 
 def test_a_fifo_without_a_reader_does_not_hold_up_an_error_report(tmp_path, csv):
@@ -363,3 +364,14 @@ def test_an_error_summary_keeps_every_line_of_the_message_in_its_code_block():
     text = error_markdown(3, "internal error", "first line\nsecond line")
     assert text.endswith("\n\n    first line\n    second line\n")
     assert text.startswith("## parity compare: error\n\nexit status 3")
+
+
+def test_two_reports_on_stdout_are_refused_however_stdout_is_named():
+    # "-" and /dev/stdout are the same stream: two reports there would run into one another.
+    done = subprocess.run([sys.executable, "-m", "parity", "profile", "--import",
+                           str(PROFILES / "nsys_cuda_gpu_kern_sum.csv"), "--json", "-", "--html", "/dev/stdout"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "only one report can go to standard output" in done.stderr
+    # As with "--json - --html -": the JSON error report, alone on stdout.
+    assert json.loads(done.stdout)["error"]["message"].startswith("--json - and --html -: only one report")

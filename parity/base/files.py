@@ -50,8 +50,6 @@ def disposition(info: os.stat_result | None) -> str:
 
 
 def _kind(info: os.stat_result) -> str:
-    if stat.S_ISDIR(info.st_mode):
-        return "a directory"
     return "a socket" if stat.S_ISSOCK(info.st_mode) else "a block device" if stat.S_ISBLK(info.st_mode) else "a special file"
 
 
@@ -112,6 +110,16 @@ def check_distinct(path: str | os.PathLike, what: str, others: Sequence[tuple[st
     for flag, other in others:
         if same_file(path, other):
             raise UsageError(f"{what} {shown(path)} is also the {flag} file")
+
+
+def is_standard_output(file: str | os.PathLike) -> bool:
+    """Whether ``file`` names the file behind this process's standard output (``/dev/stdout``,
+    ``/proc/self/fd/1``, or the file stdout is redirected to)."""
+    try:
+        info = os.stat(file)
+    except (OSError, ValueError):
+        return False
+    return _standard_stream(info) is sys.stdout
 
 
 def _standard_stream(info: os.stat_result | None):
@@ -180,5 +188,5 @@ def write_atomically(path: str | os.PathLike, text: str, what: str, *, wait_for_
     return file
 
 
-__all__ = ["REFUSE", "REPLACE", "WRITE_THROUGH", "check_distinct", "check_writable", "disposition", "same_file",
-           "shown", "write_atomically"]
+__all__ = ["REFUSE", "REPLACE", "WRITE_THROUGH", "check_distinct", "check_writable", "disposition",
+           "is_standard_output", "same_file", "shown", "write_atomically"]

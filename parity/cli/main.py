@@ -28,7 +28,7 @@ from parity.base.errors import (
     debug_from_environment,
     print_traceback,
 )
-from parity.cli.options import HelpFormatter, OneLineParser
+from parity.cli.options import HelpFormatter, OneLineParser, stdout_as_dash
 
 COMMANDS = ("capture", "compare", "diff", "inspect", "show", "verify", "profile", "bench")
 # The commands that know they are one rank of a distributed launch (parity.dist); any other,
@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
         debug = debug or bool(getattr(args, "debug", False))
         _check_launch(args.command)
+        stdout_as_dash(args)
         return int(args.func(args))
     except KeyboardInterrupt:
         print("parity: interrupted", file=sys.stderr)

@@ -29,6 +29,7 @@ import dataclasses
 import importlib
 from typing import Any
 
+from parity.base.files import is_standard_output
 from parity.base.text import printable
 
 STDOUT = "-"  # a report FILE of "-" is standard output, in every command
@@ -128,6 +129,19 @@ OPTIONS: dict[str, Option] = {
                (("action", "store_true"), ("default", False))),
     )
 }
+
+
+REPORT_DESTS = ("json", "junit_xml", "html", "markdown")
+
+
+def stdout_as_dash(args: argparse.Namespace) -> None:
+    """A report FILE that names standard output itself (``/dev/stdout``, or the file stdout is
+    redirected to) becomes STDOUT, so it is written as ``-`` is: alone on stdout, with no text
+    report before it and no second report there."""
+    for dest in REPORT_DESTS:
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and value != STDOUT and is_standard_output(value):
+            setattr(args, dest, STDOUT)
 
 
 def resolve_device(name: str) -> str:

@@ -122,7 +122,7 @@ def _independent_cases(bundle: BundleReader) -> int:
         runner = load_subject(spec, args)
     except ParityError:  # arguments this version of the built-in rejects, or cannot hold: compare would say so
         return 0
-    return len(runner.case_ids({entry.layer.split(".")[0] for entry in bundle.entries_of("output")}))
+    return len(runner.case_ids({entry.layer.split(".")[0] for entry in bundle.entries_of("output") if entry.layer}))
 
 
 def check_same_run(golden: BundleReader, candidate: BundleReader) -> None:

@@ -377,10 +377,9 @@ def _add_device_times(rows: list[dict[str, Any]], prepared: Prepared, impls: Seq
         mine = row["device_time"]["per_call_s"]
         speedup = base / mine if base and mine else None
         row["device_time"]["speedup"] = speedup
-        if speedup is not None and speedup > stats.SUSPICIOUS_SPEEDUP:
-            warnings.append(f"{row['impl']}: device speedup {speedup:.1f}x > {stats.SUSPICIOUS_SPEEDUP:g}x: re-verify "
-                            "that it computes the same thing (a speedup this large is more often a skipped "
-                            "computation than a faster one)")
+        suspicious = stats.suspicious_speedup(speedup, row["impl"], "device speedup")
+        if suspicious:
+            warnings.append(suspicious)
 
 
 def _validity(outcomes: Mapping[str, ParityOutcome], impl: str, baseline: str) -> str:

@@ -190,9 +190,12 @@ def _place_unlinked_launches(nodes: Sequence[_Node], runtime_calls: Sequence[Eve
     correlation id of the call. Seen on the H200 (torch 2.11, Triton 3.6): Triton's
     ``cuLaunchKernelEx`` is recorded, on the launching thread, inside the module's range, but with
     no link (calls made inside a torch op carry its id; Triton launches from Python, inside
-    ``record_function`` ranges only). Runtime calls may
-    carry another number for the same thread than torch's ops (the OS's): the numbering is learnt
-    from the calls that are linked; a call whose thread cannot be mapped stays unplaced."""
+    ``record_function`` ranges only). Runtime calls may carry another number for the same
+    thread than torch's ops (the OS's): the numbering is learnt from the calls that are linked; a
+    call whose number is neither learnt nor one of torch's threads stays unplaced."""
+    unlinked = [call for call in runtime_calls if not call.linked and call.correlation]
+    if not unlinked:
+        return {}
     trees: dict[int, list[_Node]] = {}
     for node in nodes:
         trees.setdefault(node.event.thread, []).append(node)
@@ -202,9 +205,7 @@ def _place_unlinked_launches(nodes: Sequence[_Node], runtime_calls: Sequence[Eve
         if call.linked and call.linked in frontend:
             thread_of.setdefault(call.thread, frontend[call.linked].event.thread)
     placed: dict[int, _Node] = {}
-    for call in runtime_calls:
-        if call.linked or not call.correlation:
-            continue
+    for call in unlinked:
         thread = thread_of.get(call.thread, call.thread)
         if thread not in trees:
             continue

@@ -195,15 +195,21 @@ class Comparison:
                 "mann_whitney_p": self.p_value}
 
 
+def suspicious_speedup(ratio: float | None, what: str, kind: str = "speedup") -> str | None:
+    """The warning for a speedup above ``SUSPICIOUS_SPEEDUP`` (re-verify), else None."""
+    if ratio is None or not ratio > SUSPICIOUS_SPEEDUP:
+        return None
+    return (f"{what}: {kind} {ratio:.1f}x > {SUSPICIOUS_SPEEDUP:g}x: re-verify that it computes the same thing "
+            "(a speedup this large is more often a skipped computation than a faster one)")
+
+
 def compare(baseline: Sequence[float], candidate: Sequence[float], *, min_effect: float = DEFAULT_MIN_EFFECT,
             seed: int = 0, resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE,
             what: str = "candidate") -> Comparison:
     """The speedup of ``candidate`` over ``baseline`` with its interval, verdict and warnings."""
     ratio, low, high = bootstrap_ratio(baseline, candidate, seed=seed, resamples=resamples, confidence=confidence)
-    warnings = []
-    if ratio > SUSPICIOUS_SPEEDUP:
-        warnings.append(f"{what}: speedup {ratio:.1f}x > {SUSPICIOUS_SPEEDUP:g}x: re-verify that it computes the "
-                        "same thing (a speedup this large is more often a skipped computation than a faster one)")
+    suspicious = suspicious_speedup(ratio, what)
+    warnings = [suspicious] if suspicious else []
     return Comparison(speedup=ratio, low=low, high=high, verdict=verdict(low, high, min_effect),
                       min_effect=min_effect, confidence=confidence, warnings=tuple(warnings),
                       p_value=mann_whitney_p(baseline, candidate))
@@ -222,4 +228,4 @@ def amdahl(share: float, speedup: float = math.inf) -> float:
 
 __all__ = ["Comparison", "DEFAULT_CONFIDENCE", "DEFAULT_MIN_EFFECT", "DEFAULT_RESAMPLES", "FASTER", "NOISY_REL_IQR",
            "SAME", "SLOWER", "SUSPICIOUS_SPEEDUP", "Summary", "UNCLEAR", "VERDICTS", "amdahl", "bootstrap_ratio",
-           "compare", "mann_whitney_p", "median", "noise_warning", "quantile", "summarize", "verdict"]
+           "compare", "mann_whitney_p", "median", "noise_warning", "quantile", "summarize", "suspicious_speedup", "verdict"]

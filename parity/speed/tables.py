@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parity.report.text import ELLIPSIS, TABLE_FORMAT, shorten_name
+from parity.report.text import TABLE_FORMAT, shorten_name
 from parity.base.text import printable
 from tabulate import tabulate
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from parity.base.errors import UsageError, check_readable_file
+from parity.base.errors import ParityError, UsageError, check_readable_file
 from parity.base.files import check_distinct, check_writable, shown, write_atomically
 from parity.base.jsonformat import COMPARE_REPORT
 from parity.cli.options import STDOUT
@@ -42,13 +42,17 @@ def _to_stdout(args: argparse.Namespace) -> list[str]:
 
 
 def _declares(manifest: Path, format_name: str) -> bool:
-    """Whether ``manifest`` is a regular file holding a JSON object of format ``format_name``."""
+    """Whether ``manifest`` is a regular file holding a JSON object of format ``format_name``. A
+    file past the manifest size limit is not one of parity's (it is not read)."""
+    from parity.bundle.manifest import MAX_MANIFEST_BYTES, parse_json
+
     try:
-        if not stat.S_ISREG(os.stat(manifest).st_mode):
+        info = os.stat(manifest)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_MANIFEST_BYTES:
             return False
         with open(manifest, "rb") as handle:
-            document = json.load(handle)
-    except (OSError, ValueError, RecursionError):
+            document = parse_json(handle.read(MAX_MANIFEST_BYTES), str(manifest))
+    except (OSError, ParityError):
         return False
     return isinstance(document, dict) and document.get("format") == format_name
 
