@@ -14,7 +14,8 @@ from . import configs, dtypes
 from . import targets as platform
 from .decode import MAX_ROWS, build_decode_launch, decode_eligible, run_decode
 from .inputs import check_inputs
-from .launch import build_launch, element_mask_arguments, tma_fits
+from .launch import PER_CALL, build_launch, element_mask_arguments, launch_key, tma_fits
+from .launch_cache import LaunchCache
 from .layout import BlockLayout
 
 __all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_config", "element_mask_arguments"]
@@ -22,6 +23,10 @@ __all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_co
 SUPPORTED_DTYPES = tuple(dtypes.torch_dtype(name) for name in dtypes.KERNEL_DTYPES)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 96, 128, 256)
 _AUTOTUNED: dict[tuple, configs.LaunchConfig] = {}
+# Whether a call without ``launch_cache`` reuses a bound launch (kernels/launch_cache.py). Off
+# until the H200 shows that it pays and passes the GPU tests with it (issue 26, BENCHMARK.md).
+LAUNCH_CACHE_DEFAULT = False
+_PREFILL_LAUNCHES: LaunchCache | None = None
 
 
 def _arch(device: torch.device) -> str:
@@ -66,6 +71,7 @@ def block_sparse_attention(
     lse_out: torch.Tensor | None = None,
     decode: bool | None = None,
     num_splits: int | None = None,
+    launch_cache: bool | None = None,
 ):
     """Forward block-sparse attention with the Triton kernel.
 
@@ -81,6 +87,10 @@ def block_sparse_attention(
     (None: chosen from the shape and the device; tests pin every count).
     out: optional preallocated [B, Hq, Sq, D] output (tests pass a NaN-poisoned one).
     lse_out: optional preallocated [B, Hq, Sq] fp32 LSE buffer (with ``return_lse``).
+    launch_cache: on a GPU, a prefill call whose layout object, shapes, strides, alignment, dtype,
+    scale and config match an earlier call's reuses that call's bound launch (the arguments and
+    Triton's compiled kernel; kernels/launch_cache.py) instead of building and dispatching it
+    again: same kernel, same values. None: ``LAUNCH_CACHE_DEFAULT``.
     Returns out [B, Hq, Sq, D] in q's dtype, and with ``return_lse`` the natural-log LSE
     [B, Hq, Sq] in fp32. A row that sees no key gives 0 and LSE -inf, never NaN.
     """
@@ -128,12 +138,40 @@ def block_sparse_attention(
                                        emulate_bf16=emulate_bf16))
     else:
         cfg = _resolve_config(config, q, k, v, layout, scale).clamp(layout.block_m, layout.block_n)
-        launch = build_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
-                              use_tma=_tma_usable(cfg, q, k, v))
-        block_sparse_attn_fwd[launch.grid](**launch.args, **launch.constexprs, **launch.options)
+        use_tma = _tma_usable(cfg, q, k, v)
+
+        def build():
+            return build_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
+                                use_tma=use_tma)
+
+        if (LAUNCH_CACHE_DEFAULT if launch_cache is None else launch_cache) and q.device.type == "cuda" and not interpreter:
+            key = (*_dispatch_state(), *launch_key(q, k, v, staging, lse, cfg, sm_scale=scale,
+                                                    emulate_bf16=emulate_bf16, use_tma=use_tma))
+            _prefill_launches().launch(layout, key, (q, k, v, staging, lse), build)
+        else:
+            launch = build()
+            block_sparse_attn_fwd[launch.grid](**launch.args, **launch.constexprs, **launch.options)
     if emulate_bf16:
         result.copy_(staging)
     return (result, lse) if return_lse else result
+
+
+def _prefill_launches() -> LaunchCache:
+    """The prefill kernel's launch cache (made on first use: the kernel module imports Triton)."""
+    global _PREFILL_LAUNCHES
+    if _PREFILL_LAUNCHES is None:
+        from .triton_attention import block_sparse_attn_fwd
+
+        _PREFILL_LAUNCHES = LaunchCache(block_sparse_attn_fwd, PER_CALL)
+    return _PREFILL_LAUNCHES
+
+
+def _dispatch_state() -> tuple:
+    """What Triton's dispatch reads besides the arguments: the current device (a compiled kernel
+    is loaded per device) and the debug and instrumentation settings (compiler options)."""
+    from triton import knobs
+
+    return torch.cuda.current_device(), knobs.runtime.debug, knobs.compilation.instrumentation_mode
 
 
 def _use_decode(decode: bool | None, config, num_splits: int | None, layout: BlockLayout) -> bool:

@@ -34,7 +34,7 @@ PY=${PYTHON:-python3}
 
 STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect inspect-decode"}
 # (also: "table-sweep" and "table", the prefill table of kernels/benchmark_table.py, and
-# "launch-time" and "ncu", where a short case's time goes; not run by default)
+# "launch-time", "host-parts" and "ncu", where a short case's time goes; not run by default)
 
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2
@@ -86,7 +86,8 @@ step table "${TABLE_LIMIT:-540}" "$PY" -m parity.kernels.benchmark_table --json 
 # /usr/local/cuda/bin), Nsight Compute's throughput, occupancy and launch sections of each
 # implementation of NCU_CASES, clocks left alone (the device notes ask for --clock-control none).
 LAUNCH_CASES=${LAUNCH_CASES:-d64-s4k-causal,d64-s4k-window1024,d64-s4k-random25,d128-s4k-causal,d128-s4k-window1024,d128-s4k-random25}
-step launch-time 200 "$PY" -m parity.kernels.launch_time --cases "$LAUNCH_CASES"
+step launch-time "${LAUNCH_LIMIT:-300}" "$PY" -m parity.kernels.launch_time --cases "$LAUNCH_CASES"
+step host-parts 60 "$PY" -m parity.kernels.launch_time --host-parts --cases "$LAUNCH_CASES"
 NCU=${NCU:-$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)}
 NCU_CASES=${NCU_CASES:-d64-s4k-causal,d64-s4k-random25,d128-s4k-causal,d128-s16k-causal}
 step ncu 150 "${NCU:-ncu}" --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \

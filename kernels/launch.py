@@ -18,7 +18,8 @@ import torch
 from .configs import LaunchConfig
 from .layout import BlockLayout
 
-__all__ = ["KernelLaunch", "build_launch", "element_mask_arguments", "named_strides", "tma_fits", "MAX_PROGRAMS"]
+__all__ = ["KernelLaunch", "build_launch", "launch_key", "PER_CALL", "element_mask_arguments", "named_strides",
+           "tma_fits", "MAX_PROGRAMS"]
 
 # One launch's 1-D grid is at most 2**31 - 1 programs.
 MAX_PROGRAMS = 2**31 - 1
@@ -109,6 +110,24 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
                            f"builds {list(args)} + {sorted(constexprs)}, the kernel takes {runtime} + "
                 f"{sorted(constant)}")
     return KernelLaunch((programs,), args, constexprs, config.launch_kwargs(), config)
+
+
+# The parameters that take a call's own tensors; everything else a launch passes follows from the
+# layout and ``launch_key`` (kernels/launch_cache.py).
+PER_CALL = ("Q", "K", "V", "Out", "Lse")
+
+
+def launch_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+               config: LaunchConfig, *, sm_scale: float, emulate_bf16: bool = False, use_tma: bool = False) -> tuple:
+    """What ``build_launch`` reads from its arguments besides the layout and the addresses of the
+    ``PER_CALL`` tensors: their dtypes, devices, shapes and strides, whether each base is 16-byte
+    aligned (Triton specializes pointers on it), the config, the scale and the flags. On one
+    layout, two calls with equal keys get the same launch but for those tensors, and Triton
+    specializes them alike (``tests/test_kernels_launch_cache.py``). Keep it in step with
+    ``build_launch``."""
+    per_call = (q, k, v, out) if lse is None else (q, k, v, out, lse)
+    return (q.device, config, sm_scale, emulate_bf16, use_tma, lse is None,
+            *((t.dtype, tuple(t.shape), t.stride(), t.data_ptr() % 16 == 0) for t in per_call))
 
 
 def tma_fits(config: LaunchConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

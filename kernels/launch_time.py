@@ -4,8 +4,8 @@
     python -m parity.kernels.launch_time --ncu-target --cases d64-s4k-causal,...   # under ncu
 
 For each case of ``kernels/benchmark_table.py`` (same inputs, layouts and implementations: the
-kernel at its pinned config, FlexAttention, SDPA where it applies), three measures per
-implementation, each taken three times:
+kernel at its pinned config, the same through the launch cache (kernels/launch_cache.py),
+FlexAttention, SDPA where it applies), three measures per implementation, each taken three times:
 
 - ``call_ms``: ``triton.testing.do_bench`` (its default: the mean over 100 ms of calls, L2
   flushed before each): what a caller waits per call, host work included when the host is slower
@@ -22,6 +22,14 @@ repeats, then one per implementation with their medians and ``bound`` (host or d
 ``--ncu-target`` instead runs each implementation once, after a warm-up, between
 ``cudaProfilerStart``/``Stop``, for ``ncu --profile-from-start off`` (``STEPS=ncu bash
 kernels/h200_run.sh``).
+
+``--host-parts`` times, per case, the parts of the host's work that run in Python before the
+launch, in microseconds per call (median of 5 rounds): the input checks, the config lookup,
+``build_launch`` (the 59 runtime arguments), Triton's binder (its specialization of every
+argument, what ``JITFunction.run`` does on each call before finding the compiled kernel; built
+for the device's target, sm_90 on a CPU) and ``launch_key`` (what the launch cache computes
+instead of the two before). It needs no GPU: on a CPU it shows the parts on that CPU, next to
+``host_ms`` of a GPU host's run.
 """
 from __future__ import annotations
 
@@ -35,6 +43,7 @@ from typing import Any
 
 import torch
 
+from . import attention, configs, launch, targets
 from . import benchmark_table as table
 from .benchmark import arguments_or_status
 
@@ -60,10 +69,10 @@ def host_ms(fn: Callable[[], Any], calls: int = QUEUED_CALLS) -> float:
     return elapsed / calls * 1e3
 
 
-def _warm(cases: list[table.Case], device: torch.device):
+def _warm(cases: list[table.Case], device: torch.device, launch_cache: bool = True):
     """``(case, label, fn)`` for each implementation of each case, compiled and run once first."""
     for case in cases:
-        for label, fn in table.case_implementations(case, device).items():
+        for label, fn in table.case_implementations(case, device, launch_cache).items():
             fn()
             torch.cuda.synchronize()
             yield case, label, fn
@@ -88,12 +97,70 @@ def measure(cases: list[table.Case], device: torch.device) -> list[dict[str, Any
 
 
 def ncu_target(cases: list[table.Case], device: torch.device) -> None:
-    for case, label, fn in _warm(cases, device):
+    for case, label, fn in _warm(cases, device, launch_cache=False):
         print(f"profiled: {case.name} {label}", flush=True)
         torch.cuda.profiler.start()
         fn()
         torch.cuda.synchronize()
         torch.cuda.profiler.stop()
+
+
+def _per_call_us(fn: Callable[[], Any], calls: int, rounds: int = 5) -> float:
+    for _ in range(min(calls, 100)):
+        fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return round(statistics.median(times), 2)
+
+
+def host_parts(cases: list[table.Case], device: torch.device, calls: int = 1000) -> list[dict[str, Any]]:
+    """Microseconds per call of the Python parts of one prefill call (module docstring), per case."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    from . import triton_attention
+
+    arch = targets.arch_of(device) if device.type == "cuda" else "sm_90"
+    target = GPUTarget("cuda", int(arch[3:]), 32) if arch.startswith("sm_") else GPUTarget("hip", arch, 64)
+    fn = JITFunction(triton_attention.block_sparse_attn_fwd.fn)  # the kernel's own, also under the interpreter
+    binder = create_function_from_signature(fn.signature, fn.params, make_backend(target))
+    rows = []
+    for case in cases:
+        layout, q, k, v, _batch, _mc = table._problem(case, device, table.Sizes())
+        irregular = layout.has_doc or layout.has_bits
+        cfg = configs.config_for(arch, case.head_dim, q.dtype, irregular=irregular).clamp(layout.block_m, layout.block_n)
+        out, scale = torch.empty_like(q), case.head_dim ** -0.5
+        use_tma = launch.tma_fits(cfg, q, k, v)
+        built = launch.build_launch(q, k, v, out, None, layout, cfg, sm_scale=scale, use_tma=use_tma)
+        given = {**built.args, **built.constexprs}
+        row = {"case": case.name, "arch": arch, "runtime_arguments": len(built.args), "us_per_call": {
+            "checks": _per_call_us(lambda: attention.check_inputs(q, k, v, layout), calls),
+            "config": _per_call_us(lambda: attention.launch_config(device, case.head_dim, q.dtype, layout), calls),
+            "build_launch": _per_call_us(lambda: launch.build_launch(q, k, v, out, None, layout, cfg, sm_scale=scale,
+                                                                     use_tma=use_tma), calls),
+            "triton_binder": _per_call_us(lambda: binder(**given, debug=False), calls),
+            "launch_key": _per_call_us(lambda: launch.launch_key(q, k, v, out, None, cfg, sm_scale=scale,
+                                                                 use_tma=use_tma), calls),
+        }}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del layout, q, k, v, out
+    return rows
+
+
+def _host_parts_device(name: str | None) -> torch.device:
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu or cuda, got {name!r}")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no GPU here")
+    return torch.device(name)
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -112,7 +179,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", metavar="NAME,...", help="table cases (kernels/benchmark_table.py names)")
     parser.add_argument("--ncu-target", action="store_true", help="run each implementation once for ncu instead")
+    parser.add_argument("--host-parts", action="store_true",
+                        help="time the Python parts of a call's host work instead (no GPU needed)")
+    parser.add_argument("--device", default=None, help="with --host-parts: cpu or cuda (default: cuda if present)")
     args = parser.parse_args(argv)
+    if args.host_parts:
+        try:
+            cases, device = _cases(args.cases), _host_parts_device(args.device)
+        except ValueError as err:
+            print(f"launch_time: {err}", file=sys.stderr)
+            return 2
+        host_parts(cases, device)
+        return 0
     cases, status = arguments_or_status("launch_time", lambda: _cases(args.cases))
     if status is not None:
         return status

@@ -2,6 +2,7 @@
 Python that records its arguments: the steps asked for run with the arguments given, the others
 do not, and the results archive carries every step's status. (The device runs are costly and
 rare; a typo here would waste one.)"""
+import json
 import os
 import stat
 import subprocess
@@ -121,14 +122,15 @@ def test_launch_time_and_ncu_steps(tmp_path):
     ncu = tmp_path / "ncu"  # a stand-in for Nsight Compute that records its arguments too
     ncu.write_text(f"#!/bin/sh\necho \"ncu $*\" >> {tmp_path / 'calls.txt'}\n")
     ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
-    calls, status = _dry_run(tmp_path, {"STEPS": "launch-time ncu", "NCU": str(ncu), "LAUNCH_CASES": "d64-s4k-causal",
-                                        "NCU_CASES": "d128-s16k-causal"})
+    calls, status = _dry_run(tmp_path, {"STEPS": "launch-time host-parts ncu", "NCU": str(ncu),
+                                        "LAUNCH_CASES": "d64-s4k-causal", "NCU_CASES": "d128-s16k-causal"})
     assert "-m parity.kernels.launch_time --cases d64-s4k-causal" in calls
+    assert "-m parity.kernels.launch_time --host-parts --cases d64-s4k-causal" in calls
     profiled = next(c for c in calls if c.startswith("ncu "))
     assert profiled.startswith("ncu --clock-control none --profile-from-start off --section SpeedOfLight")
     assert profiled.endswith("-m parity.kernels.launch_time --ncu-target --cases d128-s16k-causal")
     assert [line.split()[:2] for line in status.splitlines()] == [["install", "rc=0"], ["launch-time", "rc=0"],
-                                                                   ["ncu", "rc=0"]]
+                                                                   ["host-parts", "rc=0"], ["ncu", "rc=0"]]
 
 
 def test_launch_time_arguments_are_checked_before_the_gpu(capsys):
@@ -138,6 +140,24 @@ def test_launch_time_arguments_are_checked_before_the_gpu(capsys):
     assert capsys.readouterr().err.startswith("launch_time: unknown case 'nope'; the cases: d128-s4k-causal")
     assert launch_time.main([]) == 2
     assert capsys.readouterr().err == "launch_time: --cases: name at least one case\n"
+
+
+def test_host_parts_runs_without_a_gpu(capsys):
+    """``--host-parts`` times the Python parts of a call on any device (here the CPU, against the
+    sm_90 pins); its argument errors are one line."""
+    import torch
+
+    from parity.kernels import benchmark_table, launch_time
+
+    rows = launch_time.host_parts(benchmark_table.cases_named("d64-s4k-window1024"), torch.device("cpu"), calls=5)
+    assert [(r["case"], r["arch"], r["runtime_arguments"]) for r in rows] == [("d64-s4k-window1024", "sm_90", 59)]
+    assert set(rows[0]["us_per_call"]) == {"checks", "config", "build_launch", "triton_binder", "launch_key"}
+    assert all(us > 0 for us in rows[0]["us_per_call"].values())
+    assert json.loads(capsys.readouterr().out) == rows[0]
+    assert launch_time.main(["--host-parts", "--cases", "d64-s4k-causal", "--device", "gpu"]) == 2
+    assert capsys.readouterr().err == "launch_time: --device must be cpu or cuda, got 'gpu'\n"
+    assert launch_time.main(["--host-parts", "--cases", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("launch_time: unknown case 'nope'")
 
 
 def test_launch_time_summary_says_what_bounds_each_call():

@@ -1,0 +1,306 @@
+"""The launch cache (kernels/launch_cache.py): a repeated prefill call reuses its bound arguments
+and Triton's compiled kernel.
+
+Its correctness rests on one claim: two calls on one layout with equal ``launch_key`` differ only
+in the per-call tensors, and Triton specializes them alike, so the cached compiled kernel and the
+cached arguments are the ones Triton's dispatch would use. That claim is checked here against
+Triton's own binder (the function ``JITFunction.run`` calls to specialize arguments, built for an
+sm_90 target; it needs no GPU), over problems drawn by Hypothesis. The cache's bookkeeping is
+checked with a recording stand-in for the kernel; on a GPU the cached launch must give the bits of
+the dispatched one.
+"""
+import dataclasses
+import gc
+import weakref
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parity.kernels import block_sparse_attention, causal_layout, configs, random_layout, sliding_window_layout
+from parity.kernels.launch import PER_CALL, build_launch, launch_key
+from parity.kernels.launch_cache import LaunchCache
+from parity.kernels.testing import random_qkv
+
+
+# ---- Triton's own specialization ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def triton_binder():
+    """(binder, parameter names) of block_sparse_attn_fwd as Triton's dispatch builds them for
+    sm_90 (a JITFunction made from the kernel's Python source: under the interpreter the module's
+    kernel is an InterpretedFunction)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    from parity.kernels import triton_attention
+
+    fn = JITFunction(triton_attention.block_sparse_attn_fwd.fn)
+    binder = create_function_from_signature(fn.signature, fn.params, make_backend(GPUTarget("cuda", 90, 32)))
+    return binder, fn.arg_names
+
+
+LAYOUT_BUILDERS = {
+    "causal": lambda s: causal_layout(s, s, block_m=64, block_n=64),
+    "window": lambda s: sliding_window_layout(s, s, 100, block_m=64, block_n=64),
+    "random": lambda s: random_layout(s, s, 0.5, 5, batch=2, heads=4, block_m=64, block_n=64),
+}
+LAYOUTS = {(kind, seq): build(seq) for kind, build in LAYOUT_BUILDERS.items() for seq in (128, 200)}
+
+
+def _place(t: torch.Tensor, offset: int, heads_last: bool) -> torch.Tensor:
+    """A copy of ``t`` ([B, H, S, D]) that starts ``offset`` elements into its storage, stored
+    [B, H, S, D] or [B, S, H, D] (then transposed back: other strides, same values)."""
+    shape = (t.shape[0], t.shape[2], t.shape[1], t.shape[3]) if heads_last else tuple(t.shape)
+    storage = torch.empty(offset + t.numel(), dtype=t.dtype)
+    placed = storage[offset:].view(shape)
+    if heads_last:
+        placed = placed.transpose(1, 2)
+    placed.copy_(t)
+    return placed
+
+
+FIELDS = {
+    "layout": st.sampled_from(sorted(LAYOUTS)),
+    "heads": st.sampled_from([(4, 4), (4, 2), (4, 1)]),
+    "head_dim": st.sampled_from([64, 128]),
+    "dtype": st.sampled_from([torch.bfloat16, torch.float16]),
+    "offsets": st.tuples(*[st.sampled_from([0, 8, 3]) for _ in range(5)]),
+    "heads_last": st.tuples(st.booleans(), st.booleans(), st.booleans()),
+    "lse": st.booleans(),
+    "scale": st.sampled_from([0.125, 0.088]),
+    "config": st.sampled_from([(), (("block_n", 32),), (("one_loop", False),), (("num_warps", 4),)]),
+}
+problems = st.fixed_dictionaries(FIELDS)
+
+
+def _call(p, seed=0):
+    """(layout, key, kwargs of build_launch's launch) for a drawn problem."""
+    layout = LAYOUTS[p["layout"]]
+    hq, hkv = p["heads"]
+    q, k, v = random_qkv(2, hq, hkv, layout.seq_q, layout.seq_k, p["head_dim"], p["dtype"], seed, "cpu")
+    oq, ok, ov, oo, ol = p["offsets"]
+    q, k, v = (_place(t, off, last) for t, off, last in zip((q, k, v), (oq, ok, ov), p["heads_last"]))
+    out = _place(torch.empty_like(q), oo, False)
+    lse = _place(torch.empty(2, hq, layout.seq_q, 1), ol, False)[..., 0] if p["lse"] else None
+    cfg = configs.config_for("sm_90", p["head_dim"], p["dtype"]).clamp(layout.block_m, layout.block_n)
+    cfg = dataclasses.replace(cfg, **dict(p["config"]))
+    key = launch_key(q, k, v, out, lse, cfg, sm_scale=p["scale"], use_tma=False)
+    launch = build_launch(q, k, v, out, lse, layout, cfg, sm_scale=p["scale"])
+    return layout, key, {**launch.args, **launch.constexprs}
+
+
+def _fingerprint(value):
+    """What the launch passes for one argument, beyond the per-call tensors' identity."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.data_ptr(), value.dtype, tuple(value.shape), value.stride())
+    return value
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(problem=problems, moves=st.tuples(*[st.booleans() for _ in range(5)]))
+def test_equal_keys_mean_the_same_launch_and_the_same_specialization(triton_binder, problem, moves):
+    """A second call that differs from the first only where a key cannot see it (other values, and
+    each per-call tensor 16 bytes further into its storage or not): the same key, the same
+    arguments but for the per-call tensors, and the same specialization by Triton's binder (so
+    the same compiled kernel). The argument order the cache keeps is the binder's."""
+    binder, names = triton_binder
+    moved = dict(problem, offsets=tuple(off + 8 * move for off, move in zip(problem["offsets"], moves)))
+    (layout, key_a, args_a), (_, key_b, args_b) = _call(problem, seed=1), _call(moved, seed=2)
+    assert key_a == key_b
+    bound_a, spec_a, _ = binder(**args_a, debug=False)
+    bound_b, spec_b, _ = binder(**args_b, debug=False)
+    assert list(bound_a) == names and all(bound_a[n] is args_a[n] for n in names), \
+        "the cache's argument order must be the binder's"
+    assert spec_a == spec_b, "equal keys, different Triton specialization"
+    for name in names:
+        if name not in PER_CALL:
+            assert _fingerprint(args_a[name]) == _fingerprint(args_b[name]), name
+        elif name != "Lse" or problem["lse"]:
+            assert args_a[name].data_ptr() != args_b[name].data_ptr(), name
+
+
+@pytest.mark.parametrize("field", sorted(set(FIELDS) - {"layout"}))
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(problem=problems, data=st.data())
+def test_whatever_changes_the_launch_changes_the_key(triton_binder, field, problem, data):
+    """The other direction, one field at a time: where a second call's specialization or any
+    argument but the per-call tensors differs from the first's, its key differs (a key that left
+    out a stride, a dtype or the scale fails here)."""
+    binder, names = triton_binder
+    value = data.draw(FIELDS[field].filter(lambda v: v != problem[field]), label=field)
+    changed = dict(problem, **{field: value})
+    (_, key_a, args_a), (_, key_b, args_b) = _call(problem, seed=1), _call(changed, seed=1)
+    spec_a, spec_b = binder(**args_a, debug=False)[1], binder(**args_b, debug=False)[1]
+    launch_differs = spec_a != spec_b or any(_fingerprint(args_a[n]) != _fingerprint(args_b[n])
+                                             for n in names if n not in PER_CALL)
+    if launch_differs:
+        assert key_a != key_b, f"{field}: {problem[field]!r} -> {value!r} changes the launch, not the key"
+
+
+def test_alignment_is_in_the_key_because_triton_specializes_on_it(triton_binder):
+    """The negative control of the property above: a q three elements (6 bytes) into its storage
+    is specialized differently by Triton, and its key differs too."""
+    binder, _ = triton_binder
+    base = {"layout": ("causal", 128), "heads": (4, 2), "head_dim": 64, "dtype": torch.bfloat16,
+            "offsets": (0, 0, 0, 0, 0), "heads_last": (False, False, False), "lse": True, "scale": 0.125, "config": ()}
+    shifted = dict(base, offsets=(3, 0, 0, 0, 0))
+    (_, key_a, args_a), (_, key_b, args_b) = _call(base), _call(shifted)
+    spec_a, spec_b = binder(**args_a, debug=False)[1], binder(**args_b, debug=False)[1]
+    assert spec_a != spec_b and key_a != key_b
+    # and eight elements (16 bytes) in: Triton specializes alike, the key agrees
+    (_, key_c, args_c) = _call(dict(base, offsets=(8, 0, 0, 0, 0)))
+    assert binder(**args_c, debug=False)[1] == spec_a and key_c == key_a
+
+
+# ---- the cache's bookkeeping, with a recording stand-in for the kernel --------------------------
+class _Compiled:
+    run = function = packed_metadata = launch_metadata = None
+
+
+class _Kernel:
+    """Records dispatched launches; ``compiled`` None acts like the interpreter (no compiled kernel)."""
+    arg_names = ["Q", "K", "V", "Out", "Lse", "seq", "BLOCK"]
+
+    def __init__(self, compiled=True):
+        self.dispatched = []
+        self.compiled = _Compiled() if compiled else None
+
+    def __getitem__(self, grid):
+        def dispatch(**kwargs):
+            self.dispatched.append((grid, sorted(kwargs)))  # names only: no tensor kept alive
+            return self.compiled
+        return dispatch
+
+
+class _Launch:
+    def __init__(self, tensors, seq):
+        q, k, v, out, lse = tensors
+        self.grid = (seq,)
+        self.args = {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse if lse is not None else "stand-in", "seq": seq}
+        self.constexprs = {"BLOCK": 64}
+        self.options = {"num_warps": 4}
+
+
+class _Layout:
+    pass
+
+
+def _tensors(lse=True):
+    return tuple(torch.zeros(2) for _ in range(4)) + ((torch.zeros(2),) if lse else (None,))
+
+
+def _cache(kernel, issued, **kw):
+    return LaunchCache(kernel, PER_CALL, issue=lambda c, g, vals: issued.append((c, g, vals)), **kw)
+
+
+def test_a_repeated_key_issues_the_compiled_kernel_with_the_new_tensors():
+    kernel, issued, builds = _Kernel(), [], []
+    cache, layout = _cache(kernel, issued), _Layout()
+
+    def launch(tensors, key, seq=7):
+        cache.launch(layout, key, tensors, lambda: builds.append(seq) or _Launch(tensors, seq))
+
+    first, second = _tensors(), _tensors()
+    launch(first, "k1")
+    assert len(kernel.dispatched) == 1 and not issued and builds == [7]
+    launch(second, "k1")
+    assert len(kernel.dispatched) == 1 and builds == [7], "a hit neither builds nor dispatches"
+    compiled, grid, values = issued[0]
+    assert compiled is kernel.compiled and grid == (7,)
+    assert all(a is b for a, b in zip(values[:5], second)) and values[5:] == [7, 64]
+    launch(_tensors(), "k2", seq=9)  # another key: built and dispatched
+    assert len(kernel.dispatched) == 2 and builds == [7, 9]
+    assert (cache.hits, cache.misses) == (1, 2)
+
+
+def test_no_lse_keeps_the_launchs_stand_in():
+    kernel, issued = _Kernel(), []
+    cache, layout = _cache(kernel, issued), _Layout()
+    for _ in range(2):
+        tensors = _tensors(lse=False)
+        cache.launch(layout, "k", tensors, lambda tensors=tensors: _Launch(tensors, 3))
+    assert issued[0][2][4] == "stand-in"
+
+
+def test_entries_do_not_keep_tensors_or_layouts_alive():
+    kernel, issued = _Kernel(), []
+    cache, layout = _cache(kernel, issued), _Layout()
+    tensors = _tensors()
+    cache.launch(layout, "k", tensors, lambda: _Launch(tensors, 3))
+    q_ref, layout_ref = weakref.ref(tensors[0]), weakref.ref(layout)
+    del tensors
+    gc.collect()
+    assert q_ref() is None, "the entry keeps the first call's q alive"
+    del layout
+    gc.collect()
+    assert layout_ref() is None and len(cache._by_layout) == 0
+
+
+def test_another_layout_object_or_an_evicted_key_is_built_again():
+    kernel, issued = _Kernel(), []
+    cache = _cache(kernel, issued, max_per_layout=2)
+    a, b = _Layout(), _Layout()
+    for layout, key in ((a, 1), (b, 1), (a, 2), (a, 3), (a, 1)):
+        tensors = _tensors()
+        cache.launch(layout, key, tensors, lambda tensors=tensors: _Launch(tensors, 3))
+    # key 1 on layout a was evicted by keys 2 and 3 (two per layout); b's key 1 is b's own
+    assert (cache.hits, cache.misses) == (0, 5) and len(kernel.dispatched) == 5
+    tensors = _tensors()
+    cache.launch(a, 3, tensors, lambda: _Launch(tensors, 3))
+    assert cache.hits == 1
+
+
+def test_without_a_compiled_kernel_every_call_is_dispatched():
+    kernel, issued = _Kernel(compiled=False), []
+    cache, layout = _cache(kernel, issued), _Layout()
+    for _ in range(3):
+        tensors = _tensors()
+        cache.launch(layout, "k", tensors, lambda tensors=tensors: _Launch(tensors, 3))
+    assert len(kernel.dispatched) == 3 and not issued
+
+
+def test_a_launch_built_from_other_tensors_is_refused():
+    kernel, issued = _Kernel(), []
+    cache = _cache(kernel, issued)
+    with pytest.raises(RuntimeError, match="per-call tensors"):
+        cache.launch(_Layout(), "k", _tensors(), lambda: _Launch(_tensors(), 3))
+
+
+def test_the_interpreter_ignores_the_option(device):
+    """On CPU (the interpreter) launch_cache=True computes what the default call does."""
+    if device.type != "cpu":
+        pytest.skip("the interpreter's case; test_gpu_cached_launch_gives_the_dispatched_bits is the GPU's")
+    layout = causal_layout(64, 64, block_m=32, block_n=32)
+    q, k, v = random_qkv(1, 2, 2, 64, 64, 32, torch.float32, 0, device)
+    assert torch.equal(block_sparse_attention(q, k, v, layout, launch_cache=True),
+                       block_sparse_attention(q, k, v, layout, launch_cache=False))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gpu_cached_launch_gives_the_dispatched_bits(head_dim):
+    """Calls through the cache (new tensors each call, GQA, LSE, a misaligned q that must miss)
+    give exactly the bits of Triton's dispatch, and repeated calls hit."""
+    from parity.kernels import attention
+
+    device = torch.device("cuda")
+    layout = sliding_window_layout(1024, 1024, 300, block_m=128, block_n=128).to(device)
+    cache = attention._prefill_launches()
+    hits = cache.hits
+    for seed in range(3):
+        q, k, v = random_qkv(2, 8, 2, 1024, 1024, head_dim, torch.bfloat16, seed, device)
+        want, want_lse = block_sparse_attention(q, k, v, layout, return_lse=True, launch_cache=False)
+        got, got_lse = block_sparse_attention(q, k, v, layout, return_lse=True, launch_cache=True,
+                                              out=torch.full_like(q, float("nan")))
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)) and torch.equal(got_lse, want_lse)
+    assert cache.hits - hits == 2
+    storage = torch.empty(q.numel() + 3, dtype=q.dtype, device=device)
+    shifted = storage[3:].view(q.shape)
+    shifted.copy_(q)
+    misses = cache.misses
+    got = block_sparse_attention(shifted, k, v, layout, launch_cache=True)
+    assert cache.misses == misses + 1
+    assert torch.equal(got.view(torch.int16), block_sparse_attention(q, k, v, layout).view(torch.int16))
+
