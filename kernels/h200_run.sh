@@ -101,10 +101,14 @@ step decode "${DECODE_LIMIT:-480}" "$PY" -m parity.kernels.benchmark_decode --js
 # The test modules that import a test-only dependency at the top (jsonschema, xmlschema,
 # transformers: pyproject's test extra, which the host may lack) hold no GPU test; where the host
 # lacks one, they are left out rather than failing collection (in the suite they error, never skip).
+# Each package is probed on its own: one that is missing leaves out only the modules importing it.
 IGNORE=()
-"$PY" -c 'import jsonschema, xmlschema, transformers' 2>/dev/null || while read -r module; do
-    IGNORE+=("--ignore=$module")
-done < <(grep -lE '^(import|from) (jsonschema|xmlschema|transformers)\b' tests/*.py tests/*/*.py)
+for dep in jsonschema xmlschema transformers; do
+    "$PY" -c "import $dep" 2>/dev/null && continue
+    while read -r module; do
+        IGNORE+=("--ignore=$module")
+    done < <(grep -lE "^(import|from) $dep\b" tests/*.py tests/*/*.py)
+done
 # shellcheck disable=SC2086  # GPU_TESTS: test paths, split on spaces
 step gpu-tests "${GPU_TESTS_LIMIT:-300}" "$PY" -m pytest -m gpu -q -p no:cacheprovider "${IGNORE[@]}" \
     --junitxml="$R/gpu-tests.xml" ${GPU_TESTS:-tests}

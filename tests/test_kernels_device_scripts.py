@@ -19,7 +19,7 @@ def _dry_run(tmp_path, env_extra):
     fake.write_text(f"""#!/bin/sh
 echo "$*" >> {calls}
 case "$*" in
-  *"import jsonschema"*) [ -n "${{FAKE_LACKS_TEST_EXTRA:-}}" ] && exit 1 ;;
+  "-c import "*) case " ${{FAKE_LACKS:-}} " in *" ${{2#import }} "*) exit 1 ;; esac ;;
   *"--pick "*) echo "--config d64:block_n=128,num_warps=8" ;;
   *benchmark_table*--json*) prev=""; for a in "$@"; do [ "$prev" = "--json" ] && echo '{{}}' > "$a"; prev="$a"; done ;;
 esac
@@ -60,7 +60,7 @@ def test_decode_and_gpu_tests_steps(tmp_path):
 
 
 def test_gpu_tests_leave_out_the_modules_a_host_without_the_test_extra_cannot_import(tmp_path):
-    calls, _ = _dry_run(tmp_path, {"STEPS": "gpu-tests", "FAKE_LACKS_TEST_EXTRA": "1"})
+    calls, _ = _dry_run(tmp_path, {"STEPS": "gpu-tests", "FAKE_LACKS": "jsonschema xmlschema transformers"})
     tests = next(c for c in calls if c.startswith("-m pytest -m gpu")).split()
     ignored = {arg.removeprefix("--ignore=") for arg in tests if arg.startswith("--ignore=")}
     assert {"tests/test_report_json_schemas.py", "tests/test_report_junit.py", "tests/test_speed_bench.py",
@@ -73,6 +73,11 @@ def test_gpu_tests_leave_out_the_modules_a_host_without_the_test_extra_cannot_im
     (tmp_path / "with").mkdir()
     calls, _ = _dry_run(tmp_path / "with", {"STEPS": "gpu-tests"})
     assert "--ignore" not in next(c for c in calls if c.startswith("-m pytest -m gpu"))
+    # one package missing: only the modules that import it are left out
+    (tmp_path / "one").mkdir()
+    calls, _ = _dry_run(tmp_path / "one", {"STEPS": "gpu-tests", "FAKE_LACKS": "xmlschema"})
+    tests = next(c for c in calls if c.startswith("-m pytest -m gpu")).split()
+    assert [arg for arg in tests if arg.startswith("--ignore=")] == ["--ignore=tests/test_report_junit.py"]
 
 
 def test_warp_specialize_probe_verdicts(monkeypatch):
