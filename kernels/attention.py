@@ -145,8 +145,7 @@ def block_sparse_attention(
                                 use_tma=use_tma)
 
         if (LAUNCH_CACHE_DEFAULT if launch_cache is None else launch_cache) and q.device.type == "cuda" and not interpreter:
-            key = (*_dispatch_state(), *launch_key(q, k, v, staging, lse, cfg, sm_scale=scale,
-                                                    emulate_bf16=emulate_bf16, use_tma=use_tma))
+            key = launch_key(q, k, v, staging, lse, cfg, sm_scale=scale, emulate_bf16=emulate_bf16, use_tma=use_tma)
             _prefill_launches().launch(layout, key, (q, k, v, staging, lse), build)
         else:
             launch = build()
@@ -157,21 +156,14 @@ def block_sparse_attention(
 
 
 def _prefill_launches() -> LaunchCache:
-    """The prefill kernel's launch cache (made on first use: the kernel module imports Triton)."""
+    """The prefill kernel's launch cache (made on first use: the kernel module imports Triton;
+    made again if the module's kernel was replaced, as tests replace it with a spy)."""
     global _PREFILL_LAUNCHES
-    if _PREFILL_LAUNCHES is None:
-        from .triton_attention import block_sparse_attn_fwd
+    from . import triton_attention
 
-        _PREFILL_LAUNCHES = LaunchCache(block_sparse_attn_fwd, PER_CALL)
+    if _PREFILL_LAUNCHES is None or _PREFILL_LAUNCHES.kernel is not triton_attention.block_sparse_attn_fwd:
+        _PREFILL_LAUNCHES = LaunchCache(triton_attention.block_sparse_attn_fwd, PER_CALL)
     return _PREFILL_LAUNCHES
-
-
-def _dispatch_state() -> tuple:
-    """What Triton's dispatch reads besides the arguments: the current device (a compiled kernel
-    is loaded per device) and the debug and instrumentation settings (compiler options)."""
-    from triton import knobs
-
-    return torch.cuda.current_device(), knobs.runtime.debug, knobs.compilation.instrumentation_mode
 
 
 def _use_decode(decode: bool | None, config, num_splits: int | None, layout: BlockLayout) -> bool:

@@ -18,20 +18,26 @@ holds every input of Triton's specialization that can change between such calls 
 tensors' dtypes, shapes, strides and 16-byte alignment), so the kernel issued is the one Triton
 would pick; ``tests/test_kernels_launch_cache.py`` checks that against Triton's own binder.
 
-Entries live as long as their layout (a weak reference) and at most ``MAX_PER_LAYOUT`` per layout.
-A layout is a value: its tensors are not to be edited in place after it is used. Under the Triton
-interpreter, or with a Triton whose compiled kernels lack the launch interface used here, every
-call goes through Triton's dispatch as before.
+The key also holds the current device and stream (``dispatch_state``): an entry keeps the
+tensors its launch built (a stand-in LSE buffer, copies of layout tensors that needed one), and
+they are used only on the stream they were allocated on. Entries live as long as their layout
+object (a weak reference) and at most ``MAX_PER_LAYOUT`` per layout. A layout is a value: its
+tensors are not to be edited in place after it is used; and one on another device than q is
+copied on every call, so such calls never hit. As in Triton's dispatch, a hit first checks that
+the globals the kernel was compiled with are unchanged. Triton dispatches the call itself under
+the interpreter, with a Triton whose compiled kernels lack the launch interface used here, and
+where the kernel has pre-run hooks or a stages-inspection hook is set.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["LaunchCache", "MAX_PER_LAYOUT", "issue_compiled", "direct_launch_supported"]
+__all__ = ["LaunchCache", "MAX_PER_LAYOUT", "issue_compiled", "direct_launch_supported", "dispatch_state"]
 
 MAX_PER_LAYOUT = 16
 
@@ -52,19 +58,41 @@ def direct_launch_supported(compiled: Any) -> bool:
     return compiled is not None and all(hasattr(compiled, name) for name in _COMPILED_INTERFACE)
 
 
-def issue_compiled(compiled: Any, grid: tuple[int, ...], values: Sequence[Any]) -> None:
-    """Launch a compiled Triton kernel on the current device's current stream, as
-    ``JITFunction.run`` does once it has found it (launch hooks included, so profilers still see
-    the launch)."""
+def dispatch_state(kernel: Any) -> tuple | None:
+    """What Triton's dispatch reads on each call besides the arguments, as part of the key: the
+    current device (a compiled kernel is loaded per device) and stream (entries are then used on
+    the stream whose allocations they hold), and the debug, instrumentation and fpsan settings
+    (compiler options; the last from Triton 3.9). None where the cache must step aside and let
+    Triton dispatch: the kernel has pre-run hooks, or a stages-inspection hook is set (3.9)."""
     from triton import knobs
     from triton.runtime import driver
 
+    if getattr(kernel, "pre_run_hooks", None) or getattr(knobs.runtime, "add_stages_inspection_hook", None):
+        return None
     device = driver.active.get_current_device()
-    stream = driver.active.get_current_stream(device)
-    grid = tuple(grid) + (1,) * (3 - len(grid))
+    return (device, driver.active.get_current_stream(device), knobs.runtime.debug,
+            knobs.compilation.instrumentation_mode, getattr(knobs.compilation, "fpsan_homomorphic_casts", None))
+
+
+def issue_compiled(compiled: Any, grid: tuple[int, ...], values: Sequence[Any], state: tuple) -> None:
+    """Launch a compiled Triton kernel on ``state``'s device and stream (``dispatch_state``), as
+    ``JITFunction.run`` does once it has found it (launch hooks included, so profilers still see
+    the launch)."""
+    from triton import knobs
+
+    stream = state[1]
     metadata = compiled.launch_metadata(grid, stream, *values)
+    grid = tuple(grid) + (1,) * (3 - len(grid))
     compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, metadata,
                  knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+
+
+def _globals_unchanged(kernel: Any) -> bool:
+    """Triton's own check before each launch: the globals the kernel read when compiled still
+    hold those values (where one changed, dispatch raises Triton's error)."""
+    missing = object()
+    return all(scope.get(name, missing) == value
+               for (name, _), (value, scope) in getattr(kernel, "used_global_vals", {}).items())
 
 
 class LaunchCache:
@@ -72,17 +100,20 @@ class LaunchCache:
 
     ``kernel``: the ``@triton.jit`` function; ``per_call``: the names of the parameters that take
     the call's own tensors (the key must not depend on their addresses beyond alignment).
-    ``issue``: how a cached launch is issued (``issue_compiled``; tests pass a recorder).
+    ``issue`` and ``state``: how a cached launch is issued and what dispatch state it is keyed on
+    (``issue_compiled``, ``dispatch_state``; tests pass stand-ins).
     """
 
     def __init__(self, kernel: Any, per_call: Sequence[str], *,
-                 issue: Callable[[Any, tuple[int, ...], Sequence[Any]], None] = issue_compiled,
-                 max_per_layout: int = MAX_PER_LAYOUT):
-        self._kernel = kernel
+                 issue: Callable[[Any, tuple[int, ...], Sequence[Any], tuple], None] = issue_compiled,
+                 state: Callable[[Any], tuple | None] = dispatch_state, max_per_layout: int = MAX_PER_LAYOUT):
+        self.kernel = kernel
         self._per_call = tuple(per_call)
         self._issue = issue
+        self._state = state
         self._max = max_per_layout
         self._by_layout: weakref.WeakKeyDictionary[Any, collections.OrderedDict] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()  # the bookkeeping only; launches are not serialized
         self.hits = 0
         self.misses = 0
 
@@ -91,23 +122,32 @@ class LaunchCache:
         order, None where the launch builds a stand-in (whether each is None must be part of
         ``key``); ``build``: makes the call's ``KernelLaunch`` (grid, args, constexprs, options)
         when no entry matches, from the same ``tensors``."""
-        entries = self._by_layout.get(layout)
-        entry = entries.get(key) if entries is not None else None
-        if entry is not None:
+        state = self._state(self.kernel)
+        if state is None:  # Triton must dispatch this call itself
+            self.misses += 1
+            launch = build()
+            self.kernel[launch.grid](**launch.args, **launch.constexprs, **launch.options)
+            return
+        key = (state, key)
+        with self._lock:
+            entries = self._by_layout.get(layout)
+            entry = entries.get(key) if entries is not None else None
+            if entry is not None:
+                entries.move_to_end(key)
+        if entry is not None and _globals_unchanged(self.kernel):
             self.hits += 1
-            entries.move_to_end(key)
             values = list(entry.values)
             for position, tensor in zip(entry.positions, tensors):
                 if tensor is not None:  # None: the launch's own stand-in (e.g. no LSE), kept
                     values[position] = tensor
-            self._issue(entry.compiled, entry.grid, values)
+            self._issue(entry.compiled, entry.grid, values, state)
             return
         self.misses += 1
         launch = build()
-        compiled = self._kernel[launch.grid](**launch.args, **launch.constexprs, **launch.options)
+        compiled = self.kernel[launch.grid](**launch.args, **launch.constexprs, **launch.options)
         if not direct_launch_supported(compiled):
             return  # the interpreter, or a Triton without the interface: no entry, dispatch each time
-        names = list(self._kernel.arg_names)
+        names = list(self.kernel.arg_names)
         given = {**launch.args, **launch.constexprs}
         if (set(names) != set(given) or len(tensors) != len(self._per_call)
                 or any(t is not None and given[name] is not t for name, t in zip(self._per_call, tensors))):
@@ -119,11 +159,13 @@ class LaunchCache:
             if tensor is not None:
                 values[position] = None  # the entry does not keep this call's tensors alive
         entry = _Entry(compiled, tuple(launch.grid), values, positions)
-        if entries is None:
-            entries = self._by_layout.setdefault(layout, collections.OrderedDict())
-        entries[key] = entry
-        while len(entries) > self._max:
-            entries.popitem(last=False)
+        with self._lock:
+            entries = self._by_layout.get(layout)
+            if entries is None:
+                entries = self._by_layout.setdefault(layout, collections.OrderedDict())
+            entries[key] = entry
+            while len(entries) > self._max:
+                entries.popitem(last=False)
 
     def clear(self) -> None:
         self._by_layout = weakref.WeakKeyDictionary()

@@ -27,8 +27,9 @@ kernels/h200_run.sh``).
 launch, in microseconds per call (median of 5 rounds): the input checks, the config lookup,
 ``build_launch`` (the 59 runtime arguments), Triton's binder (its specialization of every
 argument, what ``JITFunction.run`` does on each call before finding the compiled kernel; built
-for the device's target, sm_90 on a CPU) and ``launch_key`` (what the launch cache computes
-instead of the two before). It needs no GPU: on a CPU it shows the parts on that CPU, next to
+for the device's target, sm_90 on a CPU), ``launch_key``, and ``cached_hit``: the key and the
+launch cache's hit (kernels/launch_cache.py) with Triton's part stubbed (the dispatch state and
+the issue of the compiled kernel), i.e. what the cache does instead of the build and the binder. It needs no GPU: on a CPU it shows the parts on that CPU, next to
 ``host_ms`` of a GPU host's run.
 """
 from __future__ import annotations
@@ -44,6 +45,7 @@ from typing import Any
 import torch
 
 from . import attention, configs, launch, targets
+from .launch_cache import LaunchCache
 from . import benchmark_table as table
 from .benchmark import arguments_or_status
 
@@ -146,11 +148,41 @@ def host_parts(cases: list[table.Case], device: torch.device, calls: int = 1000)
             "triton_binder": _per_call_us(lambda: binder(**given, debug=False), calls),
             "launch_key": _per_call_us(lambda: launch.launch_key(q, k, v, out, None, cfg, sm_scale=scale,
                                                                  use_tma=use_tma), calls),
+            "cached_hit": _per_call_us(_cached_hit(fn.arg_names, q, k, v, out, layout, cfg, scale, use_tma), calls),
         }}
         rows.append(row)
         print(json.dumps(row), flush=True)
         del layout, q, k, v, out
     return rows
+
+
+class _StandInCompiled:
+    """Has the interface ``launch_cache.direct_launch_supported`` looks for; never launched."""
+    run = function = packed_metadata = launch_metadata = None
+
+
+class _StandInKernel:
+    """A kernel whose dispatch returns a stand-in compiled kernel (for timing the cache's hit)."""
+
+    def __init__(self, arg_names):
+        self.arg_names = arg_names
+
+    def __getitem__(self, grid):
+        return lambda **kwargs: _StandInCompiled()
+
+
+def _cached_hit(arg_names, q, k, v, out, layout, cfg, scale, use_tma) -> Callable[[], None]:
+    """A call's key and the launch cache's hit (lookup, the argument list with the call's
+    tensors), with Triton's part stubbed: the dispatch state and the issue of the compiled
+    kernel, which need a GPU and are in ``host_ms``."""
+    cache = LaunchCache(_StandInKernel(arg_names), launch.PER_CALL, issue=lambda *args: None,
+                        state=lambda kernel: ("device", "stream"))
+
+    def call():
+        key = launch.launch_key(q, k, v, out, None, cfg, sm_scale=scale, use_tma=use_tma)
+        cache.launch(layout, key, (q, k, v, out, None),
+                     lambda: launch.build_launch(q, k, v, out, None, layout, cfg, sm_scale=scale, use_tma=use_tma))
+    return call
 
 
 def _host_parts_device(name: str | None) -> torch.device:

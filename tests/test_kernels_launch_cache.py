@@ -44,7 +44,7 @@ def triton_binder():
 LAYOUT_BUILDERS = {
     "causal": lambda s: causal_layout(s, s, block_m=64, block_n=64),
     "window": lambda s: sliding_window_layout(s, s, 100, block_m=64, block_n=64),
-    "random": lambda s: random_layout(s, s, 0.5, 5, batch=2, heads=4, block_m=64, block_n=64),
+    "random": lambda s: random_layout(s, s, 0.5, 5, heads=4, block_m=64, block_n=64),  # lists per head
 }
 LAYOUTS = {(kind, seq): build(seq) for kind, build in LAYOUT_BUILDERS.items() for seq in (128, 200)}
 
@@ -63,6 +63,8 @@ def _place(t: torch.Tensor, offset: int, heads_last: bool) -> torch.Tensor:
 
 FIELDS = {
     "layout": st.sampled_from(sorted(LAYOUTS)),
+    "batch": st.sampled_from([1, 2, 3]),
+    "tma": st.booleans(),
     "heads": st.sampled_from([(4, 4), (4, 2), (4, 1)]),
     "head_dim": st.sampled_from([64, 128]),
     "dtype": st.sampled_from([torch.bfloat16, torch.float16]),
@@ -76,19 +78,19 @@ problems = st.fixed_dictionaries(FIELDS)
 
 
 def _call(p, seed=0):
-    """(layout, key, kwargs of build_launch's launch) for a drawn problem."""
+    """(layout, key, the launch's parameters by name, its compiler options) for a drawn problem."""
     layout = LAYOUTS[p["layout"]]
     hq, hkv = p["heads"]
-    q, k, v = random_qkv(2, hq, hkv, layout.seq_q, layout.seq_k, p["head_dim"], p["dtype"], seed, "cpu")
+    q, k, v = random_qkv(p["batch"], hq, hkv, layout.seq_q, layout.seq_k, p["head_dim"], p["dtype"], seed, "cpu")
     oq, ok, ov, oo, ol = p["offsets"]
     q, k, v = (_place(t, off, last) for t, off, last in zip((q, k, v), (oq, ok, ov), p["heads_last"]))
     out = _place(torch.empty_like(q), oo, False)
-    lse = _place(torch.empty(2, hq, layout.seq_q, 1), ol, False)[..., 0] if p["lse"] else None
+    lse = _place(torch.empty(p["batch"], hq, layout.seq_q, 1), ol, False)[..., 0] if p["lse"] else None
     cfg = configs.config_for("sm_90", p["head_dim"], p["dtype"]).clamp(layout.block_m, layout.block_n)
     cfg = dataclasses.replace(cfg, **dict(p["config"]))
-    key = launch_key(q, k, v, out, lse, cfg, sm_scale=p["scale"], use_tma=False)
-    launch = build_launch(q, k, v, out, lse, layout, cfg, sm_scale=p["scale"])
-    return layout, key, {**launch.args, **launch.constexprs}
+    key = launch_key(q, k, v, out, lse, cfg, sm_scale=p["scale"], use_tma=p["tma"])
+    launch = build_launch(q, k, v, out, lse, layout, cfg, sm_scale=p["scale"], use_tma=p["tma"])
+    return layout, key, {**launch.args, **launch.constexprs}, launch.options
 
 
 def _fingerprint(value):
@@ -107,10 +109,11 @@ def test_equal_keys_mean_the_same_launch_and_the_same_specialization(triton_bind
     the same compiled kernel). The argument order the cache keeps is the binder's."""
     binder, names = triton_binder
     moved = dict(problem, offsets=tuple(off + 8 * move for off, move in zip(problem["offsets"], moves)))
-    (layout, key_a, args_a), (_, key_b, args_b) = _call(problem, seed=1), _call(moved, seed=2)
+    (layout, key_a, args_a, options_a), (_, key_b, args_b, options_b) = _call(problem, seed=1), _call(moved, seed=2)
     assert key_a == key_b
-    bound_a, spec_a, _ = binder(**args_a, debug=False)
-    bound_b, spec_b, _ = binder(**args_b, debug=False)
+    bound_a, spec_a, opts_a = binder(**args_a, **options_a, debug=False)
+    bound_b, spec_b, opts_b = binder(**args_b, **options_b, debug=False)
+    assert opts_a == opts_b, "equal keys, different compiler options"
     assert list(bound_a) == names and all(bound_a[n] is args_a[n] for n in names), \
         "the cache's argument order must be the binder's"
     assert spec_a == spec_b, "equal keys, different Triton specialization"
@@ -131,26 +134,33 @@ def test_whatever_changes_the_launch_changes_the_key(triton_binder, field, probl
     binder, names = triton_binder
     value = data.draw(FIELDS[field].filter(lambda v: v != problem[field]), label=field)
     changed = dict(problem, **{field: value})
-    (_, key_a, args_a), (_, key_b, args_b) = _call(problem, seed=1), _call(changed, seed=1)
-    spec_a, spec_b = binder(**args_a, debug=False)[1], binder(**args_b, debug=False)[1]
-    launch_differs = spec_a != spec_b or any(_fingerprint(args_a[n]) != _fingerprint(args_b[n])
-                                             for n in names if n not in PER_CALL)
+    (_, key_a, args_a, options_a), (_, key_b, args_b, options_b) = _call(problem, seed=1), _call(changed, seed=1)
+    _, spec_a, opts_a = binder(**args_a, **options_a, debug=False)
+    _, spec_b, opts_b = binder(**args_b, **options_b, debug=False)
+    launch_differs = spec_a != spec_b or opts_a != opts_b or any(
+        _fingerprint(args_a[n]) != _fingerprint(args_b[n]) for n in names if n not in PER_CALL)
     if launch_differs:
         assert key_a != key_b, f"{field}: {problem[field]!r} -> {value!r} changes the launch, not the key"
 
 
-def test_alignment_is_in_the_key_because_triton_specializes_on_it(triton_binder):
-    """The negative control of the property above: a q three elements (6 bytes) into its storage
-    is specialized differently by Triton, and its key differs too."""
+@pytest.mark.parametrize("tensor", range(len(PER_CALL)), ids=PER_CALL)
+def test_alignment_is_in_the_key_because_triton_specializes_on_it(triton_binder, tensor):
+    """The negative control of the properties above, one per-call tensor at a time: three
+    elements into its storage (6 bytes, 12 for the fp32 LSE) Triton specializes it differently, and
+    its key differs too; eight elements in (16 or 32 bytes) Triton specializes alike, and the key
+    agrees."""
     binder, _ = triton_binder
-    base = {"layout": ("causal", 128), "heads": (4, 2), "head_dim": 64, "dtype": torch.bfloat16,
-            "offsets": (0, 0, 0, 0, 0), "heads_last": (False, False, False), "lse": True, "scale": 0.125, "config": ()}
-    shifted = dict(base, offsets=(3, 0, 0, 0, 0))
-    (_, key_a, args_a), (_, key_b, args_b) = _call(base), _call(shifted)
+    base = {"layout": ("causal", 128), "batch": 2, "tma": False, "heads": (4, 2), "head_dim": 64,
+            "dtype": torch.bfloat16, "offsets": (0, 0, 0, 0, 0), "heads_last": (False, False, False), "lse": True,
+            "scale": 0.125, "config": ()}
+
+    def shifted(by):
+        return dict(base, offsets=tuple(by if i == tensor else 0 for i in range(len(PER_CALL))))
+
+    (_, key_a, args_a, _), (_, key_b, args_b, _) = _call(base), _call(shifted(3))
     spec_a, spec_b = binder(**args_a, debug=False)[1], binder(**args_b, debug=False)[1]
     assert spec_a != spec_b and key_a != key_b
-    # and eight elements (16 bytes) in: Triton specializes alike, the key agrees
-    (_, key_c, args_c) = _call(dict(base, offsets=(8, 0, 0, 0, 0)))
+    (_, key_c, args_c, _) = _call(shifted(8))
     assert binder(**args_c, debug=False)[1] == spec_a and key_c == key_a
 
 
@@ -191,8 +201,9 @@ def _tensors(lse=True):
     return tuple(torch.zeros(2) for _ in range(4)) + ((torch.zeros(2),) if lse else (None,))
 
 
-def _cache(kernel, issued, **kw):
-    return LaunchCache(kernel, PER_CALL, issue=lambda c, g, vals: issued.append((c, g, vals)), **kw)
+def _cache(kernel, issued, state=("device 0", "stream 7"), **kw):
+    return LaunchCache(kernel, PER_CALL, issue=lambda c, g, vals, st: issued.append((c, g, vals)),
+                       state=lambda kernel: state() if callable(state) else state, **kw)
 
 
 def test_a_repeated_key_issues_the_compiled_kernel_with_the_new_tensors():
@@ -250,6 +261,50 @@ def test_another_layout_object_or_an_evicted_key_is_built_again():
     tensors = _tensors()
     cache.launch(a, 3, tensors, lambda: _Launch(tensors, 3))
     assert cache.hits == 1
+
+
+def test_another_stream_or_device_is_another_entry():
+    kernel, issued, current = _Kernel(), [], ["stream 1"]
+    cache, layout = _cache(kernel, issued, state=lambda: ("device 0", current[0])), _Layout()
+    for stream in ("stream 1", "stream 2", "stream 1", "stream 2"):
+        current[0] = stream
+        tensors = _tensors()
+        cache.launch(layout, "k", tensors, lambda tensors=tensors: _Launch(tensors, 3))
+    assert (cache.hits, cache.misses) == (2, 2)
+
+
+def test_triton_dispatches_where_the_cache_must_step_aside():
+    """No dispatch state (pre-run hooks, a stages-inspection hook): every call dispatched, no
+    entry; a global the kernel was compiled with changed: dispatched (Triton raises there)."""
+    kernel, issued = _Kernel(), []
+    cache, layout = _cache(kernel, issued, state=lambda: None), _Layout()
+    for _ in range(2):
+        tensors = _tensors()
+        cache.launch(layout, "k", tensors, lambda tensors=tensors: _Launch(tensors, 3))
+    assert len(kernel.dispatched) == 2 and not issued and len(cache._by_layout) == 0
+    scope = {"RESCALE": 8.0}
+    kernel = _Kernel()
+    kernel.used_global_vals = {("RESCALE", id(scope)): (8.0, scope)}
+    cache = _cache(kernel, issued := [])
+    for _ in range(2):
+        tensors = _tensors()
+        cache.launch(layout, "k", tensors, lambda tensors=tensors: _Launch(tensors, 3))
+    assert len(kernel.dispatched) == 1 and len(issued) == 1
+    scope["RESCALE"] = 4.0
+    tensors = _tensors()
+    cache.launch(layout, "k", tensors, lambda: _Launch(tensors, 3))
+    assert len(kernel.dispatched) == 2 and len(issued) == 1
+
+
+def test_a_replaced_kernel_gets_its_own_cache(monkeypatch):
+    """Tests replace the module's kernel with a spy; the cache must then launch the spy."""
+    from parity.kernels import attention, triton_attention
+
+    first = attention._prefill_launches()
+    assert first.kernel is triton_attention.block_sparse_attn_fwd and attention._prefill_launches() is first
+    spy = _Kernel()
+    monkeypatch.setattr(triton_attention, "block_sparse_attn_fwd", spy)
+    assert attention._prefill_launches().kernel is spy
 
 
 def test_without_a_compiled_kernel_every_call_is_dispatched():
