@@ -12,10 +12,10 @@ import torch
 
 from . import configs, dtypes
 from . import targets as platform
-from .decode import MAX_ROWS, build_decode_launch, decode_eligible, run_decode
+from .decode import MAX_ROWS, build_decode_launch, decode_eligible, decode_key, decode_steps
 from .inputs import check_inputs
 from .launch import PER_CALL, build_launch, element_mask_arguments, launch_key, tma_fits
-from .launch_cache import LaunchCache
+from .launch_cache import LaunchCache, LaunchStep
 from .layout import BlockLayout
 
 __all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_config", "element_mask_arguments"]
@@ -26,7 +26,7 @@ _AUTOTUNED: dict[tuple, configs.LaunchConfig] = {}
 # Whether a call without ``launch_cache`` reuses a bound launch (kernels/launch_cache.py). Off
 # until the H200 shows that it pays and passes the GPU tests with it (issue 26, BENCHMARK.md).
 LAUNCH_CACHE_DEFAULT = False
-_PREFILL_LAUNCHES: LaunchCache | None = None
+_LAUNCH_CACHES: dict[str, LaunchCache] = {}  # "prefill", "decode"
 
 
 def _arch(device: torch.device) -> str:
@@ -87,10 +87,10 @@ def block_sparse_attention(
     (None: chosen from the shape and the device; tests pin every count).
     out: optional preallocated [B, Hq, Sq, D] output (tests pass a NaN-poisoned one).
     lse_out: optional preallocated [B, Hq, Sq] fp32 LSE buffer (with ``return_lse``).
-    launch_cache: on a GPU, a prefill call whose layout object, shapes, strides, alignment, dtype,
-    scale and config match an earlier call's reuses that call's bound launch (the arguments and
-    Triton's compiled kernel; kernels/launch_cache.py) instead of building and dispatching it
-    again: same kernel, same values. None: ``LAUNCH_CACHE_DEFAULT``.
+    launch_cache: on a GPU, a call whose layout object, shapes, strides, alignment, dtype, scale,
+    config and path (and decode split count) match an earlier call's reuses that call's bound
+    launches (the arguments and Triton's compiled kernels; kernels/launch_cache.py) instead of
+    building and dispatching them again: same kernels, same values. None: ``LAUNCH_CACHE_DEFAULT``.
     Returns out [B, Hq, Sq, D] in q's dtype, and with ``return_lse`` the natural-log LSE
     [B, Hq, Sq] in fp32. A row that sees no key gives 0 and LSE -inf, never NaN.
     """
@@ -131,39 +131,51 @@ def block_sparse_attention(
            else torch.empty(batch, heads_q, seq_q, dtype=torch.float32, device=q.device) if return_lse
            else None)
 
+    cached = (LAUNCH_CACHE_DEFAULT if launch_cache is None else launch_cache) and q.device.type == "cuda" \
+        and not interpreter
     if use_decode:
         cfg = config if isinstance(config, configs.DecodeConfig) else decode_config(q.device, head_dim, q.dtype)
-        run_decode(build_decode_launch(q, k, v, staging, lse, layout, cfg.clamp(layout.block_n), sm_scale=scale,
-                                       num_splits=num_splits, units=platform.compute_units(q.device),
-                                       emulate_bf16=emulate_bf16))
+        cfg = cfg.clamp(layout.block_n)
+
+        def build():
+            return decode_steps(build_decode_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale,
+                                                    num_splits=num_splits, units=platform.compute_units(q.device),
+                                                    emulate_bf16=emulate_bf16))
+        cache = "decode"
+        key = decode_key(q, k, v, staging, lse, cfg, sm_scale=scale, num_splits=num_splits,
+                         emulate_bf16=emulate_bf16) if cached else None
     else:
         cfg = _resolve_config(config, q, k, v, layout, scale).clamp(layout.block_m, layout.block_n)
         use_tma = _tma_usable(cfg, q, k, v)
 
         def build():
-            return build_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
-                                use_tma=use_tma)
-
-        if (LAUNCH_CACHE_DEFAULT if launch_cache is None else launch_cache) and q.device.type == "cuda" and not interpreter:
-            key = launch_key(q, k, v, staging, lse, cfg, sm_scale=scale, emulate_bf16=emulate_bf16, use_tma=use_tma)
-            _prefill_launches().launch(layout, key, (q, k, v, staging, lse), build)
-        else:
-            launch = build()
-            block_sparse_attn_fwd[launch.grid](**launch.args, **launch.constexprs, **launch.options)
+            launch = build_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
+                                  use_tma=use_tma)
+            return [LaunchStep(block_sparse_attn_fwd, launch.grid, launch.args, launch.constexprs, launch.options)]
+        cache = "prefill"
+        key = launch_key(q, k, v, staging, lse, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
+                         use_tma=use_tma) if cached else None
+    if cached:  # one cache per path, so the two paths' keys never meet
+        _launch_cache(cache).launch(layout, key, (q, k, v, staging, lse), build)
+    else:
+        for step in build():
+            step.dispatch()
     if emulate_bf16:
         result.copy_(staging)
     return (result, lse) if return_lse else result
 
 
-def _prefill_launches() -> LaunchCache:
-    """The prefill kernel's launch cache (made on first use: the kernel module imports Triton;
-    made again if the module's kernel was replaced, as tests replace it with a spy)."""
-    global _PREFILL_LAUNCHES
+def _launch_cache(path: str) -> LaunchCache:
+    """The launch cache of the prefill or the decode path (made on first use: the kernel module
+    imports Triton; made again if the module's kernels were replaced, as tests replace them)."""
     from . import triton_attention
 
-    if _PREFILL_LAUNCHES is None or _PREFILL_LAUNCHES.kernel is not triton_attention.block_sparse_attn_fwd:
-        _PREFILL_LAUNCHES = LaunchCache(triton_attention.block_sparse_attn_fwd, PER_CALL)
-    return _PREFILL_LAUNCHES
+    kernels = ((triton_attention.block_sparse_attn_fwd,) if path == "prefill"
+               else (triton_attention.block_sparse_decode_fwd, triton_attention.decode_combine))
+    cache = _LAUNCH_CACHES.get(path)
+    if cache is None or cache.kernels != kernels:
+        cache = _LAUNCH_CACHES[path] = LaunchCache(kernels, PER_CALL)
+    return cache
 
 
 def _use_decode(decode: bool | None, config, num_splits: int | None, layout: BlockLayout) -> bool:

@@ -16,7 +16,10 @@ the token sees its whole cache):
   the decode path, the decode path on the padded cache as if full, and SDPA on the padded cache;
 - ``--threshold``: Sq = 1 .. 64 at (B, Sk) = (8, 32k) and (64, 2k), the decode path (forced)
   against the prefill path;
-- ``--sweep`` / ``--variant``: decode configs on the dense cases.
+- ``--sweep`` / ``--variant``: decode configs on the dense cases;
+- ``--launch-cache``: the decode path through the launch cache (``CACHED``) on the dense and
+  sparse cases, next to the plain call (its call time shows the host's share; its device time
+  must equal the plain call's).
 
 Every implementation's output is checked against the fp32 PyTorch reference on the same inputs
 before it is timed (relative L2). Times are the median of 3 ``do_bench`` medians (CUDA events,
@@ -47,6 +50,8 @@ from .testing import random_qkv
 import time
 
 FORMAT, VERSION = "parity-decode-benchmark-report", 1
+# The decode path called with launch_cache=True (kernels/launch_cache.py), with --launch-cache.
+CACHED = "parity decode, launch cache"
 HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
 DENSE_CASES = ((8, 4096), (8, 32768), (1, 131072), (64, 2048))
 SPARSE_BATCH, SPARSE_SEQ = 8, 32768
@@ -216,6 +221,14 @@ def parity_decode(q, k, v, layout, cfg: configs.DecodeConfig | None = None) -> t
             {"config": label(cfg), "num_splits": splits})
 
 
+def _cached(q, k, v, layout, launch_cache: bool) -> dict[str, Callable[[], torch.Tensor]]:
+    """With ``launch_cache``, the decode path at its pinned config through the launch cache
+    (kernels/launch_cache.py), as ``CACHED``."""
+    if not launch_cache:
+        return {}
+    return {CACHED: lambda: block_sparse_attention(q, k, v, layout, decode=True, launch_cache=True)}
+
+
 def sdpa(q, k, v) -> Callable[[], torch.Tensor]:
     # One query token with the bottom-right diagonal sees every key: no mask.
     return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
@@ -239,7 +252,8 @@ class Sizes:
 
 
 def run(*, sweep: bool, threshold: bool, variants: list[dict[str, int]], check: bool, flex: bool,
-        device: torch.device | None = None, sizes: Sizes = Sizes(), dense_only: bool = False) -> dict[str, Any]:
+        device: torch.device | None = None, sizes: Sizes = Sizes(), dense_only: bool = False,
+        launch_cache: bool = False) -> dict[str, Any]:
     device = device or torch.device("cuda")
     ceilings = {"copy_tbps": copy_bandwidth(device, sizes.copy_elements),
                 "hbm_datasheet_tbps": HBM_DATASHEET_TBPS}
@@ -252,6 +266,7 @@ def run(*, sweep: bool, threshold: bool, variants: list[dict[str, int]], check: 
         layout = causal_layout(1, seq_k).to(device)
         decode_fn, decode_meta = parity_decode(q, k, v, layout)
         impls = {"parity decode": decode_fn,
+                 **_cached(q, k, v, layout, launch_cache),
                  "parity prefill path": lambda: block_sparse_attention(q, k, v, layout, decode=False),
                  "SDPA": sdpa(q, k, v)}
         flex_fn = flex_runner(layout, q, k, v, device) if flex else None
@@ -278,7 +293,7 @@ def run(*, sweep: bool, threshold: bool, variants: list[dict[str, int]], check: 
     for name, layout in sparse_layouts.items():
         layout = layout.to(device)
         decode_fn, decode_meta = parity_decode(q, k, v, layout)
-        impls = {"parity decode": decode_fn, "SDPA (dense)": sdpa(q, k, v)}
+        impls = {"parity decode": decode_fn, **_cached(q, k, v, layout, launch_cache), "SDPA (dense)": sdpa(q, k, v)}
         flex_fn = flex_runner(layout, q, k, v, device) if flex else None
         if flex_fn is not None:
             impls["FlexAttention"] = flex_fn
@@ -346,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
     parser.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
     parser.add_argument("--dense-only", action="store_true", help="only the dense cases (and the sweep)")
+    parser.add_argument("--launch-cache", action="store_true",
+                        help=f"also time the decode path through the launch cache (as {CACHED!r})")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--markdown", metavar="RESULT.json", help="print the tables of an earlier result (no GPU)")
     args = parser.parse_args(argv)
@@ -355,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     if status is not None:
         return status
     result = run(sweep=args.sweep, threshold=args.threshold, variants=variants, check=not args.no_check,
-                 flex=not args.no_flex, dense_only=args.dense_only)
+                 flex=not args.no_flex, dense_only=args.dense_only, launch_cache=args.launch_cache)
     print(markdown(result))
     if args.json:
         with open(args.json, "w") as fh:

@@ -23,11 +23,12 @@ from typing import Any
 import torch
 
 from .configs import DECODE_MAX_SEQ_Q, DecodeConfig
-from .launch import element_mask_arguments, named_strides
+from .launch import element_mask_arguments, launch_key, named_strides
+from .launch_cache import LaunchStep
 from .layout import BlockLayout
 
 __all__ = ["DecodeLaunch", "decode_eligible", "heads_per_program", "choose_splits", "build_decode_launch",
-           "run_decode", "MAX_ROWS"]
+           "decode_key", "decode_steps", "MAX_ROWS"]
 
 # Query rows of one program (heads of a group x query positions): a group is split into fewer
 # heads per program beyond this, to keep the tile's registers bounded.
@@ -169,13 +170,24 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
                         combine_grid, combine_args, combine_constexprs)
 
 
-def run_decode(launch: DecodeLaunch) -> None:
-    """Launch both kernels of a ``DecodeLaunch``."""
+def decode_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+               config: DecodeConfig, *, sm_scale: float, num_splits: int | None, emulate_bf16: bool = False) -> tuple:
+    """``launch.launch_key`` for ``build_decode_launch``: the same fields plus the asked-for split
+    count (None: chosen from the shape and the device, both in the key)."""
+    return ("decode", num_splits) + launch_key(q, k, v, out, lse, config, sm_scale=sm_scale,
+                                               emulate_bf16=emulate_bf16)
+
+
+def decode_steps(launch: DecodeLaunch) -> list[LaunchStep]:
+    """A ``DecodeLaunch`` as its kernel launches in order (``launch_cache.LaunchStep``): the split
+    kernel, then the combine kernel when there is more than one split."""
     from .triton_attention import block_sparse_decode_fwd, decode_combine
 
-    block_sparse_decode_fwd[launch.grid](**launch.args, **launch.constexprs, **launch.options)
+    steps = [LaunchStep(block_sparse_decode_fwd, launch.grid, launch.args, launch.constexprs, launch.options)]
     if launch.combine_grid is not None:
-        decode_combine[launch.combine_grid](**launch.combine_args, **launch.combine_constexprs, num_warps=4)
+        steps.append(LaunchStep(decode_combine, launch.combine_grid, launch.combine_args, launch.combine_constexprs,
+                                {"num_warps": 4}))
+    return steps
 
 
 def _first_block(counts: torch.Tensor, indices: torch.Tensor, batch: int, heads: int):

@@ -7,13 +7,17 @@ parts of that cost are the same on every call of one problem: building the 59 ru
 (``kernels.launch.build_launch``) and Triton's dispatch, which specializes every argument again
 (alignment of each pointer, divisibility of each integer) to find the compiled kernel. A model
 calls the kernel with one layout, one shape and one config in every layer, so both can be done
-once.
+once. Decode steps are shorter still (tens of microseconds on the device, kernels/BENCHMARK.md)
+and launch two kernels.
 
-``LaunchCache`` keeps, per layout and per key (``kernels.launch.launch_key``: everything the
-launch depends on besides the layout and the addresses of the per-call tensors), the compiled
-kernel Triton chose and the argument list it was called with. A later call with an equal key on
-the same layout object swaps in its own per-call tensors (q, k, v, out, lse) and issues the
-compiled kernel directly, as Triton's own ``JITFunction.run`` does after its cache lookup. The key
+``LaunchCache`` keeps, per layout and per key (``kernels.launch.launch_key``, and
+``kernels.decode.decode_key`` for the decode path: everything the launches depend on besides the
+layout and the addresses of the per-call tensors), the compiled kernels Triton chose and the
+argument lists they were called with: one launch on the prefill path, the split kernel and the
+combine kernel on the decode path (whose partial-result workspace the entry keeps). A later call
+with an equal key on the same layout object swaps in its own per-call tensors (q, k, v, out, lse)
+and issues the compiled kernels directly, as Triton's own ``JITFunction.run`` does after its
+cache lookup. The key
 holds every input of Triton's specialization that can change between such calls (the per-call
 tensors' dtypes, shapes, strides and 16-byte alignment), so the kernel issued is the one Triton
 would pick; ``tests/test_kernels_launch_cache.py`` checks that against Triton's own binder.
@@ -37,7 +41,8 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["LaunchCache", "MAX_PER_LAYOUT", "issue_compiled", "direct_launch_supported", "dispatch_state"]
+__all__ = ["LaunchCache", "LaunchStep", "MAX_PER_LAYOUT", "issue_compiled", "direct_launch_supported",
+           "dispatch_state"]
 
 MAX_PER_LAYOUT = 16
 
@@ -45,12 +50,27 @@ MAX_PER_LAYOUT = 16
 _COMPILED_INTERFACE = ("run", "function", "packed_metadata", "launch_metadata")
 
 
+@dataclasses.dataclass(frozen=True)
+class LaunchStep:
+    """One kernel launch: ``kernel[grid](**args, **constexprs, **options)``."""
+
+    kernel: Any  # the @triton.jit function
+    grid: tuple[int, ...]
+    args: dict[str, Any]  # runtime arguments by parameter name
+    constexprs: dict[str, Any]
+    options: dict[str, Any]  # compiler options: num_warps, num_stages, AMD knobs
+
+    def dispatch(self) -> Any:
+        """Launch through Triton's dispatch; returns what it returns (the compiled kernel)."""
+        return self.kernel[self.grid](**self.args, **self.constexprs, **self.options)
+
+
 @dataclasses.dataclass
-class _Entry:
+class _Bound:
     compiled: Any  # Triton's CompiledKernel
     grid: tuple[int, ...]
     values: list[Any]  # every parameter's value, in the kernel's order (runtime and constexpr)
-    positions: tuple[int, ...]  # where the per-call tensors go in ``values``
+    slots: tuple[tuple[int, int], ...]  # (position in values, index in the per-call tensors)
 
 
 def direct_launch_supported(compiled: Any) -> bool:
@@ -96,18 +116,21 @@ def _globals_unchanged(kernel: Any) -> bool:
 
 
 class LaunchCache:
-    """Launches of one Triton kernel, bound once per (layout, key) and issued again with new tensors.
+    """Launches of a fixed sequence of Triton kernels, bound once per (layout, key) and issued
+    again with new tensors.
 
-    ``kernel``: the ``@triton.jit`` function; ``per_call``: the names of the parameters that take
-    the call's own tensors (the key must not depend on their addresses beyond alignment).
+    ``kernels``: the ``@triton.jit`` functions a call may launch (their pre-run hooks and globals
+    are checked); ``per_call``: the names of the parameters that take the call's own tensors (the
+    key must not depend on their addresses beyond alignment); any other tensor a launch builds
+    (a stand-in, a workspace) is kept in the entry and reused, on the same stream only.
     ``issue`` and ``state``: how a cached launch is issued and what dispatch state it is keyed on
     (``issue_compiled``, ``dispatch_state``; tests pass stand-ins).
     """
 
-    def __init__(self, kernel: Any, per_call: Sequence[str], *,
+    def __init__(self, kernels: Sequence[Any], per_call: Sequence[str], *,
                  issue: Callable[[Any, tuple[int, ...], Sequence[Any], tuple], None] = issue_compiled,
                  state: Callable[[Any], tuple | None] = dispatch_state, max_per_layout: int = MAX_PER_LAYOUT):
-        self.kernel = kernel
+        self.kernels = tuple(kernels)
         self._per_call = tuple(per_call)
         self._issue = issue
         self._state = state
@@ -117,55 +140,60 @@ class LaunchCache:
         self.hits = 0
         self.misses = 0
 
-    def launch(self, layout: Any, key: tuple, tensors: Sequence[Any], build: Callable[[], Any]) -> None:
-        """Launch the kernel for this call. ``tensors``: the per-call tensors, in ``per_call``
-        order, None where the launch builds a stand-in (whether each is None must be part of
-        ``key``); ``build``: makes the call's ``KernelLaunch`` (grid, args, constexprs, options)
-        when no entry matches, from the same ``tensors``."""
-        state = self._state(self.kernel)
-        if state is None:  # Triton must dispatch this call itself
+    def launch(self, layout: Any, key: tuple, tensors: Sequence[Any], build: Callable[[], Sequence[LaunchStep]]) -> None:
+        """Launch this call's kernels. ``tensors``: the per-call tensors, in ``per_call`` order,
+        None where the launch builds a stand-in (whether each is None must be part of ``key``);
+        ``build``: makes the call's launches, in order, when no entry matches, from the same
+        ``tensors``."""
+        states = [self._state(kernel) for kernel in self.kernels]
+        if any(state is None for state in states):  # Triton must dispatch this call itself
             self.misses += 1
-            launch = build()
-            self.kernel[launch.grid](**launch.args, **launch.constexprs, **launch.options)
+            for step in build():
+                step.dispatch()
             return
+        state = states[0]
         key = (state, key)
         with self._lock:
             entries = self._by_layout.get(layout)
             entry = entries.get(key) if entries is not None else None
             if entry is not None:
                 entries.move_to_end(key)
-        if entry is not None and _globals_unchanged(self.kernel):
+        if entry is not None and all(_globals_unchanged(kernel) for kernel in self.kernels):
             self.hits += 1
-            values = list(entry.values)
-            for position, tensor in zip(entry.positions, tensors):
-                if tensor is not None:  # None: the launch's own stand-in (e.g. no LSE), kept
-                    values[position] = tensor
-            self._issue(entry.compiled, entry.grid, values, state)
+            for bound in entry:
+                values = list(bound.values)
+                for position, index in bound.slots:
+                    values[position] = tensors[index]
+                self._issue(bound.compiled, bound.grid, values, state)
             return
         self.misses += 1
-        launch = build()
-        compiled = self.kernel[launch.grid](**launch.args, **launch.constexprs, **launch.options)
-        if not direct_launch_supported(compiled):
+        entry = []
+        for step in build():
+            compiled = step.dispatch()
+            entry.append(self._bind(step, compiled, tensors) if direct_launch_supported(compiled) else None)
+        if any(bound is None for bound in entry):
             return  # the interpreter, or a Triton without the interface: no entry, dispatch each time
-        names = list(self.kernel.arg_names)
-        given = {**launch.args, **launch.constexprs}
-        if (set(names) != set(given) or len(tensors) != len(self._per_call)
-                or any(t is not None and given[name] is not t for name, t in zip(self._per_call, tensors))):
-            raise RuntimeError("LaunchCache: the launch's arguments do not match the kernel's parameters "
-                               f"and the per-call tensors {self._per_call}")
-        values = [given[name] for name in names]
-        positions = tuple(names.index(name) for name in self._per_call)
-        for position, tensor in zip(positions, tensors):
-            if tensor is not None:
-                values[position] = None  # the entry does not keep this call's tensors alive
-        entry = _Entry(compiled, tuple(launch.grid), values, positions)
         with self._lock:
             entries = self._by_layout.get(layout)
             if entries is None:
                 entries = self._by_layout.setdefault(layout, collections.OrderedDict())
-            entries[key] = entry
+            entries[key] = tuple(entry)
             while len(entries) > self._max:
                 entries.popitem(last=False)
+
+    def _bind(self, step: LaunchStep, compiled: Any, tensors: Sequence[Any]) -> _Bound:
+        names = list(step.kernel.arg_names)
+        given = {**step.args, **step.constexprs}
+        slots = tuple((names.index(name), index) for index, (name, tensor) in enumerate(zip(self._per_call, tensors))
+                      if tensor is not None and name in given)
+        if (set(names) != set(given) or len(tensors) != len(self._per_call)
+                or any(given[names[position]] is not tensors[index] for position, index in slots)):
+            raise RuntimeError("LaunchCache: the launch's arguments do not match the kernel's parameters "
+                               f"and the per-call tensors {self._per_call}")
+        values = [given[name] for name in names]
+        for position, _ in slots:
+            values[position] = None  # the entry does not keep this call's tensors alive
+        return _Bound(compiled, tuple(step.grid), values, slots)
 
     def clear(self) -> None:
         self._by_layout = weakref.WeakKeyDictionary()

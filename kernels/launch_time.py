@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from . import attention, configs, launch, targets
-from .launch_cache import LaunchCache
+from .launch_cache import LaunchCache, LaunchStep
 from . import benchmark_table as table
 from .benchmark import arguments_or_status
 
@@ -175,13 +175,16 @@ def _cached_hit(arg_names, q, k, v, out, layout, cfg, scale, use_tma) -> Callabl
     """A call's key and the launch cache's hit (lookup, the argument list with the call's
     tensors), with Triton's part stubbed: the dispatch state and the issue of the compiled
     kernel, which need a GPU and are in ``host_ms``."""
-    cache = LaunchCache(_StandInKernel(arg_names), launch.PER_CALL, issue=lambda *args: None,
-                        state=lambda kernel: ("device", "stream"))
+    kernel = _StandInKernel(arg_names)
+    cache = LaunchCache((kernel,), launch.PER_CALL, issue=lambda *args: None, state=lambda kernel: ("device", "stream"))
+
+    def build():
+        built = launch.build_launch(q, k, v, out, None, layout, cfg, sm_scale=scale, use_tma=use_tma)
+        return [LaunchStep(kernel, built.grid, built.args, built.constexprs, built.options)]
 
     def call():
-        key = launch.launch_key(q, k, v, out, None, cfg, sm_scale=scale, use_tma=use_tma)
-        cache.launch(layout, key, (q, k, v, out, None),
-                     lambda: launch.build_launch(q, k, v, out, None, layout, cfg, sm_scale=scale, use_tma=use_tma))
+        cache.launch(layout, launch.launch_key(q, k, v, out, None, cfg, sm_scale=scale, use_tma=use_tma),
+                     (q, k, v, out, None), build)
     return call
 
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from parity.kernels import block_sparse_attention, causal_layout, configs, random_layout, sliding_window_layout
 from parity.kernels.launch import PER_CALL, build_launch, launch_key
-from parity.kernels.launch_cache import LaunchCache
+from parity.kernels.launch_cache import LaunchCache, LaunchStep
 from parity.kernels.testing import random_qkv
 
 
@@ -164,6 +164,138 @@ def test_alignment_is_in_the_key_because_triton_specializes_on_it(triton_binder,
     assert binder(**args_c, debug=False)[1] == spec_a and key_c == key_a
 
 
+# ---- the decode path: two kernels, a workspace the entry keeps ----------------------------------
+@pytest.fixture(scope="module")
+def decode_binders():
+    """Triton's binder (sm_90) for each decode kernel, by the kernel's Python name."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    from parity.kernels import triton_attention
+
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    binders = {}
+    for kernel in (triton_attention.block_sparse_decode_fwd, triton_attention.decode_combine):
+        fn = JITFunction(kernel.fn)
+        binders[kernel.fn.__name__] = (create_function_from_signature(fn.signature, fn.params, backend), fn.arg_names)
+    return binders
+
+
+DECODE_LAYOUTS = {("causal", sq): causal_layout(sq, 200, block_m=64, block_n=64) for sq in (1, 4)}
+DECODE_LAYOUTS.update({("window", sq): sliding_window_layout(sq, 200, 100, block_m=64, block_n=64) for sq in (1, 4)})
+DECODE_FIELDS = {
+    "layout": st.sampled_from(sorted(DECODE_LAYOUTS)),
+    "batch": st.sampled_from([1, 2, 3]),
+    "heads": st.sampled_from([(4, 4), (4, 2), (4, 1)]),
+    "head_dim": st.sampled_from([64, 128]),
+    "dtype": st.sampled_from([torch.bfloat16, torch.float16]),
+    "offsets": st.tuples(*[st.sampled_from([0, 8, 3]) for _ in range(5)]),
+    "lse": st.booleans(),
+    "scale": st.sampled_from([0.125, 0.088]),
+    "splits": st.sampled_from([None, 1, 3]),
+}
+WORKSPACE = ("PartOut", "PartLse")  # built by the decode launch, kept by the entry
+
+
+def _decode_call(p, seed=0):
+    """(key, [(kernel name, parameters by name, options)]) of a drawn decode problem, as the
+    launcher keys and builds it."""
+    from parity.kernels.decode import build_decode_launch, decode_key, decode_steps
+
+    layout = DECODE_LAYOUTS[p["layout"]]
+    hq, hkv = p["heads"]
+    q, k, v = random_qkv(p["batch"], hq, hkv, layout.seq_q, layout.seq_k, p["head_dim"], p["dtype"], seed, "cpu")
+    oq, ok, ov, oo, ol = p["offsets"]
+    q, k, v = (_place(t, off, False) for t, off in zip((q, k, v), (oq, ok, ov)))
+    out = _place(torch.empty_like(q), oo, False)
+    lse = _place(torch.empty(p["batch"], hq, layout.seq_q, 1), ol, False)[..., 0] if p["lse"] else None
+    cfg = configs.decode_config_for("sm_90", p["head_dim"], p["dtype"]).clamp(layout.block_n)
+    key = decode_key(q, k, v, out, lse, cfg, sm_scale=p["scale"], num_splits=p["splits"])
+    launch = build_decode_launch(q, k, v, out, lse, layout, cfg, sm_scale=p["scale"], num_splits=p["splits"],
+                                 units=132)
+    return key, [(step.kernel.fn.__name__, {**step.args, **step.constexprs}, step.options)
+                 for step in decode_steps(launch)]
+
+
+def _decode_launches_agree(binders, steps_a, steps_b, *, addresses: bool) -> bool:
+    """Whether two decode calls bind alike: the same kernels, Triton specializations and options,
+    and the same arguments but for the per-call tensors (and, unless ``addresses``, the
+    workspace's addresses: a new call builds a new one, the cache reuses the entry's)."""
+    if [name for name, _, _ in steps_a] != [name for name, _, _ in steps_b]:
+        return False
+    for (name, args_a, opts_a), (_, args_b, opts_b) in zip(steps_a, steps_b):
+        binder, names = binders[name]
+        if binder(**args_a, **opts_a, debug=False)[1:] != binder(**args_b, **opts_b, debug=False)[1:]:
+            return False
+        for n in names:
+            if n in PER_CALL:
+                continue
+            a, b = args_a[n], args_b[n]
+            if n in WORKSPACE and not addresses:
+                a, b = ((t.dtype, tuple(t.shape), t.stride(), t.data_ptr() % 16 == 0) for t in (a, b))
+            elif isinstance(a, torch.Tensor):
+                a, b = _fingerprint(a), _fingerprint(b)
+            if a != b:
+                return False
+    return True
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(problem=st.fixed_dictionaries(DECODE_FIELDS), moves=st.tuples(*[st.booleans() for _ in range(5)]))
+def test_decode_equal_keys_mean_the_same_launches(decode_binders, problem, moves):
+    """The decode path's two kernels: a second call that differs only where the key cannot see it
+    has the same key and binds alike in both kernels (its workspace at other addresses)."""
+    moved = dict(problem, offsets=tuple(off + 8 * move for off, move in zip(problem["offsets"], moves)))
+    (key_a, steps_a), (key_b, steps_b) = _decode_call(problem, seed=1), _decode_call(moved, seed=2)
+    assert key_a == key_b
+    assert _decode_launches_agree(decode_binders, steps_a, steps_b, addresses=False)
+    for (name, args, _), names in ((step, decode_binders[step[0]][1]) for step in steps_a):
+        assert list(decode_binders[name][0](**args, debug=False)[0]) == names  # the cache's order
+
+
+@pytest.mark.parametrize("field", sorted(DECODE_FIELDS))
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(problem=st.fixed_dictionaries(DECODE_FIELDS), data=st.data())
+def test_decode_whatever_changes_the_launches_changes_the_key(decode_binders, field, problem, data):
+    value = data.draw(DECODE_FIELDS[field].filter(lambda v: v != problem[field]), label=field)
+    changed = dict(problem, **{field: value})
+    (key_a, steps_a), (key_b, steps_b) = _decode_call(problem, seed=1), _decode_call(changed, seed=1)
+    if field == "layout":
+        return  # another layout object: another entry whatever the key
+    if not _decode_launches_agree(decode_binders, steps_a, steps_b, addresses=False):
+        assert key_a != key_b, f"{field}: {problem[field]!r} -> {value!r} changes the launches, not the key"
+
+
+def test_two_steps_are_issued_in_order_and_the_workspace_is_kept():
+    """A cached decode-like call: both kernels issued on a hit, in order, each with the call's own
+    tensors where it takes them and the first call's workspace (the same object) elsewhere."""
+    split, combine, issued = _Kernel(), _Kernel(), []
+    split.arg_names = ["Q", "K", "V", "Out", "Lse", "Work", "seq", "BLOCK"]
+    combine.arg_names = ["Work", "Out", "Lse", "rows"]
+    cache = LaunchCache((split, combine), PER_CALL, issue=lambda c, g, vals, st: issued.append((c, g, vals)),
+                        state=lambda kernel: ("device", "stream"))
+    layout, workspaces = _Layout(), []
+
+    def build(tensors):
+        q, k, v, out, lse = tensors
+        work = torch.zeros(3)
+        workspaces.append(work)
+        return [LaunchStep(split, (2, 1), {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "Work": work, "seq": 1},
+                           {"BLOCK": 16}, {}),
+                LaunchStep(combine, (4,), {"Work": work, "Out": out, "Lse": lse, "rows": 4}, {}, {})]
+
+    for _ in range(2):
+        tensors = _tensors()
+        cache.launch(layout, "k", tensors, lambda tensors=tensors: build(tensors))
+    assert len(workspaces) == 1 and [c for c, _, _ in issued] == [split.compiled, combine.compiled]
+    (_, grid_a, first), (_, grid_b, second) = issued
+    q, k, v, out, lse = tensors
+    assert grid_a == (2, 1) and grid_b == (4,)
+    assert all(a is b for a, b in zip(first[:5], tensors)) and first[5] is workspaces[0] and first[6:] == [1, 16]
+    assert second[0] is workspaces[0] and second[1] is out and second[2] is lse and second[3] == 4
+
+
 # ---- the cache's bookkeeping, with a recording stand-in for the kernel --------------------------
 class _Compiled:
     run = function = packed_metadata = launch_metadata = None
@@ -184,13 +316,11 @@ class _Kernel:
         return dispatch
 
 
-class _Launch:
-    def __init__(self, tensors, seq):
-        q, k, v, out, lse = tensors
-        self.grid = (seq,)
-        self.args = {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse if lse is not None else "stand-in", "seq": seq}
-        self.constexprs = {"BLOCK": 64}
-        self.options = {"num_warps": 4}
+def _steps(kernel, tensors, seq):
+    """One launch of the stand-in kernel with these per-call tensors (no LSE: a stand-in string)."""
+    q, k, v, out, lse = tensors
+    args = {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse if lse is not None else "stand-in", "seq": seq}
+    return [LaunchStep(kernel, (seq,), args, {"BLOCK": 64}, {"num_warps": 4})]
 
 
 class _Layout:
@@ -202,7 +332,7 @@ def _tensors(lse=True):
 
 
 def _cache(kernel, issued, state=("device 0", "stream 7"), **kw):
-    return LaunchCache(kernel, PER_CALL, issue=lambda c, g, vals, st: issued.append((c, g, vals)),
+    return LaunchCache((kernel,), PER_CALL, issue=lambda c, g, vals, st: issued.append((c, g, vals)),
                        state=lambda kernel: state() if callable(state) else state, **kw)
 
 
@@ -211,7 +341,7 @@ def test_a_repeated_key_issues_the_compiled_kernel_with_the_new_tensors():
     cache, layout = _cache(kernel, issued), _Layout()
 
     def launch(tensors, key, seq=7):
-        cache.launch(layout, key, tensors, lambda: builds.append(seq) or _Launch(tensors, seq))
+        cache.launch(layout, key, tensors, lambda: builds.append(seq) or _steps(kernel, tensors, seq))
 
     first, second = _tensors(), _tensors()
     launch(first, "k1")
@@ -231,7 +361,7 @@ def test_no_lse_keeps_the_launchs_stand_in():
     cache, layout = _cache(kernel, issued), _Layout()
     for _ in range(2):
         tensors = _tensors(lse=False)
-        cache.launch(layout, "k", tensors, lambda tensors=tensors: _Launch(tensors, 3))
+        cache.launch(layout, "k", tensors, lambda tensors=tensors: _steps(kernel, tensors, 3))
     assert issued[0][2][4] == "stand-in"
 
 
@@ -239,7 +369,7 @@ def test_entries_do_not_keep_tensors_or_layouts_alive():
     kernel, issued = _Kernel(), []
     cache, layout = _cache(kernel, issued), _Layout()
     tensors = _tensors()
-    cache.launch(layout, "k", tensors, lambda: _Launch(tensors, 3))
+    cache.launch(layout, "k", tensors, lambda: _steps(kernel, tensors, 3))
     q_ref, layout_ref = weakref.ref(tensors[0]), weakref.ref(layout)
     del tensors
     gc.collect()
@@ -255,11 +385,11 @@ def test_another_layout_object_or_an_evicted_key_is_built_again():
     a, b = _Layout(), _Layout()
     for layout, key in ((a, 1), (b, 1), (a, 2), (a, 3), (a, 1)):
         tensors = _tensors()
-        cache.launch(layout, key, tensors, lambda tensors=tensors: _Launch(tensors, 3))
+        cache.launch(layout, key, tensors, lambda tensors=tensors: _steps(kernel, tensors, 3))
     # key 1 on layout a was evicted by keys 2 and 3 (two per layout); b's key 1 is b's own
     assert (cache.hits, cache.misses) == (0, 5) and len(kernel.dispatched) == 5
     tensors = _tensors()
-    cache.launch(a, 3, tensors, lambda: _Launch(tensors, 3))
+    cache.launch(a, 3, tensors, lambda: _steps(kernel, tensors, 3))
     assert cache.hits == 1
 
 
@@ -269,7 +399,7 @@ def test_another_stream_or_device_is_another_entry():
     for stream in ("stream 1", "stream 2", "stream 1", "stream 2"):
         current[0] = stream
         tensors = _tensors()
-        cache.launch(layout, "k", tensors, lambda tensors=tensors: _Launch(tensors, 3))
+        cache.launch(layout, "k", tensors, lambda tensors=tensors: _steps(kernel, tensors, 3))
     assert (cache.hits, cache.misses) == (2, 2)
 
 
@@ -280,7 +410,7 @@ def test_triton_dispatches_where_the_cache_must_step_aside():
     cache, layout = _cache(kernel, issued, state=lambda: None), _Layout()
     for _ in range(2):
         tensors = _tensors()
-        cache.launch(layout, "k", tensors, lambda tensors=tensors: _Launch(tensors, 3))
+        cache.launch(layout, "k", tensors, lambda tensors=tensors: _steps(kernel, tensors, 3))
     assert len(kernel.dispatched) == 2 and not issued and len(cache._by_layout) == 0
     scope = {"RESCALE": 8.0}
     kernel = _Kernel()
@@ -288,11 +418,11 @@ def test_triton_dispatches_where_the_cache_must_step_aside():
     cache = _cache(kernel, issued := [])
     for _ in range(2):
         tensors = _tensors()
-        cache.launch(layout, "k", tensors, lambda tensors=tensors: _Launch(tensors, 3))
+        cache.launch(layout, "k", tensors, lambda tensors=tensors: _steps(kernel, tensors, 3))
     assert len(kernel.dispatched) == 1 and len(issued) == 1
     scope["RESCALE"] = 4.0
     tensors = _tensors()
-    cache.launch(layout, "k", tensors, lambda: _Launch(tensors, 3))
+    cache.launch(layout, "k", tensors, lambda: _steps(kernel, tensors, 3))
     assert len(kernel.dispatched) == 2 and len(issued) == 1
 
 
@@ -300,11 +430,11 @@ def test_a_replaced_kernel_gets_its_own_cache(monkeypatch):
     """Tests replace the module's kernel with a spy; the cache must then launch the spy."""
     from parity.kernels import attention, triton_attention
 
-    first = attention._prefill_launches()
-    assert first.kernel is triton_attention.block_sparse_attn_fwd and attention._prefill_launches() is first
+    first = attention._launch_cache("prefill")
+    assert first.kernels == (triton_attention.block_sparse_attn_fwd,) and attention._launch_cache("prefill") is first
     spy = _Kernel()
     monkeypatch.setattr(triton_attention, "block_sparse_attn_fwd", spy)
-    assert attention._prefill_launches().kernel is spy
+    assert attention._launch_cache("prefill").kernels == (spy,)
 
 
 def test_without_a_compiled_kernel_every_call_is_dispatched():
@@ -312,7 +442,7 @@ def test_without_a_compiled_kernel_every_call_is_dispatched():
     cache, layout = _cache(kernel, issued), _Layout()
     for _ in range(3):
         tensors = _tensors()
-        cache.launch(layout, "k", tensors, lambda tensors=tensors: _Launch(tensors, 3))
+        cache.launch(layout, "k", tensors, lambda tensors=tensors: _steps(kernel, tensors, 3))
     assert len(kernel.dispatched) == 3 and not issued
 
 
@@ -320,7 +450,7 @@ def test_a_launch_built_from_other_tensors_is_refused():
     kernel, issued = _Kernel(), []
     cache = _cache(kernel, issued)
     with pytest.raises(RuntimeError, match="per-call tensors"):
-        cache.launch(_Layout(), "k", _tensors(), lambda: _Launch(_tensors(), 3))
+        cache.launch(_Layout(), "k", _tensors(), lambda: _steps(kernel, _tensors(), 3))
 
 
 def test_the_interpreter_ignores_the_option(device):
@@ -331,6 +461,10 @@ def test_the_interpreter_ignores_the_option(device):
     q, k, v = random_qkv(1, 2, 2, 64, 64, 32, torch.float32, 0, device)
     assert torch.equal(block_sparse_attention(q, k, v, layout, launch_cache=True),
                        block_sparse_attention(q, k, v, layout, launch_cache=False))
+    decode = causal_layout(2, 64, block_m=32, block_n=32)  # two query rows: the decode path
+    q = q[:, :, :2]
+    assert torch.equal(block_sparse_attention(q, k, v, decode, launch_cache=True, num_splits=2),
+                       block_sparse_attention(q, k, v, decode, launch_cache=False, num_splits=2))
 
 
 @pytest.mark.gpu
@@ -342,7 +476,7 @@ def test_gpu_cached_launch_gives_the_dispatched_bits(head_dim):
 
     device = torch.device("cuda")
     layout = sliding_window_layout(1024, 1024, 300, block_m=128, block_n=128).to(device)
-    cache = attention._prefill_launches()
+    cache = attention._launch_cache("prefill")
     hits = cache.hits
     for seed in range(3):
         q, k, v = random_qkv(2, 8, 2, 1024, 1024, head_dim, torch.bfloat16, seed, device)
@@ -359,3 +493,24 @@ def test_gpu_cached_launch_gives_the_dispatched_bits(head_dim):
     assert cache.misses == misses + 1
     assert torch.equal(got.view(torch.int16), block_sparse_attention(q, k, v, layout).view(torch.int16))
 
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+def test_gpu_cached_decode_gives_the_dispatched_bits(num_splits):
+    """The decode path through the cache (both kernels, the kept workspace, without and with the
+    combine): the bits of Triton's dispatch on every call, and repeated calls hit."""
+    from parity.kernels import attention
+
+    device = torch.device("cuda")
+    layout = sliding_window_layout(2, 8192, 3000, block_m=64, block_n=128).to(device)
+    cache = attention._launch_cache("decode")
+    hits = cache.hits
+    for seed in range(3):
+        q, k, v = random_qkv(4, 32, 8, 2, 8192, 128, torch.bfloat16, seed, device)
+        want, want_lse = block_sparse_attention(q, k, v, layout, return_lse=True, num_splits=num_splits,
+                                                launch_cache=False)
+        got, got_lse = block_sparse_attention(q, k, v, layout, return_lse=True, num_splits=num_splits,
+                                              launch_cache=True, out=torch.full_like(q, float("nan")))
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)) and torch.equal(got_lse, want_lse)
+    assert cache.hits - hits == 2
