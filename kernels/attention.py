@@ -12,7 +12,7 @@ import torch
 
 from . import configs, dtypes
 from . import targets as platform
-from .decode import MAX_ROWS, build_decode_launch, decode_eligible, decode_key, decode_steps
+from .decode import MAX_ROWS, WORKSPACE, build_decode_launch, decode_eligible, decode_key, decode_steps
 from .inputs import check_inputs
 from .launch import PER_CALL, build_launch, element_mask_arguments, launch_key, tma_fits
 from .launch_cache import LaunchCache, LaunchStep
@@ -174,7 +174,7 @@ def _launch_cache(path: str) -> LaunchCache:
                else (triton_attention.block_sparse_decode_fwd, triton_attention.decode_combine))
     cache = _LAUNCH_CACHES.get(path)
     if cache is None or cache.kernels != kernels:
-        cache = _LAUNCH_CACHES[path] = LaunchCache(kernels, PER_CALL)
+        cache = _LAUNCH_CACHES[path] = LaunchCache(kernels, PER_CALL, fresh=WORKSPACE if path == "decode" else ())
     return cache
 
 

@@ -28,7 +28,11 @@ from .launch_cache import LaunchStep
 from .layout import BlockLayout
 
 __all__ = ["DecodeLaunch", "decode_eligible", "heads_per_program", "choose_splits", "build_decode_launch",
-           "decode_key", "decode_steps", "MAX_ROWS"]
+           "decode_key", "decode_steps", "MAX_ROWS", "WORKSPACE"]
+
+# The tensors the decode launch allocates and its kernels write: the split kernel's partial
+# outputs and LSEs, which the combine kernel reads (a launch cache makes them anew per call).
+WORKSPACE = ("PartOut", "PartLse")
 
 # Query rows of one program (heads of a group x query positions): a group is split into fewer
 # heads per program beyond this, to keep the tile's registers bounded.

@@ -14,23 +14,24 @@ and launch two kernels.
 ``kernels.decode.decode_key`` for the decode path: everything the launches depend on besides the
 layout and the addresses of the per-call tensors), the compiled kernels Triton chose and the
 argument lists they were called with: one launch on the prefill path, the split kernel and the
-combine kernel on the decode path (whose partial-result workspace the entry keeps). A later call
-with an equal key on the same layout object swaps in its own per-call tensors (q, k, v, out, lse)
-and issues the compiled kernels directly, as Triton's own ``JITFunction.run`` does after its
-cache lookup. The key
-holds every input of Triton's specialization that can change between such calls (the per-call
+combine kernel on the decode path (whose partial-result workspace is made anew for each call,
+with the first call's shape and strides). A later call with an equal key on the same layout
+object swaps in its own per-call tensors (q, k, v, out, lse) and issues the compiled kernels
+directly, as Triton's own ``JITFunction.run`` does after its cache lookup. The key holds every
+input of Triton's specialization that can change between such calls (the per-call
 tensors' dtypes, shapes, strides and 16-byte alignment), so the kernel issued is the one Triton
 would pick; ``tests/test_kernels_launch_cache.py`` checks that against Triton's own binder.
 
 The key also holds the current device and stream (``dispatch_state``): an entry keeps the
-tensors its launch built (a stand-in LSE buffer, copies of layout tensors that needed one), and
-they are used only on the stream they were allocated on. Entries live as long as their layout
+read-only tensors its launch built (a stand-in LSE buffer that is never written, copies of layout
+tensors that needed one), and they are used only on the stream they were allocated on. Entries live as long as their layout
 object (a weak reference) and at most ``MAX_PER_LAYOUT`` per layout. A layout is a value: its
 tensors are not to be edited in place after it is used; and one on another device than q is
 copied on every call, so such calls never hit. As in Triton's dispatch, a hit first checks that
 the globals the kernel was compiled with are unchanged. Triton dispatches the call itself under
-the interpreter, with a Triton whose compiled kernels lack the launch interface used here, and
-where the kernel has pre-run hooks or a stages-inspection hook is set.
+the interpreter, with a Triton whose compiled kernels lack the launch interface used here,
+where the kernel has pre-run hooks or a stages-inspection hook is set, and while the stream is
+capturing a CUDA graph.
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
 
 __all__ = ["LaunchCache", "LaunchStep", "MAX_PER_LAYOUT", "issue_compiled", "direct_launch_supported",
            "dispatch_state"]
@@ -71,6 +74,13 @@ class _Bound:
     grid: tuple[int, ...]
     values: list[Any]  # every parameter's value, in the kernel's order (runtime and constexpr)
     slots: tuple[tuple[int, int], ...]  # (position in values, index in the per-call tensors)
+    fresh: tuple[tuple[int, str], ...]  # (position in values, name of a tensor made anew per call)
+
+
+@dataclasses.dataclass
+class _Entry:
+    steps: tuple[_Bound, ...]
+    fresh: dict[str, tuple[tuple, tuple, Any, Any]]  # name -> shape, strides, dtype, device
 
 
 def direct_launch_supported(compiled: Any) -> bool:
@@ -82,16 +92,21 @@ def dispatch_state(kernel: Any) -> tuple | None:
     """What Triton's dispatch reads on each call besides the arguments, as part of the key: the
     current device (a compiled kernel is loaded per device) and stream (entries are then used on
     the stream whose allocations they hold), and the debug, instrumentation and fpsan settings
-    (compiler options; the last from Triton 3.9). None where the cache must step aside and let
-    Triton dispatch: the kernel has pre-run hooks, or a stages-inspection hook is set (3.9)."""
+    (compiler options; the last from Triton 3.9), and an overridden architecture (3.9). None where
+    the cache must step aside and let Triton dispatch: the kernel has pre-run hooks, a
+    stages-inspection hook is set (3.9), or the stream is capturing a CUDA graph (a graph would
+    hold the entry's buffers, which an eviction frees; and capture is not where host time
+    matters)."""
     from triton import knobs
     from triton.runtime import driver
 
-    if getattr(kernel, "pre_run_hooks", None) or getattr(knobs.runtime, "add_stages_inspection_hook", None):
+    if (getattr(kernel, "pre_run_hooks", None) or getattr(knobs.runtime, "add_stages_inspection_hook", None)
+            or torch.cuda.is_current_stream_capturing()):
         return None
     device = driver.active.get_current_device()
     return (device, driver.active.get_current_stream(device), knobs.runtime.debug,
-            knobs.compilation.instrumentation_mode, getattr(knobs.compilation, "fpsan_homomorphic_casts", None))
+            knobs.compilation.instrumentation_mode, getattr(knobs.compilation, "fpsan_homomorphic_casts", None),
+            getattr(knobs.runtime, "override_arch", None))
 
 
 def issue_compiled(compiled: Any, grid: tuple[int, ...], values: Sequence[Any], state: tuple) -> None:
@@ -121,17 +136,21 @@ class LaunchCache:
 
     ``kernels``: the ``@triton.jit`` functions a call may launch (their pre-run hooks and globals
     are checked); ``per_call``: the names of the parameters that take the call's own tensors (the
-    key must not depend on their addresses beyond alignment); any other tensor a launch builds
-    (a stand-in, a workspace) is kept in the entry and reused, on the same stream only.
+    key must not depend on their addresses beyond alignment); ``fresh``: the names of tensors a
+    launch builds that kernels write (a workspace): each hit allocates them anew, with the same
+    shape, strides and dtype, so that two calls in flight never share one. Any other tensor a
+    launch builds (a stand-in never written, a copy of a layout tensor) is kept in the entry and
+    only read, on the stream the entry belongs to.
     ``issue`` and ``state``: how a cached launch is issued and what dispatch state it is keyed on
     (``issue_compiled``, ``dispatch_state``; tests pass stand-ins).
     """
 
-    def __init__(self, kernels: Sequence[Any], per_call: Sequence[str], *,
+    def __init__(self, kernels: Sequence[Any], per_call: Sequence[str], *, fresh: Sequence[str] = (),
                  issue: Callable[[Any, tuple[int, ...], Sequence[Any], tuple], None] = issue_compiled,
                  state: Callable[[Any], tuple | None] = dispatch_state, max_per_layout: int = MAX_PER_LAYOUT):
         self.kernels = tuple(kernels)
         self._per_call = tuple(per_call)
+        self._fresh = tuple(fresh)
         self._issue = issue
         self._state = state
         self._max = max_per_layout
@@ -160,28 +179,36 @@ class LaunchCache:
                 entries.move_to_end(key)
         if entry is not None and all(_globals_unchanged(kernel) for kernel in self.kernels):
             self.hits += 1
-            for bound in entry:
+            # one new workspace per call, shared by its steps as the build shared it
+            made = {name: torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                    for name, (shape, strides, dtype, device) in entry.fresh.items()}
+            for bound in entry.steps:
                 values = list(bound.values)
                 for position, index in bound.slots:
                     values[position] = tensors[index]
+                for position, name in bound.fresh:
+                    values[position] = made[name]
                 self._issue(bound.compiled, bound.grid, values, state)
             return
         self.misses += 1
-        entry = []
+        steps, fresh = [], {}
         for step in build():
             compiled = step.dispatch()
-            entry.append(self._bind(step, compiled, tensors) if direct_launch_supported(compiled) else None)
-        if any(bound is None for bound in entry):
+            steps.append(self._bind(step, compiled, tensors, fresh) if direct_launch_supported(compiled) else None)
+        if any(bound is None for bound in steps):
             return  # the interpreter, or a Triton without the interface: no entry, dispatch each time
+        entry = _Entry(tuple(steps), {name: spec for name, (spec, _) in fresh.items()})
         with self._lock:
             entries = self._by_layout.get(layout)
             if entries is None:
                 entries = self._by_layout.setdefault(layout, collections.OrderedDict())
-            entries[key] = tuple(entry)
+            entries[key] = entry
             while len(entries) > self._max:
                 entries.popitem(last=False)
 
-    def _bind(self, step: LaunchStep, compiled: Any, tensors: Sequence[Any]) -> _Bound:
+    def _bind(self, step: LaunchStep, compiled: Any, tensors: Sequence[Any], fresh: dict) -> _Bound:
+        """The step's argument list without this call's tensors; ``fresh`` collects, by name, the
+        workspace tensors the steps share (the same object in each, else a RuntimeError)."""
         names = list(step.kernel.arg_names)
         given = {**step.args, **step.constexprs}
         slots = tuple((names.index(name), index) for index, (name, tensor) in enumerate(zip(self._per_call, tensors))
@@ -193,7 +220,17 @@ class LaunchCache:
         values = [given[name] for name in names]
         for position, _ in slots:
             values[position] = None  # the entry does not keep this call's tensors alive
-        return _Bound(compiled, tuple(step.grid), values, slots)
+        made = []
+        for name in self._fresh:
+            if name in given:
+                tensor = given[name]
+                spec, first = fresh.setdefault(name, ((tuple(tensor.shape), tensor.stride(), tensor.dtype,
+                                                       tensor.device), tensor))
+                if first is not tensor:
+                    raise RuntimeError(f"LaunchCache: the steps of one launch pass different {name} tensors")
+                made.append((names.index(name), name))
+                values[names.index(name)] = None
+        return _Bound(compiled, tuple(step.grid), values, slots, tuple(made))
 
     def clear(self) -> None:
         self._by_layout = weakref.WeakKeyDictionary()

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from parity.kernels import block_sparse_attention, causal_layout, configs, random_layout, sliding_window_layout
 from parity.kernels.launch import PER_CALL, build_launch, launch_key
+from parity.kernels.decode import WORKSPACE
 from parity.kernels.launch_cache import LaunchCache, LaunchStep
 from parity.kernels.testing import random_qkv
 
@@ -195,7 +196,6 @@ DECODE_FIELDS = {
     "scale": st.sampled_from([0.125, 0.088]),
     "splits": st.sampled_from([None, 1, 3]),
 }
-WORKSPACE = ("PartOut", "PartLse")  # built by the decode launch, kept by the entry
 
 
 def _decode_call(p, seed=0):
@@ -267,33 +267,51 @@ def test_decode_whatever_changes_the_launches_changes_the_key(decode_binders, fi
         assert key_a != key_b, f"{field}: {problem[field]!r} -> {value!r} changes the launches, not the key"
 
 
-def test_two_steps_are_issued_in_order_and_the_workspace_is_kept():
+def test_two_steps_are_issued_in_order_with_a_new_workspace_per_call():
     """A cached decode-like call: both kernels issued on a hit, in order, each with the call's own
-    tensors where it takes them and the first call's workspace (the same object) elsewhere."""
+    tensors where it takes them, and one new workspace per call that both steps share (two calls
+    in flight never write one workspace); the entry keeps no workspace alive."""
     split, combine, issued = _Kernel(), _Kernel(), []
     split.arg_names = ["Q", "K", "V", "Out", "Lse", "Work", "seq", "BLOCK"]
     combine.arg_names = ["Work", "Out", "Lse", "rows"]
-    cache = LaunchCache((split, combine), PER_CALL, issue=lambda c, g, vals, st: issued.append((c, g, vals)),
+    cache = LaunchCache((split, combine), PER_CALL, fresh=("Work",),
+                        issue=lambda c, g, vals, st: issued.append((c, g, vals)),
                         state=lambda kernel: ("device", "stream"))
-    layout, workspaces = _Layout(), []
+    layout, built = _Layout(), []
 
     def build(tensors):
         q, k, v, out, lse = tensors
-        work = torch.zeros(3)
-        workspaces.append(work)
+        work = torch.zeros(3, 2)[:, :1]  # strided: the new one must have these strides too
+        built.append(weakref.ref(work))
         return [LaunchStep(split, (2, 1), {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "Work": work, "seq": 1},
                            {"BLOCK": 16}, {}),
                 LaunchStep(combine, (4,), {"Work": work, "Out": out, "Lse": lse, "rows": 4}, {}, {})]
 
-    for _ in range(2):
+    for _ in range(3):
         tensors = _tensors()
         cache.launch(layout, "k", tensors, lambda tensors=tensors: build(tensors))
-    assert len(workspaces) == 1 and [c for c, _, _ in issued] == [split.compiled, combine.compiled]
-    (_, grid_a, first), (_, grid_b, second) = issued
+    gc.collect()
+    assert len(built) == 1 and built[0]() is None, "the entry keeps the first call's workspace"
+    assert [c for c, _, _ in issued] == [split.compiled, combine.compiled] * 2
+    (_, grid_a, first), (_, grid_b, second), (_, _, third), _ = issued
     q, k, v, out, lse = tensors
-    assert grid_a == (2, 1) and grid_b == (4,)
-    assert all(a is b for a, b in zip(first[:5], tensors)) and first[5] is workspaces[0] and first[6:] == [1, 16]
-    assert second[0] is workspaces[0] and second[1] is out and second[2] is lse and second[3] == 4
+    assert grid_a == (2, 1) and grid_b == (4,) and first[6:] == [1, 16] and second[3] == 4
+    work = first[5]
+    assert second[0] is work and third[5] is not work, "one workspace per call, shared by its steps"
+    assert work.shape == (3, 1) and work.stride() == (2, 1) and work.dtype == torch.float32
+    assert all(a is b for a, b in zip(issued[2][2][:5], tensors)) and issued[3][2][1] is out
+
+
+def test_steps_that_pass_different_workspaces_are_refused():
+    split, combine = _Kernel(), _Kernel()
+    split.arg_names, combine.arg_names = ["Q", "Work"], ["Work", "Out"]
+    cache = LaunchCache((split, combine), ("Q", "Out"), fresh=("Work",), issue=lambda *a: None,
+                        state=lambda kernel: ("device", "stream"))
+    q, out = torch.zeros(1), torch.zeros(1)
+    with pytest.raises(RuntimeError, match="different Work tensors"):
+        cache.launch(_Layout(), "k", (q, out), lambda: [LaunchStep(split, (1,), {"Q": q, "Work": torch.zeros(2)}, {}, {}),
+                                                         LaunchStep(combine, (1,), {"Work": torch.zeros(2), "Out": out},
+                                                                    {}, {})])
 
 
 # ---- the cache's bookkeeping, with a recording stand-in for the kernel --------------------------
@@ -498,8 +516,9 @@ def test_gpu_cached_launch_gives_the_dispatched_bits(head_dim):
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [None, 1, 4])
 def test_gpu_cached_decode_gives_the_dispatched_bits(num_splits):
-    """The decode path through the cache (both kernels, the kept workspace, without and with the
-    combine): the bits of Triton's dispatch on every call, and repeated calls hit."""
+    """The decode path through the cache (both kernels, a new workspace per call, without and with
+    the combine): the bits of Triton's dispatch on every call, and repeated calls hit; a call
+    captured into a CUDA graph steps aside (no hit), and the graph's replay gives the same bits."""
     from parity.kernels import attention
 
     device = torch.device("cuda")
@@ -514,3 +533,14 @@ def test_gpu_cached_decode_gives_the_dispatched_bits(num_splits):
                                               launch_cache=True, out=torch.full_like(q, float("nan")))
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)) and torch.equal(got_lse, want_lse)
     assert cache.hits - hits == 2
+    stream, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):  # warm-up on the capture's stream: an entry the capture must not use
+        block_sparse_attention(q, k, v, layout, num_splits=num_splits, launch_cache=True)
+    stream.synchronize()
+    hits = cache.hits
+    with torch.cuda.graph(graph, stream=stream):
+        captured = block_sparse_attention(q, k, v, layout, num_splits=num_splits, launch_cache=True)
+    assert cache.hits == hits
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.view(torch.int16), want.view(torch.int16))
