@@ -375,3 +375,43 @@ def test_two_reports_on_stdout_are_refused_however_stdout_is_named():
     assert "only one report can go to standard output" in done.stderr
     # As with "--json - --html -": the JSON error report, alone on stdout.
     assert json.loads(done.stdout)["error"]["message"].startswith("--json - and --html -: only one report")
+
+
+# ---- a report that fails after another was written -----------------------------------------------
+def _fails_for(flag: str, real):
+    """``real`` (a report writer), except that writing the ``flag`` report fails as a full disk does."""
+    def write(*args, **kwargs):
+        if flag in args or flag in (kwargs.get("what"),):
+            raise UsageError(f"{flag} out.x: cannot write: No space left on device")
+        return real(*args, **kwargs)
+    return write
+
+
+def test_a_report_written_before_a_later_one_fails_keeps_this_runs_report(capsys, csv, tmp_path, monkeypatch):
+    """profile: --json is written, then --html fails (disk full). The JSON keeps the profile it
+    holds (this run's, whole); the HTML gets the error report; exit 2 and one line on stderr."""
+    from parity.cli.commands import _speed_output
+
+    monkeypatch.setattr(_speed_output, "write_atomically", _fails_for("--html", _speed_output.write_atomically))
+    code, _, err = run(capsys, "profile", "--import", csv, "--json", tmp_path / "out.json",
+                       "--html", tmp_path / "out.html")
+    assert (code, err) == (2, "parity: error: --html out.x: cannot write: No space left on device\n")
+    document = json.loads((tmp_path / "out.json").read_text())
+    assert document["format"] == "parity-profile-report" and "error" not in document and document["kernels"]
+    assert "error" in (tmp_path / "out.html").read_text().lower()
+
+
+def test_compare_keeps_its_json_when_the_junit_write_fails(capsys, bundle, tmp_path, monkeypatch):
+    from parity.report import junit
+
+    def full_disk(report, path):
+        raise UsageError(f"--junit-xml {path}: cannot write: No space left on device")
+
+    monkeypatch.setattr(junit, "write_junit_xml", full_disk)
+    code, _, err = run(capsys, "compare", "--bundle", bundle, "--impl", "reference", "--json", tmp_path / "out.json",
+                       "--junit-xml", tmp_path / "out.xml")
+    assert code == 2  # progress lines, then the one error line
+    assert err.splitlines()[-1] == f"parity: error: --junit-xml {tmp_path / 'out.xml'}: cannot write: No space left on device"
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert "error" not in report and report["passed"] is True and report["verdict"].startswith("PARITY HOLDS")
+    assert "error" in (tmp_path / "out.xml").read_text().lower()  # the one not written says why

@@ -28,6 +28,8 @@ from parity.report.error_report import error_reports
 _REPORTS = (("json", "--json"), ("junit_xml", "--junit-xml"), ("html", "--html"), ("markdown", "--markdown"))
 # Files the run itself writes (profile's trace): never standard output, never an error report.
 _RUN_OUTPUTS = (("trace", "--trace"),)
+# The attribute of the arguments that lists the reports this run has written (mark_written).
+_WRITTEN = "_parity_reports_written"
 # Input files, which no report may replace.
 _INPUTS = (("import_file", "--import"), ("against", "--against"), ("tolerances", "--tolerances"))
 
@@ -113,6 +115,16 @@ def check_outputs(args: argparse.Namespace) -> None:
         raise next(iter(problems.values()))
 
 
+def mark_written(args: argparse.Namespace, dest: str) -> None:
+    """Record that the report ``dest`` of this run is written (an error later in the run leaves
+    it alone: :func:`write_error_outputs`)."""
+    written = getattr(args, _WRITTEN, None)
+    if written is None:
+        written = set()
+        setattr(args, _WRITTEN, written)
+    written.add(dest)
+
+
 def write_outputs(report, args: argparse.Namespace) -> None:
     """The text report (unless a report goes to standard output), then every report file asked for."""
     from parity.report.json_report import to_json, write_json
@@ -126,14 +138,20 @@ def write_outputs(report, args: argparse.Namespace) -> None:
         sys.stdout.write(to_json(report))
     elif args.json is not None:
         write_json(report, args.json)
+    if args.json is not None:
+        mark_written(args, "json")
     if args.junit_xml == STDOUT:
         sys.stdout.write(to_junit_xml(report))
     elif args.junit_xml is not None:
         write_junit_xml(report, args.junit_xml)
+    if args.junit_xml is not None:
+        mark_written(args, "junit_xml")
     if args.markdown == STDOUT:
         sys.stdout.write(format_markdown(report, max_rows=args.max_rows))
     elif args.markdown is not None:
         write_markdown(report, args.markdown, max_rows=args.max_rows)
+    if args.markdown is not None:
+        mark_written(args, "markdown")
     if args.html is not None:
         from parity.report.html import render_html, write_html
 
@@ -142,14 +160,18 @@ def write_outputs(report, args: argparse.Namespace) -> None:
             sys.stdout.write(render_html(document))
         else:
             write_html(document, args.html)
+        mark_written(args, "html")
 
 
 def write_error_outputs(err: BaseException, args: argparse.Namespace, report_format: str) -> None:
     """A run that was refused or crashed leaves every report asked for saying so
     (:func:`parity.report.error_report.error_reports`), never none or a stale one from an earlier
-    run; on standard output where ``-`` was asked. Best effort: a report that may not
+    run; on standard output where ``-`` was asked. A report this run already wrote whole (the
+    run failed on a later one) keeps what it holds: it is this run's, complete, and the exit
+    status and stderr say what failed after it. Best effort: a report that may not
     (:func:`report_problems`) or cannot be written is skipped; the error on stderr says why."""
-    asked = _given(args, _REPORTS)
+    written = getattr(args, _WRITTEN, set())
+    asked = [(dest, flag, path) for dest, flag, path in _given(args, _REPORTS) if dest not in written]
     if not asked:
         return
     problems = report_problems(args)

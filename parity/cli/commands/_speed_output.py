@@ -13,7 +13,7 @@ from parity.base.jsonformat import dumps
 from parity.cli.options import STDOUT
 
 from ._output import check_outputs as check_report_files
-from ._output import run_reporting_errors
+from ._output import mark_written, run_reporting_errors
 
 
 def write_reports(document: Mapping[str, Any], args: argparse.Namespace, text: Callable[[Mapping[str, Any]], str],
@@ -25,10 +25,14 @@ def write_reports(document: Mapping[str, Any], args: argparse.Namespace, text: C
         sys.stdout.write(dumps(document) + "\n")
     elif args.json is not None:
         write_atomically(args.json, dumps(document) + "\n", "--json")
+    if args.json is not None:
+        mark_written(args, "json")
     if args.html == STDOUT:
         sys.stdout.write(page(document))
     elif args.html is not None:
         write_atomically(args.html, page(document), "--html")
+    if args.html is not None:
+        mark_written(args, "html")
 
 
 __all__ = ["check_report_files", "run_reporting_errors", "write_reports"]

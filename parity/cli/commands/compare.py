@@ -8,7 +8,8 @@ the bundle's directory is taken off ``sys.path``, and a tolerance file inside it
 bundle may not set its own tolerances or trust).
 
 Exit status: 0 holds, 1 fails, 2 unusable input, 3 internal error. With 2 or 3, every report file
-asked for still gets a report recording the error (:mod:`parity.report.error_report`). Report files,
+asked for and not yet written by this run still gets a report recording the error
+(:mod:`parity.report.error_report`). Report files,
 the paths refused for them, and ``-`` (standard output): :mod:`parity.cli.commands._output`.
 """
 from __future__ import annotations
