@@ -10,6 +10,7 @@ error, never an earlier run's page.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -415,3 +416,33 @@ def test_compare_keeps_its_json_when_the_junit_write_fails(capsys, bundle, tmp_p
     report = json.loads((tmp_path / "out.json").read_text())
     assert "error" not in report and report["passed"] is True and report["verdict"].startswith("PARITY HOLDS")
     assert "error" in (tmp_path / "out.xml").read_text().lower()  # the one not written says why
+
+
+def test_a_gz_trace_is_compressed_and_streamed_beside_its_target(capsys, tmp_path):
+    # --trace t.json.gz: torch's gzip export, filled beside the target and renamed (never read into memory)
+    import gzip
+
+    code, _, err = run(capsys, "profile", "--quiet", "--subject", MATMUL_SPEC, "--device", "cpu", "--skip", "0",
+                       "--warmup", "1", "--active", "1", "--trace", tmp_path / "t.json.gz")
+    assert code == 0, err
+    with gzip.open(tmp_path / "t.json.gz", "rt") as handle:
+        assert "traceEvents" in json.load(handle)
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json.gz"]  # no temporary left
+    code, _, err = run(capsys, "profile", "--quiet", "--subject", MATMUL_SPEC, "--device", "cpu", "--skip", "0",
+                       "--warmup", "1", "--active", "1", "--trace", "/dev/null")  # a device: written through
+    assert code == 0, err
+
+
+def test_a_file_filled_in_place_is_whole_or_not_at_all(tmp_path):
+    target = tmp_path / "trace.json"
+    target.write_text("the earlier trace\n")
+
+    def fails_half_way(temporary):
+        temporary.write_text('{"traceEvents": [')
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(UsageError, match=r"^--trace .*trace\.json: cannot write: No space left on device$"):
+        files.write_file_atomically(target, fails_half_way, "--trace")
+    assert target.read_text() == "the earlier trace\n" and [p.name for p in tmp_path.iterdir()] == ["trace.json"]
+    files.write_file_atomically(target, lambda temporary: temporary.write_text("{}\n"), "--trace")
+    assert target.read_text() == "{}\n" and [p.name for p in tmp_path.iterdir()] == ["trace.json"]

@@ -22,7 +22,8 @@ import os
 import secrets
 import stat
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from parity.base.errors import UsageError
@@ -188,5 +189,41 @@ def write_atomically(path: str | os.PathLike, text: str, what: str, *, wait_for_
     return file
 
 
+def write_file_atomically(path: str | os.PathLike, fill: Callable[[Path], None], what: str, *,
+                          suffix: str = "") -> Path:
+    """As :func:`write_atomically`, for content that ``fill(temporary_path)`` writes to a file
+    (a large output, such as a profiler trace, never held in memory). A regular file (or nothing
+    yet) at ``path`` is replaced by a temporary filled beside it, fsynced and renamed over it
+    (``suffix`` ends the temporary's name, e.g. ``.gz`` for a writer that compresses by name); a
+    stream, a character device or a FIFO gets the content filled into a temporary elsewhere, with
+    no ``suffix`` (uncompressed), written through as text."""
+    file = check_writable(path, what)
+    info = _stat(file, what)
+    if _standard_stream(info) is not None or disposition(info) == WRITE_THROUGH:
+        handle, temporary = tempfile.mkstemp(prefix=".parity-", suffix=".tmp")
+        os.close(handle)
+        try:
+            fill(Path(temporary))
+            return write_atomically(file, Path(temporary).read_text(encoding="utf-8"), what)
+        finally:
+            Path(temporary).unlink(missing_ok=True)
+    target = Path(os.path.realpath(file))  # a symbolic link stays; the file it names is replaced
+    temporary = target.parent / f".{target.name[:32]}.{secrets.token_hex(4)}.tmp{suffix}"
+    renamed = False
+    try:
+        fill(temporary)
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(temporary, target)
+        renamed = True
+    except OSError as err:
+        raise _cannot_write(what, file, err) from None
+    finally:
+        if not renamed:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+    return file
+
+
 __all__ = ["REFUSE", "REPLACE", "WRITE_THROUGH", "check_distinct", "check_writable", "disposition",
-           "is_standard_output", "same_file", "shown", "write_atomically"]
+           "is_standard_output", "same_file", "shown", "write_atomically", "write_file_atomically"]

@@ -43,15 +43,13 @@ import bisect
 import dataclasses
 import math
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from parity.base.errors import UsageError
-from parity.base.files import write_atomically
+from parity.base.files import write_file_atomically
 from parity.base.jsonformat import PROFILE_REPORT, envelope, finite
 from . import stats
 from .timing import group_name, synchronize
@@ -531,16 +529,12 @@ def device_time_per_call(call: Callable[[], Any], device: Any, *, warmup: int = 
 
 
 def _export_trace(prof: Any, path: str | os.PathLike) -> None:
-    """The Chrome/Perfetto trace, exported to a temporary file, then written to ``path`` as every
-    report is (:func:`parity.base.files.write_atomically`: whole or not at all; a FIFO or a
-    device written into, a symbolic link's target replaced)."""
-    handle, temporary = tempfile.mkstemp(prefix=".parity-trace.", suffix=".json")
-    os.close(handle)
-    try:
-        prof.export_chrome_trace(temporary)
-        write_atomically(path, Path(temporary).read_text(encoding="utf-8"), "--trace")
-    finally:
-        Path(temporary).unlink(missing_ok=True)
+    """The Chrome/Perfetto trace, exported into a temporary file beside ``path`` and renamed over it
+    (:func:`parity.base.files.write_file_atomically`: whole or not at all, never held in memory; a
+    FIFO or a device written into, a symbolic link's target replaced). A name ending in ``.gz``
+    gets the gzip-compressed trace, as torch writes it for such a name (Perfetto reads both)."""
+    suffix = ".json.gz" if str(path).endswith(".gz") else ".json"
+    write_file_atomically(path, lambda temporary: prof.export_chrome_trace(str(temporary)), "--trace", suffix=suffix)
 
 
 # ---------------------------------------------------------------------------------------------
