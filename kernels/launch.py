@@ -47,8 +47,6 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     No checks of the inputs here (``kernels.attention.check_inputs`` does them) except the grid's
     size, a ValueError.
     """
-    import triton
-
     from .triton_attention import LOG2E
 
     batch, heads_q, seq_q, head_dim = q.shape
@@ -56,7 +54,7 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     return_lse = lse is not None
     if lse is None:
         lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
-    programs = batch * heads_q * triton.cdiv(seq_q, config.block_m)
+    programs = batch * heads_q * -(-seq_q // config.block_m)  # plain integers: no Triton call per launch
     if programs > MAX_PROGRAMS:
         raise ValueError(f"{programs} query tiles (batch x heads x ceil(seq_q / {config.block_m})) exceed one "
                          f"launch's 2**31 - 1")
@@ -85,7 +83,7 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     }
     constexprs = {
         "HEAD_DIM": head_dim,
-        "BLOCK_D": triton.next_power_of_2(head_dim),
+        "BLOCK_D": _next_power_of_2(head_dim),
         "BLOCK_M": config.block_m,
         "BLOCK_N": config.block_n,
         "SPARSE_BLOCK_M": layout.block_m,
@@ -104,11 +102,7 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         "ONE_LOOP": config.one_loop,
         "LAZY_RESCALE": config.lazy_rescale,
     }
-    runtime, constant = _kernel_parameters()
-    if list(args) != runtime or set(constexprs) != constant:
-        raise RuntimeError("kernels/launch.py is out of date with block_sparse_attn_fwd's signature: "
-                           f"builds {list(args)} + {sorted(constexprs)}, the kernel takes {runtime} + "
-                f"{sorted(constant)}")
+    _check_signature(args, constexprs)
     return KernelLaunch((programs,), args, constexprs, config.launch_kwargs(), config)
 
 
@@ -173,8 +167,10 @@ def element_mask_arguments(layout: BlockLayout, batch: int, heads: int) -> tuple
 
 def _broadcast(counts: torch.Tensor, indices: torch.Tensor, batch: int, heads: int):
     """Expand layout dims of size 1 to (batch, heads) with zero strides (no copy)."""
-    counts = counts.to(torch.int32)
-    indices = indices.to(torch.int32)
+    if counts.dtype != torch.int32:
+        counts = counts.to(torch.int32)
+    if indices.dtype != torch.int32:
+        indices = indices.to(torch.int32)
     if indices.stride(-1) != 1:
         indices = indices.contiguous()
     return (counts.expand(batch, heads, counts.shape[2]),
@@ -184,7 +180,34 @@ def _broadcast(counts: torch.Tensor, indices: torch.Tensor, batch: int, heads: i
 def named_strides(prefix: str, tensor: torch.Tensor, dims: str) -> dict[str, int]:
     """``stride_{prefix}{dim}`` for the leading ``len(dims)`` dims: ("q", q, "bhmd") ->
     stride_qb, stride_qh, stride_qm, stride_qd (the kernel's names)."""
-    return {f"stride_{prefix}{dim}": stride for dim, stride in zip(dims, tensor.stride())}
+    return dict(zip(_stride_names(prefix, dims), tensor.stride()))
+
+
+@functools.lru_cache(maxsize=None)
+def _stride_names(prefix: str, dims: str) -> tuple[str, ...]:
+    return tuple(f"stride_{prefix}{dim}" for dim in dims)
+
+
+def _next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2`` for n >= 1, in plain Python (that one is a Triton function)."""
+    return 1 << (n - 1).bit_length()
+
+
+_SIGNATURE_CHECKED: list[str] = []  # the kernel's parameter names once build_launch has matched them
+
+
+def _check_signature(args: dict[str, Any], constexprs: dict[str, Any]) -> None:
+    """RuntimeError if the names ``build_launch`` builds are not the kernel's parameters. Every
+    launch builds the same names, so once they have matched, a launch's check is one comparison."""
+    names = list(args) + list(constexprs)
+    if names == _SIGNATURE_CHECKED:
+        return
+    runtime, constant = _kernel_parameters()
+    if list(args) != runtime or set(constexprs) != constant:
+        raise RuntimeError("kernels/launch.py is out of date with block_sparse_attn_fwd's signature: "
+                           f"builds {list(args)} + {sorted(constexprs)}, the kernel takes {runtime} + "
+                           f"{sorted(constant)}")
+    _SIGNATURE_CHECKED[:] = names
 
 
 @functools.lru_cache(maxsize=1)

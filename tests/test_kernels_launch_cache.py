@@ -165,6 +165,26 @@ def test_alignment_is_in_the_key_because_triton_specializes_on_it(triton_binder,
     assert binder(**args_c, debug=False)[1] == spec_a and key_c == key_a
 
 
+def test_build_launch_still_checks_the_kernels_signature(monkeypatch):
+    """The names build_launch builds are checked against the kernel's parameters (once they have
+    matched, by one comparison per launch); a kernel with other parameters is a RuntimeError."""
+    import triton
+
+    from parity.kernels import launch
+
+    assert [launch._next_power_of_2(n) for n in (1, 16, 64, 96, 128, 200)] == \
+        [triton.next_power_of_2(n) for n in (1, 16, 64, 96, 128, 200)]
+    problem = {"layout": ("causal", 128), "batch": 2, "tma": False, "heads": (4, 2), "head_dim": 64,
+               "dtype": torch.bfloat16, "offsets": (0,) * 5, "heads_last": (False,) * 3, "lse": True,
+               "scale": 0.125, "config": ()}
+    _call(problem)
+    runtime, constant = launch._kernel_parameters()
+    monkeypatch.setattr(launch, "_kernel_parameters", lambda: (runtime[:-1], constant))
+    monkeypatch.setattr(launch, "_SIGNATURE_CHECKED", [])
+    with pytest.raises(RuntimeError, match="out of date with block_sparse_attn_fwd's signature"):
+        _call(problem)
+
+
 # ---- the decode path: two kernels, a workspace the entry keeps ----------------------------------
 @pytest.fixture(scope="module")
 def decode_binders():
