@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .configs import DECODE_MAX_SEQ_Q, DecodeConfig
-from .launch import element_mask_arguments, launch_key, named_strides
+from .launch import element_mask_arguments, launch_key, named_strides, next_power_of_2
 from .launch_cache import LaunchStep
 from .layout import BlockLayout
 
@@ -98,7 +98,6 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
     (``choose_splits`` over ``units`` multiprocessors), else that many (>= 1). The partial
     buffers are allocated here. No checks of the inputs (the launcher's ``check_inputs`` does them).
     """
-    import triton
 
     from .triton_attention import LOG2E
 
@@ -107,8 +106,8 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
     gqa_group = heads_q // heads_kv
     group = heads_per_program(gqa_group, seq_q, layout)
     head_groups = heads_q // group
-    block_m = max(16, triton.next_power_of_2(group * seq_q))
-    block_d = triton.next_power_of_2(head_dim)
+    block_m = max(16, next_power_of_2(group * seq_q))
+    block_d = next_power_of_2(head_dim)
     sub = layout.block_n // config.block_n
     max_tiles = (layout.kv_indices.shape[-1] + layout.full_kv_indices.shape[-1]) * sub
     programs = batch * head_groups
@@ -168,7 +167,7 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
             "num_splits": num_splits, "head_groups": head_groups, "seq_q": seq_q,
         }
         combine_constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": block_d,
-                              "BLOCK_S": triton.next_power_of_2(num_splits), "GROUP": group,
+                              "BLOCK_S": next_power_of_2(num_splits), "GROUP": group,
                               "RETURN_LSE": return_lse}
     return DecodeLaunch((num_splits, programs), args, constexprs, config.launch_kwargs(), config, num_splits,
                         combine_grid, combine_args, combine_constexprs)

@@ -19,7 +19,7 @@ from .configs import LaunchConfig
 from .layout import BlockLayout
 
 __all__ = ["KernelLaunch", "build_launch", "launch_key", "PER_CALL", "element_mask_arguments", "named_strides",
-           "tma_fits", "MAX_PROGRAMS"]
+           "next_power_of_2", "tma_fits", "MAX_PROGRAMS"]
 
 # One launch's 1-D grid is at most 2**31 - 1 programs.
 MAX_PROGRAMS = 2**31 - 1
@@ -83,7 +83,7 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     }
     constexprs = {
         "HEAD_DIM": head_dim,
-        "BLOCK_D": _next_power_of_2(head_dim),
+        "BLOCK_D": next_power_of_2(head_dim),
         "BLOCK_M": config.block_m,
         "BLOCK_N": config.block_n,
         "SPARSE_BLOCK_M": layout.block_m,
@@ -188,7 +188,7 @@ def _stride_names(prefix: str, dims: str) -> tuple[str, ...]:
     return tuple(f"stride_{prefix}{dim}" for dim in dims)
 
 
-def _next_power_of_2(n: int) -> int:
+def next_power_of_2(n: int) -> int:
     """``triton.next_power_of_2`` for n >= 1, in plain Python (that one is a Triton function)."""
     return 1 << (n - 1).bit_length()
 

@@ -172,7 +172,7 @@ def test_build_launch_still_checks_the_kernels_signature(monkeypatch):
 
     from parity.kernels import launch
 
-    assert [launch._next_power_of_2(n) for n in (1, 16, 64, 96, 128, 200)] == \
+    assert [launch.next_power_of_2(n) for n in (1, 16, 64, 96, 128, 200)] == \
         [triton.next_power_of_2(n) for n in (1, 16, 64, 96, 128, 200)]
     problem = {"layout": ("causal", 128), "batch": 2, "tma": False, "heads": (4, 2), "head_dim": 64,
                "dtype": torch.bfloat16, "offsets": (0,) * 5, "heads_last": (False,) * 3, "lse": True,
