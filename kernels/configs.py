@@ -41,7 +41,10 @@ class LaunchConfig:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages, **dict(self.amd)}
 
     def clamp(self, sparse_block_m: int, sparse_block_n: int) -> "LaunchConfig":
-        """Tiles must divide the layout's blocks; shrink them when the layout's blocks are smaller."""
+        """Tiles must divide the layout's blocks; shrink them when the layout's blocks are smaller
+        (this config itself where they fit: a launch clamps on every call)."""
+        if self.block_m <= sparse_block_m and self.block_n <= sparse_block_n:
+            return self
         return dataclasses.replace(
             self, block_m=min(self.block_m, sparse_block_m), block_n=min(self.block_n, sparse_block_n)
         )
@@ -170,7 +173,9 @@ class DecodeConfig:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages, **dict(self.amd)}
 
     def clamp(self, sparse_block_n: int) -> "DecodeConfig":
-        return dataclasses.replace(self, block_n=min(self.block_n, sparse_block_n))
+        if self.block_n <= sparse_block_n:
+            return self
+        return dataclasses.replace(self, block_n=sparse_block_n)
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": "decode", "block_n": self.block_n, "num_warps": self.num_warps,

@@ -564,3 +564,13 @@ def test_gpu_cached_decode_gives_the_dispatched_bits(num_splits):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured.view(torch.int16), want.view(torch.int16))
+
+
+def test_clamp_shrinks_tiles_to_the_layouts_blocks_and_keeps_a_config_that_fits():
+    prefill = configs.LaunchConfig(128, 128, 8, 3, tma=True)
+    assert prefill.clamp(128, 256) is prefill  # fits: the same config (a launch clamps on every call)
+    assert prefill.clamp(64, 256) == configs.LaunchConfig(64, 128, 8, 3, tma=True)
+    assert prefill.clamp(256, 32) == configs.LaunchConfig(128, 32, 8, 3, tma=True)
+    decode = configs.decode_config_for("sm_90", 128, torch.bfloat16)
+    assert decode.clamp(decode.block_n) is decode
+    assert decode.clamp(16).block_n == 16 and decode.clamp(16).num_warps == decode.num_warps
