@@ -29,13 +29,17 @@ launch, in microseconds per call (median of 5 rounds): the input checks, the con
 argument, what ``JITFunction.run`` does on each call before finding the compiled kernel; built
 for the device's target, sm_90 on a CPU), ``launch_key``, and ``cached_hit``: the key and the
 launch cache's hit (kernels/launch_cache.py) with Triton's part stubbed (the dispatch state and
-the issue of the compiled kernel), i.e. what the cache does instead of the build and the binder. It needs no GPU: on a CPU it shows the parts on that CPU, next to
+the issue of the compiled kernel), i.e. what the cache does instead of the build and the binder.
+The config lookup is the launcher's on a GPU; on a CPU, the target's row and its clamp (the
+launcher would take the interpreter's row there). Each row records the Python, torch and Triton
+versions. It needs no GPU: on a CPU it shows the parts on that CPU, next to
 ``host_ms`` of a GPU host's run.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import statistics
 import sys
 import time
@@ -121,6 +125,7 @@ def _per_call_us(fn: Callable[[], Any], calls: int, rounds: int = 5) -> float:
 
 def host_parts(cases: list[table.Case], device: torch.device, calls: int = 1000) -> list[dict[str, Any]]:
     """Microseconds per call of the Python parts of one prefill call (module docstring), per case."""
+    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.jit import JITFunction, create_function_from_signature
@@ -131,6 +136,7 @@ def host_parts(cases: list[table.Case], device: torch.device, calls: int = 1000)
     target = GPUTarget("cuda", int(arch[3:]), 32) if arch.startswith("sm_") else GPUTarget("hip", arch, 64)
     fn = JITFunction(triton_attention.block_sparse_attn_fwd.fn)  # the kernel's own, also under the interpreter
     binder = create_function_from_signature(fn.signature, fn.params, make_backend(target))
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
     rows = []
     for case in cases:
         layout, q, k, v, _batch, _mc = table._problem(case, device, table.Sizes())
@@ -140,9 +146,16 @@ def host_parts(cases: list[table.Case], device: torch.device, calls: int = 1000)
         use_tma = launch.tma_fits(cfg, q, k, v)
         built = launch.build_launch(q, k, v, out, None, layout, cfg, sm_scale=scale, use_tma=use_tma)
         given = {**built.args, **built.constexprs}
-        row = {"case": case.name, "arch": arch, "runtime_arguments": len(built.args), "us_per_call": {
+        if device.type == "cuda":  # the launcher's own lookup: the device's architecture, its row, the clamp
+            def config_lookup(q=q, layout=layout, head_dim=case.head_dim):
+                return attention.launch_config(device, head_dim, q.dtype, layout)
+        else:  # on a CPU the launcher would take the interpreter's row: look up the target's instead
+            def config_lookup(q=q, layout=layout, head_dim=case.head_dim, irregular=irregular):
+                return configs.config_for(arch, head_dim, q.dtype, irregular=irregular).clamp(layout.block_m,
+                                                                                            layout.block_n)
+        row = {"case": case.name, "arch": arch, "runtime_arguments": len(built.args), **versions, "us_per_call": {
             "checks": _per_call_us(lambda: attention.check_inputs(q, k, v, layout), calls),
-            "config": _per_call_us(lambda: attention.launch_config(device, case.head_dim, q.dtype, layout), calls),
+            "config": _per_call_us(config_lookup, calls),
             "build_launch": _per_call_us(lambda: launch.build_launch(q, k, v, out, None, layout, cfg, sm_scale=scale,
                                                                      use_tma=use_tma), calls),
             "triton_binder": _per_call_us(lambda: binder(**given, debug=False), calls),

@@ -446,3 +446,19 @@ def test_a_file_filled_in_place_is_whole_or_not_at_all(tmp_path):
     assert target.read_text() == "the earlier trace\n" and [p.name for p in tmp_path.iterdir()] == ["trace.json"]
     files.write_file_atomically(target, lambda temporary: temporary.write_text("{}\n"), "--trace")
     assert target.read_text() == "{}\n" and [p.name for p in tmp_path.iterdir()] == ["trace.json"]
+
+
+def test_a_writer_that_only_logs_its_failure_leaves_nothing_behind(tmp_path):
+    # torch's trace export writes "<name>.tmp", renames it, and on a failure logs instead of
+    # raising: what it left goes, the earlier file stays, and the error says nothing was written.
+    target = tmp_path / "trace.json"
+    target.write_text("the earlier trace\n")
+
+    def logs_instead_of_raising(temporary):
+        Path(f"{temporary}.tmp").write_text('{"traceEv')
+
+    with pytest.raises(UsageError, match=r"^--trace .*trace\.json: cannot write: nothing was written"):
+        files.write_file_atomically(target, logs_instead_of_raising, "--trace")
+    assert target.read_text() == "the earlier trace\n" and [p.name for p in tmp_path.iterdir()] == ["trace.json"]
+    with pytest.raises(UsageError, match=r"^--trace /dev/null: cannot write: nothing was written"):
+        files.write_file_atomically("/dev/null", lambda temporary: None, "--trace")  # written through

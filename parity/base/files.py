@@ -196,14 +196,19 @@ def write_file_atomically(path: str | os.PathLike, fill: Callable[[Path], None],
     yet) at ``path`` is replaced by a temporary filled beside it, fsynced and renamed over it
     (``suffix`` ends the temporary's name, e.g. ``.gz`` for a writer that compresses by name); a
     stream, a character device or a FIFO gets the content filled into a temporary elsewhere, with
-    no ``suffix`` (uncompressed), written through as text."""
+    no ``suffix`` (uncompressed), written through as text. A ``fill`` that writes nothing (a writer
+    that logs its failure instead of raising) is a UsageError; nothing it left beside the target
+    (its own ``<temporary>.tmp``) stays."""
     file = check_writable(path, what)
     info = _stat(file, what)
     if _standard_stream(info) is not None or disposition(info) == WRITE_THROUGH:
-        handle, temporary = tempfile.mkstemp(prefix=".parity-", suffix=".tmp")
-        os.close(handle)
         try:
-            fill(Path(temporary))
+            handle, temporary = tempfile.mkstemp(prefix=".parity-", suffix=".tmp")
+            os.close(handle)
+        except OSError as err:
+            raise _cannot_write(what, file, err) from None
+        try:
+            _fill(fill, Path(temporary), what, file, empty_ok=False)
             return write_atomically(file, Path(temporary).read_text(encoding="utf-8"), what)
         finally:
             Path(temporary).unlink(missing_ok=True)
@@ -211,7 +216,7 @@ def write_file_atomically(path: str | os.PathLike, fill: Callable[[Path], None],
     temporary = target.parent / f".{target.name[:32]}.{secrets.token_hex(4)}.tmp{suffix}"
     renamed = False
     try:
-        fill(temporary)
+        _fill(fill, temporary, what, file, empty_ok=True)
         with open(temporary, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(temporary, target)
@@ -220,9 +225,20 @@ def write_file_atomically(path: str | os.PathLike, fill: Callable[[Path], None],
         raise _cannot_write(what, file, err) from None
     finally:
         if not renamed:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+            for left in (temporary, Path(f"{temporary}.tmp")):
+                with contextlib.suppress(OSError):
+                    os.unlink(left)
     return file
+
+
+def _fill(fill: Callable[[Path], None], temporary: Path, what: str, file, *, empty_ok: bool) -> None:
+    """``fill(temporary)``; a UsageError naming ``what`` where it fails or writes no file."""
+    try:
+        fill(temporary)
+    except OSError as err:
+        raise _cannot_write(what, file, err) from None
+    if not temporary.exists() or (not empty_ok and temporary.stat().st_size == 0):
+        raise UsageError(f"{what} {shown(file)}: cannot write: nothing was written (see the message above)")
 
 
 __all__ = ["REFUSE", "REPLACE", "WRITE_THROUGH", "check_distinct", "check_writable", "disposition",
