@@ -211,7 +211,8 @@ def write_file_atomically(path: str | os.PathLike, fill: Callable[[Path], None],
             _fill(fill, Path(temporary), what, file, empty_ok=False)
             return write_atomically(file, Path(temporary).read_text(encoding="utf-8"), what)
         finally:
-            Path(temporary).unlink(missing_ok=True)
+            for left in (temporary, f"{temporary}.tmp"):
+                Path(left).unlink(missing_ok=True)
     target = Path(os.path.realpath(file))  # a symbolic link stays; the file it names is replaced
     temporary = target.parent / f".{target.name[:32]}.{secrets.token_hex(4)}.tmp{suffix}"
     renamed = False
