@@ -155,7 +155,7 @@ class LaunchCache:
         self._state = state
         self._max = max_per_layout
         self._by_layout: weakref.WeakKeyDictionary[Any, collections.OrderedDict] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()  # the bookkeeping only; launches are not serialized
+        self._lock = threading.Lock()  # the bookkeeping and the counts only; launches are not serialized
         self.hits = 0
         self.misses = 0
 
@@ -166,7 +166,7 @@ class LaunchCache:
         ``tensors``."""
         states = [self._state(kernel) for kernel in self.kernels]
         if any(state is None for state in states):  # Triton must dispatch this call itself
-            self.misses += 1
+            self._count(hit=False)
             for step in build():
                 step.dispatch()
             return
@@ -178,7 +178,7 @@ class LaunchCache:
             if entry is not None:
                 entries.move_to_end(key)
         if entry is not None and all(_globals_unchanged(kernel) for kernel in self.kernels):
-            self.hits += 1
+            self._count(hit=True)
             # one new workspace per call, shared by its steps as the build shared it
             made = {name: torch.empty_strided(shape, strides, dtype=dtype, device=device)
                     for name, (shape, strides, dtype, device) in entry.fresh.items()}
@@ -190,7 +190,7 @@ class LaunchCache:
                     values[position] = made[name]
                 self._issue(bound.compiled, bound.grid, values, state)
             return
-        self.misses += 1
+        self._count(hit=False)
         steps, fresh = [], {}
         for step in build():
             compiled = step.dispatch()
@@ -205,6 +205,13 @@ class LaunchCache:
             entries[key] = entry
             while len(entries) > self._max:
                 entries.popitem(last=False)
+
+    def _count(self, *, hit: bool) -> None:
+        with self._lock:
+            if hit:
+                self.hits += 1
+            else:
+                self.misses += 1
 
     def _bind(self, step: LaunchStep, compiled: Any, tensors: Sequence[Any], fresh: dict) -> _Bound:
         """The step's argument list without this call's tensors; ``fresh`` collects, by name, the

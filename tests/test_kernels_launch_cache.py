@@ -574,3 +574,39 @@ def test_clamp_shrinks_tiles_to_the_layouts_blocks_and_keeps_a_config_that_fits(
     decode = configs.decode_config_for("sm_90", 128, torch.bfloat16)
     assert decode.clamp(decode.block_n) is decode
     assert decode.clamp(16).block_n == 16 and decode.clamp(16).num_warps == decode.num_warps
+
+
+def test_threads_sharing_a_cache_keep_it_consistent():
+    """Eight threads launch through one cache with few entries per layout (lookups, inserts and
+    evictions interleave): no error, every call counted once, every hit issued with its own
+    call's tensors, and no layout holds more than its cap."""
+    import threading
+
+    kernel, issued, lock = _Kernel(), [], threading.Lock()
+
+    def record(compiled, grid, values, state):
+        with lock:
+            issued.append(values[0])
+
+    cache = LaunchCache((kernel,), PER_CALL, issue=record, state=lambda kernel: ("device", "stream"),
+                        max_per_layout=3)
+    layouts, errors, calls = [_Layout() for _ in range(2)], [], 400
+
+    def work(seed):
+        try:
+            for i in range(calls):
+                tensors = _tensors()
+                cache.launch(layouts[(seed + i) % 2], (seed * 7 + i) % 5, tensors,
+                             lambda tensors=tensors: _steps(kernel, tensors, 3))
+        except Exception as err:  # noqa: BLE001 - recorded and asserted below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert cache.hits + cache.misses == 8 * calls and cache.hits == len(issued) > 0
+    assert all(len(entries) <= 3 for entries in cache._by_layout.values())
+    assert len({id(q) for q in issued}) == len(issued)  # each hit got its own call's q
