@@ -120,7 +120,7 @@ def launch_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     specializes them alike (``tests/test_kernels_launch_cache.py``). Keep it in step with
     ``build_launch``."""
     per_call = (q, k, v, out) if lse is None else (q, k, v, out, lse)
-    return (q.device, config, sm_scale, emulate_bf16, use_tma, lse is None,
+    return (q.device, config, sm_scale, emulate_bf16, use_tma,  # with or without lse: the length differs
             *((t.dtype, tuple(t.shape), t.stride(), t.data_ptr() % 16 == 0) for t in per_call))
 
 

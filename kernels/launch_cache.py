@@ -44,8 +44,10 @@ from typing import Any
 
 import torch
 
+from .targets import arch_spec
+
 __all__ = ["LaunchCache", "LaunchStep", "MAX_PER_LAYOUT", "issue_compiled", "direct_launch_supported",
-           "dispatch_state"]
+           "dispatch_state", "triton_binder"]
 
 MAX_PER_LAYOUT = 16
 
@@ -88,20 +90,20 @@ def direct_launch_supported(compiled: Any) -> bool:
     return compiled is not None and all(hasattr(compiled, name) for name in _COMPILED_INTERFACE)
 
 
-def dispatch_state(kernel: Any) -> tuple | None:
+def dispatch_state(kernels: Sequence[Any]) -> tuple | None:
     """What Triton's dispatch reads on each call besides the arguments, as part of the key: the
     current device (a compiled kernel is loaded per device) and stream (entries are then used on
     the stream whose allocations they hold), and the debug, instrumentation and fpsan settings
     (compiler options; the last from Triton 3.9), and an overridden architecture (3.9). None where
-    the cache must step aside and let Triton dispatch: the kernel has pre-run hooks, a
+    the cache must step aside and let Triton dispatch: one of ``kernels`` has pre-run hooks, a
     stages-inspection hook is set (3.9), or the stream is capturing a CUDA graph (a graph would
     hold the entry's buffers, which an eviction frees; and capture is not where host time
     matters)."""
     from triton import knobs
     from triton.runtime import driver
 
-    if (getattr(kernel, "pre_run_hooks", None) or getattr(knobs.runtime, "add_stages_inspection_hook", None)
-            or torch.cuda.is_current_stream_capturing()):
+    if (any(getattr(kernel, "pre_run_hooks", None) for kernel in kernels)
+            or getattr(knobs.runtime, "add_stages_inspection_hook", None) or torch.cuda.is_current_stream_capturing()):
         return None
     device = driver.active.get_current_device()
     return (device, driver.active.get_current_stream(device), knobs.runtime.debug,
@@ -120,6 +122,21 @@ def issue_compiled(compiled: Any, grid: tuple[int, ...], values: Sequence[Any], 
     grid = tuple(grid) + (1,) * (3 - len(grid))
     compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, metadata,
                  knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *values)
+
+
+def triton_binder(kernel: Any, arch: str) -> tuple[Callable[..., tuple], list[str]]:
+    """(binder, parameter names) of ``kernel`` as Triton's dispatch builds them for ``arch``
+    (``kernels.targets`` names): ``binder(**arguments, **options)`` returns the bound arguments,
+    the specialization and the options ``JITFunction.run`` keys its cache on. Needs no GPU; made
+    from the kernel's Python source, so it works under the interpreter too."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    spec = arch_spec(arch)
+    fn = JITFunction(kernel.fn)
+    backend = make_backend(GPUTarget(spec.backend, spec.triton_arch, spec.warp_size))
+    return create_function_from_signature(fn.signature, fn.params, backend), fn.arg_names
 
 
 def _globals_unchanged(kernel: Any) -> bool:
@@ -147,7 +164,8 @@ class LaunchCache:
 
     def __init__(self, kernels: Sequence[Any], per_call: Sequence[str], *, fresh: Sequence[str] = (),
                  issue: Callable[[Any, tuple[int, ...], Sequence[Any], tuple], None] = issue_compiled,
-                 state: Callable[[Any], tuple | None] = dispatch_state, max_per_layout: int = MAX_PER_LAYOUT):
+                 state: Callable[[Sequence[Any]], tuple | None] = dispatch_state,
+                 max_per_layout: int = MAX_PER_LAYOUT):
         self.kernels = tuple(kernels)
         self._per_call = tuple(per_call)
         self._fresh = tuple(fresh)
@@ -164,13 +182,12 @@ class LaunchCache:
         None where the launch builds a stand-in (whether each is None must be part of ``key``);
         ``build``: makes the call's launches, in order, when no entry matches, from the same
         ``tensors``."""
-        states = [self._state(kernel) for kernel in self.kernels]
-        if any(state is None for state in states):  # Triton must dispatch this call itself
+        state = self._state(self.kernels)
+        if state is None:  # Triton must dispatch this call itself
             self._count(hit=False)
             for step in build():
                 step.dispatch()
             return
-        state = states[0]
         key = (state, key)
         with self._lock:
             entries = self._by_layout.get(layout)
@@ -238,6 +255,3 @@ class LaunchCache:
                 made.append((names.index(name), name))
                 values[names.index(name)] = None
         return _Bound(compiled, tuple(step.grid), values, slots, tuple(made))
-
-    def clear(self) -> None:
-        self._by_layout = weakref.WeakKeyDictionary()

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from . import attention, configs, launch, targets
-from .launch_cache import LaunchCache, LaunchStep
+from .launch_cache import LaunchCache, LaunchStep, triton_binder
 from . import benchmark_table as table
 from .benchmark import arguments_or_status
 
@@ -126,16 +126,11 @@ def _per_call_us(fn: Callable[[], Any], calls: int, rounds: int = 5) -> float:
 def host_parts(cases: list[table.Case], device: torch.device, calls: int = 1000) -> list[dict[str, Any]]:
     """Microseconds per call of the Python parts of one prefill call (module docstring), per case."""
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.runtime.jit import JITFunction, create_function_from_signature
 
     from . import triton_attention
 
     arch = targets.arch_of(device) if device.type == "cuda" else "sm_90"
-    target = GPUTarget("cuda", int(arch[3:]), 32) if arch.startswith("sm_") else GPUTarget("hip", arch, 64)
-    fn = JITFunction(triton_attention.block_sparse_attn_fwd.fn)  # the kernel's own, also under the interpreter
-    binder = create_function_from_signature(fn.signature, fn.params, make_backend(target))
+    binder, arg_names = triton_binder(triton_attention.block_sparse_attn_fwd, arch)
     versions = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__}
     rows = []
     for case in cases:
@@ -161,7 +156,7 @@ def host_parts(cases: list[table.Case], device: torch.device, calls: int = 1000)
             "triton_binder": _per_call_us(lambda: binder(**given, debug=False), calls),
             "launch_key": _per_call_us(lambda: launch.launch_key(q, k, v, out, None, cfg, sm_scale=scale,
                                                                  use_tma=use_tma), calls),
-            "cached_hit": _per_call_us(_cached_hit(fn.arg_names, q, k, v, out, layout, cfg, scale, use_tma), calls),
+            "cached_hit": _per_call_us(_cached_hit(arg_names, q, k, v, out, layout, cfg, scale, use_tma), calls),
         }}
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -189,7 +184,7 @@ def _cached_hit(arg_names, q, k, v, out, layout, cfg, scale, use_tma) -> Callabl
     tensors), with Triton's part stubbed: the dispatch state and the issue of the compiled
     kernel, which need a GPU and are in ``host_ms``."""
     kernel = _StandInKernel(arg_names)
-    cache = LaunchCache((kernel,), launch.PER_CALL, issue=lambda *args: None, state=lambda kernel: ("device", "stream"))
+    cache = LaunchCache((kernel,), launch.PER_CALL, issue=lambda *args: None, state=lambda kernels: ("device", "stream"))
 
     def build():
         built = launch.build_launch(q, k, v, out, None, layout, cfg, sm_scale=scale, use_tma=use_tma)

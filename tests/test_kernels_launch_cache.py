@@ -29,17 +29,12 @@ from parity.kernels.testing import random_qkv
 @pytest.fixture(scope="module")
 def triton_binder():
     """(binder, parameter names) of block_sparse_attn_fwd as Triton's dispatch builds them for
-    sm_90 (a JITFunction made from the kernel's Python source: under the interpreter the module's
-    kernel is an InterpretedFunction)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.runtime.jit import JITFunction, create_function_from_signature
-
+    sm_90 (``launch_cache.triton_binder``: from the kernel's Python source, so also under the
+    interpreter)."""
     from parity.kernels import triton_attention
+    from parity.kernels.launch_cache import triton_binder
 
-    fn = JITFunction(triton_attention.block_sparse_attn_fwd.fn)
-    binder = create_function_from_signature(fn.signature, fn.params, make_backend(GPUTarget("cuda", 90, 32)))
-    return binder, fn.arg_names
+    return triton_binder(triton_attention.block_sparse_attn_fwd, "sm_90")
 
 
 LAYOUT_BUILDERS = {
@@ -189,18 +184,11 @@ def test_build_launch_still_checks_the_kernels_signature(monkeypatch):
 @pytest.fixture(scope="module")
 def decode_binders():
     """Triton's binder (sm_90) for each decode kernel, by the kernel's Python name."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.runtime.jit import JITFunction, create_function_from_signature
-
     from parity.kernels import triton_attention
+    from parity.kernels.launch_cache import triton_binder
 
-    backend = make_backend(GPUTarget("cuda", 90, 32))
-    binders = {}
-    for kernel in (triton_attention.block_sparse_decode_fwd, triton_attention.decode_combine):
-        fn = JITFunction(kernel.fn)
-        binders[kernel.fn.__name__] = (create_function_from_signature(fn.signature, fn.params, backend), fn.arg_names)
-    return binders
+    return {kernel.fn.__name__: triton_binder(kernel, "sm_90")
+            for kernel in (triton_attention.block_sparse_decode_fwd, triton_attention.decode_combine)}
 
 
 DECODE_LAYOUTS = {("causal", sq): causal_layout(sq, 200, block_m=64, block_n=64) for sq in (1, 4)}
@@ -296,7 +284,7 @@ def test_two_steps_are_issued_in_order_with_a_new_workspace_per_call():
     combine.arg_names = ["Work", "Out", "Lse", "rows"]
     cache = LaunchCache((split, combine), PER_CALL, fresh=("Work",),
                         issue=lambda c, g, vals, st: issued.append((c, g, vals)),
-                        state=lambda kernel: ("device", "stream"))
+                        state=lambda kernels: ("device", "stream"))
     layout, built = _Layout(), []
 
     def build(tensors):
@@ -326,7 +314,7 @@ def test_steps_that_pass_different_workspaces_are_refused():
     split, combine = _Kernel(), _Kernel()
     split.arg_names, combine.arg_names = ["Q", "Work"], ["Work", "Out"]
     cache = LaunchCache((split, combine), ("Q", "Out"), fresh=("Work",), issue=lambda *a: None,
-                        state=lambda kernel: ("device", "stream"))
+                        state=lambda kernels: ("device", "stream"))
     q, out = torch.zeros(1), torch.zeros(1)
     with pytest.raises(RuntimeError, match="different Work tensors"):
         cache.launch(_Layout(), "k", (q, out), lambda: [LaunchStep(split, (1,), {"Q": q, "Work": torch.zeros(2)}, {}, {}),
@@ -371,7 +359,7 @@ def _tensors(lse=True):
 
 def _cache(kernel, issued, state=("device 0", "stream 7"), **kw):
     return LaunchCache((kernel,), PER_CALL, issue=lambda c, g, vals, st: issued.append((c, g, vals)),
-                       state=lambda kernel: state() if callable(state) else state, **kw)
+                       state=lambda kernels: state() if callable(state) else state, **kw)
 
 
 def test_a_repeated_key_issues_the_compiled_kernel_with_the_new_tensors():
@@ -588,7 +576,7 @@ def test_threads_sharing_a_cache_keep_it_consistent():
         with lock:
             issued.append(values[0])
 
-    cache = LaunchCache((kernel,), PER_CALL, issue=record, state=lambda kernel: ("device", "stream"),
+    cache = LaunchCache((kernel,), PER_CALL, issue=record, state=lambda kernels: ("device", "stream"),
                         max_per_layout=3)
     layouts, errors, calls = [_Layout() for _ in range(2)], [], 400
 

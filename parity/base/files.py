@@ -150,22 +150,32 @@ def _write_through(file: Path, text: str, *, wait_for_reader: bool) -> None:
 
 
 def _replace(file: Path, text: str) -> None:
-    """Replace ``file`` by a temporary file holding ``text``, written and fsynced beside it (removed
-    again if anything fails)."""
-    temporary = file.parent / f".{file.name[:32]}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    renamed = False
-    try:
+    """Replace ``file`` by a temporary file holding ``text`` (:func:`_replace_filled`)."""
+    def fill(temporary: Path) -> None:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
-            handle.flush()
+
+    _replace_filled(file, fill)
+
+
+def _replace_filled(file: Path, fill: Callable[[Path], None], suffix: str = "") -> None:
+    """Replace ``file`` by a temporary file beside it that ``fill(temporary)`` writes (its name
+    ending in ``suffix``), fsynced, then renamed over ``file``. If anything fails (a full disk, an
+    interrupt) it goes on up, and the temporary goes, with any ``<temporary>.tmp`` a writer left."""
+    temporary = file.parent / f".{file.name[:32]}.{secrets.token_hex(4)}.tmp{suffix}"
+    renamed = False
+    try:
+        fill(temporary)
+        with open(temporary, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(temporary, file)
         renamed = True
     finally:
-        if not renamed:  # whatever stopped it (a full disk, an interrupt) goes on up; the temporary goes
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+        if not renamed:
+            for left in (temporary, Path(f"{temporary}.tmp")):
+                with contextlib.suppress(OSError):
+                    os.unlink(left)
 
 
 def write_atomically(path: str | os.PathLike, text: str, what: str, *, wait_for_reader: bool = True) -> Path:
@@ -213,22 +223,11 @@ def write_file_atomically(path: str | os.PathLike, fill: Callable[[Path], None],
         finally:
             for left in (temporary, f"{temporary}.tmp"):
                 Path(left).unlink(missing_ok=True)
-    target = Path(os.path.realpath(file))  # a symbolic link stays; the file it names is replaced
-    temporary = target.parent / f".{target.name[:32]}.{secrets.token_hex(4)}.tmp{suffix}"
-    renamed = False
-    try:
-        _fill(fill, temporary, what, file, empty_ok=True)
-        with open(temporary, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-        renamed = True
+    try:  # a symbolic link stays; the file it names is replaced
+        _replace_filled(Path(os.path.realpath(file)), lambda temporary: _fill(fill, temporary, what, file, empty_ok=True),
+                        suffix)
     except OSError as err:
         raise _cannot_write(what, file, err) from None
-    finally:
-        if not renamed:
-            for left in (temporary, Path(f"{temporary}.tmp")):
-                with contextlib.suppress(OSError):
-                    os.unlink(left)
     return file
 
 

@@ -28,7 +28,7 @@ from parity.report.error_report import error_reports
 _REPORTS = (("json", "--json"), ("junit_xml", "--junit-xml"), ("html", "--html"), ("markdown", "--markdown"))
 # Files the run itself writes (profile's trace): never standard output, never an error report.
 _RUN_OUTPUTS = (("trace", "--trace"),)
-# The attribute of the arguments that lists the reports this run has written (mark_written).
+# The attribute of the arguments that lists the reports this run has written (emit_report).
 _WRITTEN = "_parity_reports_written"
 # Input files, which no report may replace.
 _INPUTS = (("import_file", "--import"), ("against", "--against"), ("tolerances", "--tolerances"))
@@ -115,14 +115,19 @@ def check_outputs(args: argparse.Namespace) -> None:
         raise next(iter(problems.values()))
 
 
-def mark_written(args: argparse.Namespace, dest: str) -> None:
-    """Record that the report ``dest`` of this run is written (an error later in the run leaves
-    it alone: :func:`write_error_outputs`)."""
-    written = getattr(args, _WRITTEN, None)
-    if written is None:
-        written = set()
-        setattr(args, _WRITTEN, written)
-    written.add(dest)
+def emit_report(args: argparse.Namespace, dest: str, text: Callable[[], str],
+                write_file: Callable[[str], object]) -> None:
+    """The report ``dest`` (an argparse dest of :data:`_REPORTS`) if asked for: ``text()`` on
+    standard output for ``-``, else ``write_file(path)``; then recorded as written, so that an
+    error later in the run leaves it alone (:func:`write_error_outputs`)."""
+    path = getattr(args, dest)
+    if path is None:
+        return
+    if path == STDOUT:
+        sys.stdout.write(text())
+    else:
+        write_file(path)
+    vars(args).setdefault(_WRITTEN, set()).add(dest)
 
 
 def write_outputs(report, args: argparse.Namespace) -> None:
@@ -134,33 +139,15 @@ def write_outputs(report, args: argparse.Namespace) -> None:
 
     if not _to_stdout(args):
         print(format_text(report, max_rows=args.max_rows, width=None if args.wide else TABLE_WIDTH))
-    if args.json == STDOUT:
-        sys.stdout.write(to_json(report))
-    elif args.json is not None:
-        write_json(report, args.json)
-    if args.json is not None:
-        mark_written(args, "json")
-    if args.junit_xml == STDOUT:
-        sys.stdout.write(to_junit_xml(report))
-    elif args.junit_xml is not None:
-        write_junit_xml(report, args.junit_xml)
-    if args.junit_xml is not None:
-        mark_written(args, "junit_xml")
-    if args.markdown == STDOUT:
-        sys.stdout.write(format_markdown(report, max_rows=args.max_rows))
-    elif args.markdown is not None:
-        write_markdown(report, args.markdown, max_rows=args.max_rows)
-    if args.markdown is not None:
-        mark_written(args, "markdown")
+    emit_report(args, "json", lambda: to_json(report), lambda path: write_json(report, path))
+    emit_report(args, "junit_xml", lambda: to_junit_xml(report), lambda path: write_junit_xml(report, path))
+    emit_report(args, "markdown", lambda: format_markdown(report, max_rows=args.max_rows),
+                lambda path: write_markdown(report, path, max_rows=args.max_rows))
     if args.html is not None:
         from parity.report.html import render_html, write_html
 
         document = json.loads(to_json(report))  # the page is drawn from the JSON report, as written
-        if args.html == STDOUT:
-            sys.stdout.write(render_html(document))
-        else:
-            write_html(document, args.html)
-        mark_written(args, "html")
+        emit_report(args, "html", lambda: render_html(document), lambda path: write_html(document, path))
 
 
 def write_error_outputs(err: BaseException, args: argparse.Namespace, report_format: str) -> None:
