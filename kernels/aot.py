@@ -36,11 +36,12 @@ import time
 from typing import Any
 
 from . import dtypes, targets
+from .ptx_schedule import exp2_overlap
 
 __all__ = [
     "DTYPES", "TARGETS", "Problem", "AotResult", "inspect_configs", "inspect_cases", "launch_arguments",
     "expects_matrix_unit", "kernel_source_digest", "pinned_config", "check_request", "RequestError", "KERNELS",
-    "DECODE_PROBLEM", "code_digest",
+    "DECODE_PROBLEM", "code_digest", "cubin_resources",
 ]
 
 # Compile targets; each must have an ArchSpec in kernels.targets and rows in kernels.configs.
@@ -124,6 +125,9 @@ class AotResult:
     # matrix work; one CTA leaves the SM to the software pipeline alone.
     blocks_per_sm: int | None = None
     blocks_per_sm_by: dict[str, int] | None = None
+    # sm_90: the kernel's ex2 instructions, how many can issue while a wgmma product is still
+    # running, and its wgmma.wait_group counts (kernels.ptx_schedule; read from the PTX, static).
+    exp2_overlap: dict[str, Any] | None = None
     # sha256 (12 hex digits) of the compiled code, PTX or AMDGCN, without line info, debug
     # sections and debug labels: equal before and after a change means the change compiled to the
     # same code on this target (how a refactor of the kernel is checked without a GPU).
@@ -409,7 +413,11 @@ def _read_nvidia(result: AotResult, ptx: str, cubin: bytes) -> None:
     result.matrix_instructions = dict(sorted(collections.Counter(ops).items()))
     if result.target == "sm_90":
         result.wgmma = any(op.startswith("wgmma") for op in ops)
-    usage = _cuobjdump_res_usage(cubin)
+        overlap = exp2_overlap(ptx)
+        result.exp2_overlap = overlap.to_dict()
+        if result.wgmma:
+            result.notes.append(f"{overlap.exp2_while_mma} of {overlap.exp2} exp2 can issue while a wgmma product runs")
+    usage = cubin_resources(cubin)
     result.registers = usage.get("REG")
     # Triton's CompiledKernel.n_spills is CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES / 4, the per-thread
     # local memory (ptxas's stack frame: with everything inlined, only spills live there).
@@ -426,7 +434,7 @@ def _read_nvidia(result: AotResult, ptx: str, cubin: bytes) -> None:
         result.blocks_per_sm_by = occupancy
 
 
-def _cuobjdump_res_usage(cubin: bytes) -> dict[str, int]:
+def cubin_resources(cubin: bytes) -> dict[str, int]:
     """REG/STACK/SHARED/LOCAL of the kernel from Triton's bundled cuobjdump (cache independent:
     Triton discards ptxas's -v log unless asked to print it)."""
     import tempfile

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
+
+from .probe_mma_overlap import compile_in_child
 
 _CHILD = r'''
 import hashlib, json, sys
@@ -49,13 +48,7 @@ print(json.dumps({"ptx_sha256": hashlib.sha256(code.encode()).hexdigest(), "setm
 
 
 def _compile(ws: bool, warps: int) -> dict:
-    # Triton reads a jit function's source from its file: the child is written out, not passed with -c.
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "ws_probe_child.py")
-        with open(path, "w") as fh:
-            fh.write(_CHILD)
-        proc = subprocess.run([sys.executable, path, "1" if ws else "0", str(warps)],
-                              capture_output=True, text=True, timeout=300)
+    proc = compile_in_child(_CHILD, ["1" if ws else "0", str(warps)])
     if proc.returncode == 0:
         return json.loads(proc.stdout.strip().splitlines()[-1])
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

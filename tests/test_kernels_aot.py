@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from parity.base import dtypes
+from parity.base import dtypes, jsonformat
 from parity.run import platform
 from parity.cli.main import main
 from parity.kernels import aot, targets
@@ -87,6 +87,47 @@ def test_sm90_bf16_uses_tensor_cores(compiled):
     per_cta = -(-r.registers * 32 // 256) * 256 * r.config["num_warps"]
     assert r.blocks_per_sm_by["by_registers"] == 65536 // per_cta
     assert r.blocks_per_sm == min(r.blocks_per_sm_by.values()) >= 1
+
+
+def test_sm90_exp2_overlap_is_read_from_the_compiled_ptx(compiled):
+    """The pinned D=128 kernel: each thread of the 8 warps computes its share of the 128x128
+    tile's exponentials (64) plus the rescale factors; the reading is recorded and named in a
+    note. With the CI's Triton none of them can issue while a product runs: every wait drains
+    every group (kernels/BENCHMARK.md, "What limits the long rows")."""
+    r = compiled[SM90_CASE]
+    overlap = r.exp2_overlap
+    tile = r.config["block_m"] * r.config["block_n"] // (32 * r.config["num_warps"])
+    assert tile <= overlap["exp2"] <= tile + 4, overlap
+    assert overlap["exp2_while_mma"] == 0 and set(overlap["waits"]) == {"0"}, overlap
+    assert f"0 of {overlap['exp2']} exp2 can issue while a wgmma product runs" in r.notes
+    assert all(compiled[case].exp2_overlap is None for case in GFX942_CASES)  # an NVIDIA-only reading
+    # the report's schema takes the field
+    from jsonschema import Draft202012Validator
+
+    schema = jsonformat.schema_for(jsonformat.INSPECT_REPORT)
+    Draft202012Validator({"$ref": "#/$defs/result", "$defs": schema["$defs"]}).validate(r.to_dict())
+
+
+def test_mma_overlap_probe_sees_overlap_only_in_its_control():
+    """The three attention orders of ``python -m parity.kernels.probe_mma_overlap`` compile, for
+    sm_90, to code where no exp2 issues while a product runs, and the control (a product that only
+    feeds the next one's accumulator) to code where every exp2 can: the reading sees an overlap
+    where Triton makes one, and Triton makes none in the attention loop, whatever the order."""
+    from parity.kernels import probe_mma_overlap
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")  # the probe's compiles must not inherit it
+        rows = probe_mma_overlap.probe([64])
+    by_order = {row["order"]: row for row in rows}
+    assert list(by_order) == list(probe_mma_overlap.ORDERS)
+    for order in ("usual", "scores ahead", "pv behind"):
+        row = by_order[order]
+        assert "error" not in row, row
+        assert row["exp2"] >= 128 * 64 // 256 and row["exp2_while_mma"] == 0 and set(row["waits"]) == {"0"}, row
+        assert row["spill_bytes"] == 0 and 0 < row["registers"] <= 255, row
+    control = by_order["control"]
+    assert control["exp2"] >= 128 * 64 // 256 and control["exp2_while_mma"] == control["exp2"], control
+    assert int(max(control["waits"], key=int)) >= 1, control
 
 
 @pytest.mark.parametrize("regs, warps, shared, expected", [

@@ -180,3 +180,59 @@ def test_launch_time_summary_says_what_bounds_each_call():
         {"case": "c", "impl": "ours", "call_ms": 0.40, "graph_ms": 0.16, "host_ms": 0.25, "bound": "host"},
         {"case": "c", "impl": "theirs", "call_ms": 0.16, "graph_ms": 0.16, "host_ms": 0.10, "bound": "device"},
         {"case": "c", "impl": "no graph", "call_ms": 1.0, "host_ms": 0.1, "bound": None}]
+
+
+def _plan_calls() -> list[dict[str, str]]:
+    """The environment of each ``bash kernels/h200_run.sh`` call in kernels/BENCHMARK.md's plan for
+    the next device session (the code block whose first line is ``# call 1: ...``)."""
+    import re
+    import shlex
+
+    text = (REPO / "kernels" / "BENCHMARK.md").read_text()
+    block = re.search(r"```sh\n(# call 1:.*?)```", text, re.S).group(1)
+    calls = []
+    for command in re.split(r"\n(?=# call )", block):
+        words = shlex.split(command.replace("\\\n", " "), comments=True)
+        at = words.index("bash")
+        assert words[at + 1] == "kernels/h200_run.sh", words
+        calls.append(dict(word.split("=", 1) for word in words[:at]))
+    return calls
+
+
+def _step_limits(env: dict[str, str]) -> dict[str, int]:
+    """Each step's time limit in h200_run.sh as ``env`` sets it (``step NAME LIMIT ...``)."""
+    import re
+
+    limits = {}
+    for name, limit in re.findall(r'^\s*step ([\w-]+) ("?\$\{\w+:-\d+\}"?|\d+) ', (REPO / "kernels" / "h200_run.sh")
+                                  .read_text(), re.M):
+        variable = re.match(r'"?\$\{(\w+):-(\d+)\}"?', limit)
+        limits[name] = int(env.get(variable.group(1), variable.group(2))) if variable else int(limit)
+    return limits
+
+
+def test_the_plan_for_the_next_device_session_fits_and_parses(tmp_path):
+    """Every call of BENCHMARK's plan: its steps exist and run in a dry run, their limits and the
+    install's add up to at most the 600 s a device command may run, and its cases and config
+    variants are ones the table benchmark accepts (a typo or an overrun would cost a device call)."""
+    from parity.kernels import benchmark_table
+
+    calls = _plan_calls()
+    assert len(calls) == 3
+    names = {case.name for case in benchmark_table.CASES}
+    for index, env in enumerate(calls):
+        steps = env["STEPS"].split()
+        limits = _step_limits(env)
+        assert set(steps) <= set(limits), steps
+        assert limits["install"] + sum(limits[step] for step in steps) <= 600, (env, limits)
+        for key in ("SWEEP_CASES", "LAUNCH_CASES"):
+            if key in env:
+                assert set(env[key].split(",")) <= names, env[key]
+        for key in ("SWEEP_ARGS", "TABLE_ARGS"):
+            words = env.get(key, "").split()
+            for spec in (words[i + 1] for i, word in enumerate(words) if word == "--config"):
+                benchmark_table.parse_variant(spec)  # raises on a bad key or value
+        (tmp_path / str(index)).mkdir()
+        _, status = _dry_run(tmp_path / str(index), env)
+        ran = [line.split()[0] for line in status.splitlines()]
+        assert ran[0] == "install" and sorted(ran[1:]) == sorted(steps), (ran, steps)
