@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from .probe_mma_overlap import compile_in_child
+from .probe_pipelining import compile_in_child
 
 _CHILD = r'''
 import hashlib, json, sys

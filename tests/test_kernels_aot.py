@@ -109,17 +109,17 @@ def test_sm90_exp2_overlap_is_read_from_the_compiled_ptx(compiled):
 
 
 def test_mma_overlap_probe_sees_overlap_only_in_its_control():
-    """The three attention orders of ``python -m parity.kernels.probe_mma_overlap`` compile, for
+    """The three attention orders of ``python -m parity.kernels.probe_pipelining`` compile, for
     sm_90, to code where no exp2 issues while a product runs, and the control (a product that only
     feeds the next one's accumulator) to code where every exp2 can: the reading sees an overlap
     where Triton makes one, and Triton makes none in the attention loop, whatever the order."""
-    from parity.kernels import probe_mma_overlap
+    from parity.kernels import probe_pipelining
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")  # the probe's compiles must not inherit it
-        rows = probe_mma_overlap.probe([64])
+        rows = probe_pipelining.probe([64])
     by_order = {row["order"]: row for row in rows}
-    assert list(by_order) == list(probe_mma_overlap.ORDERS)
+    assert list(by_order) == list(probe_pipelining.ORDERS)
     for order in ("usual", "scores ahead", "pv behind"):
         row = by_order[order]
         assert "error" not in row, row
@@ -128,6 +128,18 @@ def test_mma_overlap_probe_sees_overlap_only_in_its_control():
     control = by_order["control"]
     assert control["exp2"] >= 128 * 64 // 256 and control["exp2_while_mma"] == control["exp2"], control
     assert int(max(control["waits"], key=int)) >= 1, control
+
+
+def test_flatten_probe_fuses_a_persistent_loop_only_with_a_uniform_trip_count():
+    """``tl.range(..., flatten=True)`` around the key loop changes the sm_90 code when every tile
+    runs the same number of key steps (the control) and leaves it unchanged when the count is
+    loaded per tile, as a block-sparse layout's is: a persistent grid would not pipeline across
+    this kernel's tiles (kernels/BENCHMARK.md)."""
+    from parity.kernels import probe_pipelining
+
+    rows = probe_pipelining.probe_flatten()
+    assert [(row["trip_count"], row.get("verdict"), row.get("error")) for row in rows] == [
+        ("per tile", "ignored", None), ("uniform", "flattened", None)]
 
 
 @pytest.mark.parametrize("regs, warps, shared, expected", [

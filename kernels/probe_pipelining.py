@@ -1,13 +1,16 @@
-"""Can a Triton attention loop keep a Hopper matrix product running during its softmax? A
-compile-only probe.
+"""What Triton's software pipelining gives an attention loop on Hopper: two compile-only probes.
 
-    python -m parity.kernels.probe_mma_overlap [--head-dim 64 128]
+    python -m parity.kernels.probe_pipelining [--head-dim 64 128] [--only overlap|flatten]
 
-FlashAttention-3 overlaps, within one warpgroup, the softmax of one key tile with a matrix
-product: the scores of the next tile, or the P @ V of the previous one (its "intra-warpgroup
-overlap"). In Triton the program order is the only lever, so this probe writes one minimal
-attention loop (TMA-descriptor loads, online softmax in base 2, 8 warps, 3 stages, bf16) in three
-orders and compiles each for sm_90 without a GPU:
+Both compile small kernels for sm_90 without a GPU, each in its own process (the interpreter
+setting of the tests must not reach it). kernels/BENCHMARK.md records what Triton 3.6 (the
+H200's) and 3.9 give.
+
+**overlap**: can a product keep running during the softmax? FlashAttention-3 overlaps, within
+one warpgroup, the softmax of one key tile with a matrix product: the scores of the next tile, or
+the P @ V of the previous one (its "intra-warpgroup overlap"). In Triton the program order is the
+only lever, so this probe writes one minimal attention loop (TMA-descriptor loads, online softmax
+in base 2, 8 warps, 3 stages, bf16) in three orders, and a control:
 
 - ``usual``: scores of tile t, softmax of tile t, P @ V of tile t (the prefill kernel's order);
 - ``scores ahead``: scores of tile t + 1, then softmax and P @ V of tile t;
@@ -18,8 +21,15 @@ orders and compiles each for sm_90 without a GPU:
 
 For each it reports, from the PTX (``kernels.ptx_schedule``), how many ``ex2`` instructions can
 issue while a wgmma group is still running and how the waits are placed, and the registers and
-spills from the cubin. Each compile runs in its own process (the interpreter setting of the
-tests must not reach it). kernels/BENCHMARK.md records what Triton 3.6 (the H200's) and 3.9 give.
+spills from the cubin.
+
+**flatten**: can a persistent grid pipeline across its tiles? A persistent kernel loops over
+query tiles (``tl.range(pid, tiles, programs, flatten=True)``) around the key loop; Triton can
+fuse the two loops into one, so that the next tile's first loads overlap this tile's last
+products, instead of one pipeline prologue and drain per tile. The probe compiles a minimal
+persistent loop with and without ``flatten=True``, once with the key loop's trip count the same
+for every tile (a dense layout) and once loaded per tile (a block-sparse layout's block count),
+and says whether the option changed the code (``kernels.aot.code_digest`` of the PTX).
 """
 from __future__ import annotations
 
@@ -31,10 +41,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .aot import cubin_resources
+from .aot import code_digest, cubin_resources
 from .ptx_schedule import exp2_overlap
 
-__all__ = ["ORDERS", "probe", "compile_in_child"]
+__all__ = ["ORDERS", "TRIP_COUNTS", "probe", "probe_flatten", "compile_in_child"]
 
 ORDERS = ("usual", "scores ahead", "pv behind", "control")
 # The pinned sm_90 tiles of each head dim (kernels/configs.py): 128x128 at D=128, 128x64 at D=64.
@@ -110,6 +120,44 @@ print(json.dumps({"triton": triton.__version__}))
 '''
 
 
+TRIP_COUNTS = ("per tile", "uniform")
+
+_FLATTEN_CHILD = r'''
+import json, sys
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+
+@triton.jit
+def persistent(X, Y, COUNTS, n_tiles, n_keys, PER_TILE: tl.constexpr, FLATTEN: tl.constexpr):
+    rows = tl.arange(0, 128)
+    cols = tl.arange(0, 64)
+    desc = tl.make_tensor_descriptor(X, shape=[n_tiles * 64 + n_keys * 64, 64], strides=[64, 1],
+                                     block_shape=[64, 64])
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), flatten=FLATTEN):
+        a = tl.load(X + tile * 8192 + rows[:, None] * 64 + cols[None, :])
+        acc = tl.zeros([128, 64], tl.float32)
+        if PER_TILE:
+            count = tl.load(COUNTS + tile)  # a block-sparse layout: each tile's own block count
+        else:
+            count = n_keys  # a dense layout: the same for every tile
+        for j in range(count):
+            acc = tl.dot(a, desc.load([tile * 64 + j * 64, 0]), acc)
+        tl.store(Y + tile * 8192 + rows[:, None] * 64 + cols[None, :], acc)
+
+
+per_tile, flatten, out = sys.argv[1] == "1", sys.argv[2] == "1", sys.argv[3]
+signature = {"X": "*bf16", "Y": "*fp32", "COUNTS": "*i32", "n_tiles": "i32", "n_keys": "i32",
+             "PER_TILE": "constexpr", "FLATTEN": "constexpr"}
+source = ASTSource(fn=persistent, signature=signature, constexprs={"PER_TILE": per_tile, "FLATTEN": flatten})
+kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+with open(out, "w") as fh:
+    fh.write(kernel.asm["ptx"])
+print(json.dumps({"triton": triton.__version__}))
+'''
+
+
 def compile_in_child(source: str, argv: list[str], *, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``source`` as a script in a fresh Python (Triton reads a jit function's source from its
     file, so the script is written out, not passed with -c), without ``TRITON_INTERPRET``."""
@@ -123,13 +171,12 @@ def compile_in_child(source: str, argv: list[str], *, timeout: float = 300) -> s
 
 
 def _one(order: int, head_dim: int) -> dict:
-    row = {"order": ORDERS[order], "head_dim": head_dim, "tile": f"128x{_BLOCK_N[head_dim]}", "target": "sm_90"}
+    row = {"probe": "overlap", "order": ORDERS[order], "head_dim": head_dim, "tile": f"128x{_BLOCK_N[head_dim]}", "target": "sm_90"}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "kernel")
         proc = compile_in_child(_CHILD, [str(order), str(_BLOCK_N[head_dim]), str(head_dim), out])
         if proc.returncode != 0:
-            lines = [line for line in proc.stderr.splitlines() if line.strip()]
-            return {**row, "error": (lines[-1] if lines else f"exit {proc.returncode}")[:300]}
+            return {**row, "error": _child_error(proc)}
         row["triton"] = json.loads(proc.stdout.strip().splitlines()[-1])["triton"]
         row.update(exp2_overlap(Path(out + ".ptx").read_text()).to_dict())
         usage = cubin_resources(Path(out + ".cubin").read_bytes())
@@ -138,17 +185,51 @@ def _one(order: int, head_dim: int) -> dict:
     return row
 
 
+def _child_error(proc) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    return (lines[-1] if lines else f"exit {proc.returncode}")[:300]
+
+
 def probe(head_dims: list[int]) -> list[dict]:
-    """One row per (head dim, order): the ``exp2_overlap`` counts, registers and spill bytes, or
-    the compiler's error."""
+    """The overlap probe: one row per (head dim, order) with the ``exp2_overlap`` counts,
+    registers and spill bytes, or the compiler's error."""
     return [_one(order, head_dim) for head_dim in head_dims for order in range(len(ORDERS))]
+
+
+def probe_flatten() -> list[dict]:
+    """The flatten probe: one row per trip count (``TRIP_COUNTS``) with the verdict ``flattened``
+    (``flatten=True`` changed the code) or ``ignored`` (the same code), or the compiler's error."""
+    rows = []
+    for per_tile in (True, False):
+        row = {"probe": "flatten", "trip_count": TRIP_COUNTS[0] if per_tile else TRIP_COUNTS[1], "target": "sm_90"}
+        digests = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            for flatten in (False, True):
+                out = os.path.join(tmp, f"flatten{int(flatten)}.ptx")
+                proc = compile_in_child(_FLATTEN_CHILD, ["1" if per_tile else "0", "1" if flatten else "0", out])
+                if proc.returncode != 0:
+                    row["error"] = _child_error(proc)
+                    break
+                row["triton"] = json.loads(proc.stdout.strip().splitlines()[-1])["triton"]
+                digests[flatten] = code_digest(Path(out).read_text())
+        if "error" not in row:
+            row["verdict"] = "ignored" if digests[False] == digests[True] else "flattened"
+        rows.append(row)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--head-dim", type=int, nargs="+", default=[128, 64], choices=sorted(_BLOCK_N))
+    parser.add_argument("--head-dim", type=int, nargs="+", default=[128, 64], choices=sorted(_BLOCK_N),
+                        help="head dims of the overlap probe")
+    parser.add_argument("--only", choices=("overlap", "flatten"), help="run one probe (default: both)")
     args = parser.parse_args(argv)
-    for row in probe(args.head_dim):
+    rows = []
+    if args.only != "flatten":
+        rows += probe(args.head_dim)
+    if args.only != "overlap":
+        rows += probe_flatten()
+    for row in rows:
         print(json.dumps(row))
     return 0
 
