@@ -36,12 +36,12 @@ import time
 from typing import Any
 
 from . import dtypes, targets
-from .ptx_schedule import exp2_overlap
+from .sass_schedule import exp2_overlap
 
 __all__ = [
     "DTYPES", "TARGETS", "Problem", "AotResult", "inspect_configs", "inspect_cases", "launch_arguments",
     "expects_matrix_unit", "kernel_source_digest", "pinned_config", "check_request", "RequestError", "KERNELS",
-    "DECODE_PROBLEM", "code_digest", "cubin_resources",
+    "DECODE_PROBLEM", "code_digest", "cubin_resources", "cubin_sass",
 ]
 
 # Compile targets; each must have an ArchSpec in kernels.targets and rows in kernels.configs.
@@ -125,8 +125,8 @@ class AotResult:
     # matrix work; one CTA leaves the SM to the software pipeline alone.
     blocks_per_sm: int | None = None
     blocks_per_sm_by: dict[str, int] | None = None
-    # sm_90: the kernel's ex2 instructions, how many can issue while a wgmma product is still
-    # running, and its wgmma.wait_group counts (kernels.ptx_schedule; read from the PTX, static).
+    # sm_90: the kernel's MUFU.EX2 instructions, how many can issue while an HGMMA product may still
+    # run, and its WARPGROUP.DEPBAR waits (kernels.sass_schedule; read from the SASS, static).
     exp2_overlap: dict[str, Any] | None = None
     # sha256 (12 hex digits) of the compiled code, PTX or AMDGCN, without line info, debug
     # sections and debug labels: equal before and after a change means the change compiled to the
@@ -413,10 +413,10 @@ def _read_nvidia(result: AotResult, ptx: str, cubin: bytes) -> None:
     result.matrix_instructions = dict(sorted(collections.Counter(ops).items()))
     if result.target == "sm_90":
         result.wgmma = any(op.startswith("wgmma") for op in ops)
-        overlap = exp2_overlap(ptx)
+        overlap = exp2_overlap(cubin_sass(cubin))
         result.exp2_overlap = overlap.to_dict()
         if result.wgmma:
-            result.notes.append(f"{overlap.exp2_while_mma} of {overlap.exp2} exp2 can issue while a wgmma product runs")
+            result.notes.append(f"{overlap.exp2_while_mma} of {overlap.exp2} exp2 can issue while a wgmma product may run")
     usage = cubin_resources(cubin)
     result.registers = usage.get("REG")
     # Triton's CompiledKernel.n_spills is CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES / 4, the per-thread
@@ -437,6 +437,17 @@ def _read_nvidia(result: AotResult, ptx: str, cubin: bytes) -> None:
 def cubin_resources(cubin: bytes) -> dict[str, int]:
     """REG/STACK/SHARED/LOCAL of the kernel from Triton's bundled cuobjdump (cache independent:
     Triton discards ptxas's -v log unless asked to print it)."""
+    text = _cuobjdump(cubin, "-res-usage")
+    line = next((ln for ln in text.splitlines() if "REG:" in ln), "")
+    return {key: int(value) for key, value in re.findall(r"(\w+(?:\[\d+\])?):(\d+)", line)}
+
+
+def cubin_sass(cubin: bytes) -> str:
+    """The machine code (SASS) of a cubin, as Triton's bundled cuobjdump lists it."""
+    return _cuobjdump(cubin, "-sass")
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str:
     import tempfile
 
     from triton import knobs
@@ -445,10 +456,7 @@ def cubin_resources(cubin: bytes) -> dict[str, int]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(cubin)
         handle.flush()
-        text = subprocess.run([tool, "-res-usage", handle.name], check=True, capture_output=True,
-                              text=True).stdout
-    line = next((ln for ln in text.splitlines() if "REG:" in ln), "")
-    return {key: int(value) for key, value in re.findall(r"(\w+(?:\[\d+\])?):(\d+)", line)}
+        return subprocess.run([tool, flag, handle.name], check=True, capture_output=True, text=True).stdout
 
 
 def _judge(result: AotResult) -> None:

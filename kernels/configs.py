@@ -35,6 +35,16 @@ class LaunchConfig:
     # Rescale the accumulator only when a row's maximum grows by more than 2**8 (FlashAttention-4's
     # conditional rescaling; kernels/triton_attention.py). Same function, other rounding.
     lazy_rescale: bool = False
+    # The one loop with P @ V one tile behind the scores (FlashAttention-3's intra-warpgroup
+    # overlap; kernels/triton_attention.py): the same function and rounding, another program
+    # order. Needs one_loop; not combined with lazy_rescale.
+    pv_behind: bool = False
+
+    def __post_init__(self):
+        if self.pv_behind and not self.one_loop:
+            raise ValueError("pv_behind reorders the one loop: it needs one_loop=1")
+        if self.pv_behind and self.lazy_rescale:
+            raise ValueError("pv_behind and lazy_rescale cannot be combined")
 
     def launch_kwargs(self) -> dict[str, Any]:
         """Compiler options for the kernel launch (``kernel[grid](..., **cfg.launch_kwargs())``)."""
@@ -56,7 +66,7 @@ class LaunchConfig:
 
 
 # The boolean options of LaunchConfig, in the order labels and dicts list them.
-FLAGS = ("tma", "one_loop", "lazy_rescale")
+FLAGS = ("tma", "one_loop", "lazy_rescale", "pv_behind")
 
 
 def _amd(block_m, block_n, num_warps, num_stages, *, waves_per_eu=2, nonkdim=16, kpack=1):

@@ -101,6 +101,7 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         "USE_TMA": use_tma,
         "ONE_LOOP": config.one_loop,
         "LAZY_RESCALE": config.lazy_rescale,
+        "PV_BEHIND": config.pv_behind,
     }
     _check_signature(args, constexprs)
     return KernelLaunch((programs,), args, constexprs, config.launch_kwargs(), config)

@@ -10,18 +10,22 @@ H200's) and 3.9 give.
 one warpgroup, the softmax of one key tile with a matrix product: the scores of the next tile, or
 the P @ V of the previous one (its "intra-warpgroup overlap"). In Triton the program order is the
 only lever, so this probe writes one minimal attention loop (TMA-descriptor loads, online softmax
-in base 2, 8 warps, 3 stages, bf16) in three orders, and a control:
+in base 2, 8 warps, 3 stages, bf16) in four orders, and a control:
 
 - ``usual``: scores of tile t, softmax of tile t, P @ V of tile t (the prefill kernel's order);
 - ``scores ahead``: scores of tile t + 1, then softmax and P @ V of tile t;
-- ``pv behind``: scores of tile t, P @ V of tile t - 1, then softmax of tile t;
+- ``pv behind``: scores of tile t, P @ V of tile t - 1, then softmax of tile t, then the
+  accumulator's rescale;
+- ``pv behind, rescale in product``: the same, with the rescale of the accumulator folded into
+  the next P @ V's accumulator input (``dot(p, v, acc * alpha)``), so that nothing but the next
+  product reads the product's result;
 - ``control``: not attention: a product whose result only feeds the next product's accumulator,
   and exponentials of other data in the same loop. Here Triton may keep the product running
   (Hopper's MMA pipelining), so the count is not zero: it shows the reading can see an overlap.
 
-For each it reports, from the PTX (``kernels.ptx_schedule``), how many ``ex2`` instructions can
-issue while a wgmma group is still running and how the waits are placed, and the registers and
-spills from the cubin.
+For each it reports, from the machine code (``kernels.sass_schedule``), how many ``MUFU.EX2``
+can issue while an HGMMA group may still run and how the waits are placed, and the registers and
+spills.
 
 **flatten**: can a persistent grid pipeline across its tiles? A persistent kernel loops over
 query tiles (``tl.range(pid, tiles, programs, flatten=True)``) around the key loop; Triton can
@@ -41,12 +45,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .aot import code_digest, cubin_resources
-from .ptx_schedule import exp2_overlap
+from .aot import code_digest, cubin_resources, cubin_sass
+from .sass_schedule import exp2_overlap
 
 __all__ = ["ORDERS", "TRIP_COUNTS", "probe", "probe_flatten", "compile_in_child"]
 
-ORDERS = ("usual", "scores ahead", "pv behind", "control")
+ORDERS = ("usual", "scores ahead", "pv behind", "pv behind, rescale in product", "control")
 # The pinned sm_90 tiles of each head dim (kernels/configs.py): 128x128 at D=128, 128x64 at D=64.
 _BLOCK_N = {64: 64, 128: 128}
 
@@ -98,6 +102,13 @@ def loop(Q, K, V, O, n_tiles, ORDER: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.
             m, p, alpha, l = _softmax(s, m, l)
             acc = acc * alpha[:, None]
         acc = tl.dot(p.to(tl.bfloat16), v_desc.load([(n_tiles - 1) * BLOCK_N, 0]), acc)
+    elif ORDER == 3:  # pv behind, rescale in product: acc holds tiles < t - 1 scaled to the max before p's
+        m, p, alpha, l = _softmax(tl.dot(q, tl.trans(k_desc.load([0, 0]))), m, l)
+        for t in range(1, n_tiles):
+            s = tl.dot(q, tl.trans(k_desc.load([t * BLOCK_N, 0])))
+            acc = tl.dot(p.to(tl.bfloat16), v_desc.load([(t - 1) * BLOCK_N, 0]), acc * alpha[:, None])
+            m, p, alpha, l = _softmax(s, m, l)
+        acc = tl.dot(p.to(tl.bfloat16), v_desc.load([(n_tiles - 1) * BLOCK_N, 0]), acc * alpha[:, None])
     else:  # control: a product that only feeds the next one's accumulator, exp2 on other data
         x = tl.zeros([128, D], tl.float32)
         for t in range(n_tiles):
@@ -112,8 +123,6 @@ signature = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*fp32", "n_tiles": 
              "ORDER": "constexpr", "BLOCK_N": "constexpr", "D": "constexpr"}
 source = ASTSource(fn=loop, signature=signature, constexprs={"ORDER": order, "BLOCK_N": block_n, "D": head_dim})
 kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
-with open(out + ".ptx", "w") as fh:
-    fh.write(kernel.asm["ptx"])
 with open(out + ".cubin", "wb") as fh:
     fh.write(kernel.asm["cubin"])
 print(json.dumps({"triton": triton.__version__}))
@@ -178,8 +187,9 @@ def _one(order: int, head_dim: int) -> dict:
         if proc.returncode != 0:
             return {**row, "error": _child_error(proc)}
         row["triton"] = json.loads(proc.stdout.strip().splitlines()[-1])["triton"]
-        row.update(exp2_overlap(Path(out + ".ptx").read_text()).to_dict())
-        usage = cubin_resources(Path(out + ".cubin").read_bytes())
+        cubin = Path(out + ".cubin").read_bytes()
+        row.update(exp2_overlap(cubin_sass(cubin)).to_dict())
+        usage = cubin_resources(cubin)
     row["registers"] = usage.get("REG")
     row["spill_bytes"] = usage.get("STACK", 0) + usage.get("LOCAL", 0)
     return row

@@ -33,29 +33,59 @@ def _round_to_bf16(x):
 
 
 @triton.jit
-def _load_kv_tiles(k_ptrs0, v_ptrs0, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
-                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
-    # The per-element pointer tensors are built once per program; a tile is a scalar offset.
-    # cols: [BLOCK_N] key positions; offs_d: [BLOCK_D]; k_ptrs0, v_ptrs0: [BLOCK_N, BLOCK_D].
-    k_ptrs = k_ptrs0 + start_n.to(tl.int64) * stride_kn  # [BLOCK_N, BLOCK_D]
-    v_ptrs = v_ptrs0 + start_n.to(tl.int64) * stride_vn  # [BLOCK_N, BLOCK_D]
+def _load_rows(ptrs, cols, offs_d, seq_k, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr):
+    # One K or V tile through its [BLOCK_N, BLOCK_D] pointers; cols: [BLOCK_N] key positions.
     if MASKED:
         # Partial blocks may run past seq_k (the layout makes the tail block partial).
         if BLOCK_D == HEAD_DIM:
-            k = tl.load(k_ptrs, mask=cols[:, None] < seq_k, other=0.0)
-            v = tl.load(v_ptrs, mask=cols[:, None] < seq_k, other=0.0)
+            tile = tl.load(ptrs, mask=cols[:, None] < seq_k, other=0.0)
         else:
-            k = tl.load(k_ptrs, mask=(cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
-            v = tl.load(v_ptrs, mask=(cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+            tile = tl.load(ptrs, mask=(cols[:, None] < seq_k) & (offs_d[None, :] < HEAD_DIM), other=0.0)
     else:
         # Full blocks lie inside seq_k (BlockLayout.validate enforces it).
         if BLOCK_D == HEAD_DIM:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+            tile = tl.load(ptrs)
         else:
-            k = tl.load(k_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-            v = tl.load(v_ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
-    return k, v  # [BLOCK_N, BLOCK_D] each
+            tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return tile  # [BLOCK_N, BLOCK_D]
+
+
+@triton.jit
+def _load_kv_tiles(k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
+                   EMULATE_BF16: tl.constexpr, USE_TMA: tl.constexpr):
+    # The K and V tiles [BLOCK_N, BLOCK_D] at key position start_n. The per-element pointer
+    # tensors are built once per program; a tile is a scalar offset.
+    if USE_TMA:
+        # NVIDIA Hopper: the tensor-memory accelerator copies the tile; rows past seq_k are
+        # zero-filled by the descriptor's bounds, as the masked pointer loads are.
+        k = k_desc.load([start_n, 0])
+        v = v_desc.load([start_n, 0])
+    else:
+        k_ptrs = k_ptrs0 + start_n.to(tl.int64) * stride_kn  # [BLOCK_N, BLOCK_D]
+        v_ptrs = v_ptrs0 + start_n.to(tl.int64) * stride_vn  # [BLOCK_N, BLOCK_D]
+        k = _load_rows(k_ptrs, cols, offs_d, seq_k, HEAD_DIM, BLOCK_D, MASKED)
+        v = _load_rows(v_ptrs, cols, offs_d, seq_k, HEAD_DIM, BLOCK_D, MASKED)
+    if EMULATE_BF16:
+        # Interpreter mode only: its bf16 tl.dot multiplies raw bit patterns (parity/NUMERICS.md).
+        # Products of two bf16 values are exact in fp32, so an fp32 dot on upcast tiles is the
+        # same mathematics as a bf16 matrix unit accumulating in fp32.
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    return k, v
+
+
+@triton.jit
+def _load_kv_tile(ptrs0, desc, start_n, cols, offs_d, stride_n, seq_k,
+                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE_BF16: tl.constexpr, USE_TMA: tl.constexpr):
+    # One K or V tile alone, bounds-masked (PV_BEHIND loads a tile's K and V at different steps).
+    if USE_TMA:
+        tile = desc.load([start_n, 0])
+    else:
+        tile = _load_rows(ptrs0 + start_n.to(tl.int64) * stride_n, cols, offs_d, seq_k, HEAD_DIM, BLOCK_D, True)
+    if EMULATE_BF16:
+        tile = tile.to(tl.float32)
+    return tile
 
 
 @triton.jit
@@ -98,6 +128,56 @@ def _apply_mask(qk, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, 
 
 
 @triton.jit
+def _mask_scores(qk, partial, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, sink_tokens,
+                 q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, MASKED: tl.constexpr, RUNTIME_MASK: tl.constexpr,
+                 IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr,
+                 HAS_BITS: tl.constexpr):
+    # The element mask of a partial tile: always (MASKED), where the runtime ``partial`` says so
+    # (RUNTIME_MASK: one loop over full and partial tiles), or never (a full tile).
+    if MASKED:
+        qk = _apply_mask(qk, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, sink_tokens,
+                         q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs,
+                         IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD,
+                         HAS_BITS=HAS_BITS)
+    elif RUNTIME_MASK:
+        if partial:
+            qk = _apply_mask(qk, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, sink_tokens,
+                             q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs,
+                             IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD,
+                             HAS_BITS=HAS_BITS)
+    return qk
+
+
+@triton.jit
+def _eager_update(qk, m_i, l_i, qk_scale, MAY_HIDE: tl.constexpr):
+    # The online softmax's step for one tile's raw scores qk [BLOCK_M, BLOCK_N]: the new running
+    # max m_new, p = exp2(qk * scale - m_new), the factor alpha that rescales what was summed
+    # before, and the new running sum. Returns (p fp32, alpha, l_i, m_new).
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # [BLOCK_M]
+    if MAY_HIDE:
+        # A row that has seen no visible key keeps m = -inf; subtract 0 instead so that
+        # exp2(-inf - m) is 0 rather than exp2(-inf + inf) = NaN.
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_sub = m_new
+    p = tl.math.exp2(qk * qk_scale - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
+    alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
+    l_i = l_i * alpha + tl.sum(p, 1)  # [BLOCK_M]
+    return p, alpha, l_i, m_new
+
+
+@triton.jit
+def _p_operand(p, dtype, EMULATE_BF16: tl.constexpr):
+    # p as the P @ V product's operand: V's element type ``dtype`` (16-bit, or fp32 for fp32), or
+    # under the interpreter fp32 rounded as bf16 would be (its own cast truncates).
+    if EMULATE_BF16:
+        p = _round_to_bf16(p)
+    else:
+        p = p.to(dtype)
+    return p
+
+
+@triton.jit
 def _attend_block(
     acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
     stride_kn, stride_vn,
@@ -114,35 +194,15 @@ def _attend_block(
     # sits behind the branch, so the loads stay where the software pipeliner can overlap them.
     # acc: [BLOCK_M, BLOCK_D] fp32; l_i, m_i: [BLOCK_M] fp32; q: [BLOCK_M, BLOCK_D].
     cols = start_n + offs_n  # [BLOCK_N]
-    if USE_TMA:
-        # NVIDIA Hopper: the tensor-memory accelerator copies the tile; rows past seq_k are
-        # zero-filled by the descriptor's bounds, as the masked pointer loads below do.
-        k = k_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_D]
-        v = v_desc.load([start_n, 0])  # [BLOCK_N, BLOCK_D]
-    else:
-        k, v = _load_kv_tiles(k_ptrs0, v_ptrs0, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
-                              HEAD_DIM, BLOCK_D, MASKED or RUNTIME_MASK)
-    if EMULATE_BF16:
-        # Interpreter mode only: its bf16 tl.dot multiplies raw bit patterns (parity/NUMERICS.md).
-        # Products of two bf16 values are exact in fp32, so an fp32 dot on upcast tiles is the
-        # same mathematics as a bf16 matrix unit accumulating in fp32.
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    k, v = _load_kv_tiles(k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
+                          HEAD_DIM, BLOCK_D, MASKED or RUNTIME_MASK, EMULATE_BF16, USE_TMA)
     # Raw scores; the scale is folded into the exponent's FMA below (qk * scale - m), one
     # operation per element instead of a multiply and a subtract (sm_scale > 0, checked by the
     # launcher, so the row max commutes with the scaling).
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N] fp32
-    if MASKED:
-        qk = _apply_mask(qk, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, sink_tokens,
-                         q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs,
-                         IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD,
-                         HAS_BITS=HAS_BITS)
-    elif RUNTIME_MASK:
-        if partial:
-            qk = _apply_mask(qk, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, sink_tokens,
-                             q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs,
-                             IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD,
-                             HAS_BITS=HAS_BITS)
+    qk = _mask_scores(qk, partial, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, sink_tokens,
+                      q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, MASKED, RUNTIME_MASK,
+                      IS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PAD, HAS_BITS)
     if LAZY_RESCALE:
         # FlashAttention-4's conditional rescaling: the running max moves, and acc and l are
         # rescaled, only when some row's block max exceeds it by more than RESCALE_LOG2;
@@ -164,24 +224,23 @@ def _attend_block(
         p = tl.math.exp2(qk * qk_scale - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
         l_i = l_i + tl.sum(p, 1)  # [BLOCK_M]
     else:
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)  # [BLOCK_M]
-        if MASKED or RUNTIME_MASK:
-            # A row that has seen no visible key keeps m = -inf; subtract 0 instead so that
-            # exp2(-inf - m) is 0 rather than exp2(-inf + inf) = NaN.
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_sub = m_new
-        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
-        alpha = tl.math.exp2(m_i - m_sub)  # [BLOCK_M]
-        l_i = l_i * alpha + tl.sum(p, 1)  # [BLOCK_M]
+        p, alpha, l_i, m_new = _eager_update(qk, m_i, l_i, qk_scale, MASKED or RUNTIME_MASK)
         acc = acc * alpha[:, None]  # [BLOCK_M, BLOCK_D]
-    if EMULATE_BF16:
-        p = _round_to_bf16(p)
-    else:
-        p = p.to(v.dtype)
+    p = _p_operand(p, v.dtype, EMULATE_BF16)
     # acc += p @ v: [BLOCK_M, BLOCK_N] @ [BLOCK_N, BLOCK_D] -> [BLOCK_M, BLOCK_D]
     acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
+
+
+@triton.jit
+def _tile_at(t, full_count, full_idx_base, part_idx_base, SUB: tl.constexpr, SPARSE_BLOCK_N: tl.constexpr,
+             BLOCK_N: tl.constexpr):
+    # The one loop's t-th key tile: full blocks first, then partial ones (the order of the two
+    # loops), SUB tiles per layout block. Returns (its first key position, whether it is partial).
+    blk = t // SUB
+    partial = blk >= full_count
+    idx_ptr = tl.where(partial, part_idx_base + (blk - full_count), full_idx_base + blk)
+    return tl.load(idx_ptr) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N, partial
 
 
 @triton.jit
@@ -238,7 +297,7 @@ def block_sparse_attn_fwd(
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr, HAS_ORDER: tl.constexpr,
     RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+    USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr, LAZY_RESCALE: tl.constexpr, PV_BEHIND: tl.constexpr,
 ):
     # 1-D grid of B * Hq * num_m_tiles programs. The query tiles of one (batch, head) are
     # adjacent, so the programs resident at once share a few heads' K/V, which stay in L2 (on the
@@ -307,14 +366,49 @@ def block_sparse_attn_fwd(
     full_idx_base = FULL_IDX + off_b * stride_fib + off_h * stride_fih + q_block * stride_fim
     part_count = tl.load(KV_NUM + off_b * stride_cb + off_h * stride_ch + q_block * stride_cm)
     part_idx_base = KV_IDX + off_b * stride_ib + off_h * stride_ih + q_block * stride_im
-    if ONE_LOOP:
+    if PV_BEHIND:
+        # The one loop below with P @ V one tile behind (FlashAttention-3's intra-warpgroup
+        # overlap): step t asks for tile t's scores, then for tile t - 1's P @ V, then computes
+        # tile t's softmax. The softmax does not read that product, so on Hopper the product runs
+        # while the exponentials do (kernels/BENCHMARK.md, read from the compiled code). The
+        # accumulator's rescale by tile t - 1's alpha is the product's own accumulator input,
+        # so only the next product reads its result. Same tiles, same order of the sums, same
+        # rounding of p; only the program order differs. (Lazy rescaling is not combined with it:
+        # its accumulator update sits between two products.)
+        total = (full_count + part_count) * SUB
+        if total > 0:
+            start_n, partial = _tile_at(0, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N, BLOCK_N)
+            cols = start_n + offs_n
+            k = _load_kv_tile(k_ptrs0, k_desc, start_n, cols, offs_d, stride_kn, seq_k, HEAD_DIM, BLOCK_D,
+                              EMULATE_BF16, USE_TMA)
+            qk = _mask_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), partial, start_n, cols, offs_m,
+                              seq_q, seq_k, causal_offset, window, sink_tokens, q_doc, k_doc_ptr, k_lo, k_hi,
+                              bits_ptrs, False, True, IS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PAD, HAS_BITS)
+            p, alpha, l_i, m_i = _eager_update(qk, m_i, l_i, qk_scale, True)  # p, alpha: tile 0's
+            for t in range(1, total):
+                next_n, partial = _tile_at(t, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N,
+                                           BLOCK_N)
+                next_cols = next_n + offs_n
+                k = _load_kv_tile(k_ptrs0, k_desc, next_n, next_cols, offs_d, stride_kn, seq_k, HEAD_DIM, BLOCK_D,
+                                  EMULATE_BF16, USE_TMA)
+                qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # tile t's raw scores
+                v = _load_kv_tile(v_ptrs0, v_desc, start_n, start_n + offs_n, offs_d, stride_vn, seq_k, HEAD_DIM,
+                                  BLOCK_D, EMULATE_BF16, USE_TMA)
+                # acc: tiles < t - 1 at tile t - 2's max -> tiles <= t - 1 at tile t - 1's
+                acc = tl.dot(_p_operand(p, v.dtype, EMULATE_BF16), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+                qk = _mask_scores(qk, partial, next_n, next_cols, offs_m, seq_q, seq_k, causal_offset, window,
+                                  sink_tokens, q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, False, True,
+                                  IS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PAD, HAS_BITS)
+                p, alpha, l_i, m_i = _eager_update(qk, m_i, l_i, qk_scale, True)
+                start_n = next_n
+            v = _load_kv_tile(v_ptrs0, v_desc, start_n, start_n + offs_n, offs_d, stride_vn, seq_k, HEAD_DIM,
+                              BLOCK_D, EMULATE_BF16, USE_TMA)
+            acc = tl.dot(_p_operand(p, v.dtype, EMULATE_BF16), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    elif ONE_LOOP:
         # Full blocks then partial blocks (the same order as the two loops below) in one loop:
         # one pipeline prologue and drain per query tile instead of two.
         for t in range((full_count + part_count) * SUB):
-            blk = t // SUB
-            partial = blk >= full_count
-            idx_ptr = tl.where(partial, part_idx_base + (blk - full_count), full_idx_base + blk)
-            start_n = tl.load(idx_ptr) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
+            start_n, partial = _tile_at(t, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N, BLOCK_N)
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
                 stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
