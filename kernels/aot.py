@@ -219,6 +219,7 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
     from .layout import causal_layout, sliding_window_layout
 
     check_request(target, dtype, head_dim)
+    amd = targets.arch_spec(target).vendor == "amd"  # as the launcher decides it (kernels.attention)
     p = problem
     meta = torch.device("meta")
     tdtype = dtypes.torch_dtype(dtype)
@@ -237,11 +238,11 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
         cfg = pinned_config(target, dtype, head_dim, kernel="decode").clamp(layout.block_n)
         # The split count the launcher would choose on the target's flagship part.
         launch = build_decode_launch(q, k, v, torch.empty_like(q), lse, layout, cfg, sm_scale=head_dim ** -0.5,
-                                     units=targets.arch_spec(target).compute_units)
+                                     units=targets.arch_spec(target).compute_units, amd=amd)
         return launch.args, launch.constexprs, launch.options, launch.config
     cfg = pinned_config(target, dtype, head_dim, overrides).clamp(layout.block_m, layout.block_n)
     launch = build_launch(q, k, v, torch.empty_like(q), lse, layout, cfg, sm_scale=head_dim ** -0.5,
-                          use_tma=tma_fits(cfg, q, k, v))
+                          use_tma=tma_fits(cfg, q, k, v), amd=amd)
     return launch.args, launch.constexprs, launch.options, launch.config
 
 

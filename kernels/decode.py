@@ -90,13 +90,15 @@ class DecodeLaunch:
 
 def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                         lse: torch.Tensor | None, layout: BlockLayout, config: DecodeConfig, *, sm_scale: float,
-                        num_splits: int | None = None, units: int = 1, emulate_bf16: bool = False) -> DecodeLaunch:
+                        num_splits: int | None = None, units: int = 1, emulate_bf16: bool = False,
+                        amd: bool = False) -> DecodeLaunch:
     """The decode launch for q: [B, Hq, Sq, D] (``decode_eligible``), k, v: [B, Hkv, Sk, D].
 
     ``out`` [B, Hq, Sq, D] (fp32 staging when ``emulate_bf16``); ``lse`` [B, Hq, Sq] fp32 or None;
     ``config`` already clamped to the layout's key blocks; ``num_splits`` None picks them
     (``choose_splits`` over ``units`` multiprocessors), else that many (>= 1). The partial
-    buffers are allocated here. No checks of the inputs (the launcher's ``check_inputs`` does them).
+    buffers are allocated here. ``amd``: compiled for an AMD GPU (``SELECT_LOADED``). No checks of
+    the inputs (the launcher's ``check_inputs`` does them).
     """
 
     from .triton_attention import LOG2E
@@ -156,6 +158,7 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
         "RETURN_LSE": return_lse, "SPLIT": split, "EMULATE_BF16": emulate_bf16,
         # fp32 parity needs IEEE products; for fp16/bf16 operands the setting has no effect.
         "DOT_PRECISION": "ieee",
+        "SELECT_LOADED": amd,
     }
     combine_grid = combine_args = combine_constexprs = None
     if split:

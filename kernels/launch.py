@@ -38,12 +38,13 @@ class KernelLaunch:
 
 def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor | None, layout: BlockLayout, config: LaunchConfig, *, sm_scale: float,
-                 emulate_bf16: bool = False, use_tma: bool = False) -> KernelLaunch:
+                 emulate_bf16: bool = False, use_tma: bool = False, amd: bool = False) -> KernelLaunch:
     """The launch of ``block_sparse_attn_fwd`` for q: [B, Hq, Sq, D], k, v: [B, Hkv, Sk, D].
 
     ``out``: [B, Hq, Sq, D] the kernel writes (fp32 staging when ``emulate_bf16``); ``lse``:
     [B, Hq, Sq] fp32 to write the LSE to, None for no LSE (a [1, 1, 1] placeholder is passed).
     ``layout`` on q's device; ``config`` already clamped to the layout's blocks; ``sm_scale`` > 0.
+    ``amd``: the kernel is compiled for an AMD GPU (``SELECT_LOADED``, a Triton 3.6 work-around).
     No checks of the inputs here (``kernels.attention.check_inputs`` does them) except the grid's
     size, a ValueError.
     """
@@ -102,6 +103,7 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         "ONE_LOOP": config.one_loop,
         "LAZY_RESCALE": config.lazy_rescale,
         "PV_BEHIND": config.pv_behind,
+        "SELECT_LOADED": amd,
     }
     _check_signature(args, constexprs)
     return KernelLaunch((programs,), args, constexprs, config.launch_kwargs(), config)

@@ -234,13 +234,20 @@ def _attend_block(
 
 @triton.jit
 def _tile_at(t, full_count, full_idx_base, part_idx_base, SUB: tl.constexpr, SPARSE_BLOCK_N: tl.constexpr,
-             BLOCK_N: tl.constexpr):
+             BLOCK_N: tl.constexpr, SELECT_LOADED: tl.constexpr):
     # The one loop's t-th key tile: full blocks first, then partial ones (the order of the two
     # loops), SUB tiles per layout block. Returns (its first key position, whether it is partial).
     blk = t // SUB
     partial = blk >= full_count
-    idx_ptr = tl.where(partial, part_idx_base + (blk - full_count), full_idx_base + blk)
-    return tl.load(idx_ptr) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N, partial
+    if SELECT_LOADED:
+        # AMD: read the block index from both lists (the other masked off) and select the value.
+        # Triton 3.6's conversion to AMD buffer loads aborts on a load through a selected pointer
+        # (an AxisInfo assertion, compile-only, kernels/BENCHMARK.md); 3.9 compiles either form.
+        idx = tl.where(partial, tl.load(part_idx_base + (blk - full_count), mask=partial, other=0),
+                       tl.load(full_idx_base + blk, mask=blk < full_count, other=0))
+    else:
+        idx = tl.load(tl.where(partial, part_idx_base + (blk - full_count), full_idx_base + blk))
+    return idx * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N, partial
 
 
 @triton.jit
@@ -298,6 +305,7 @@ def block_sparse_attn_fwd(
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr, HAS_ORDER: tl.constexpr,
     RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr, LAZY_RESCALE: tl.constexpr, PV_BEHIND: tl.constexpr,
+    SELECT_LOADED: tl.constexpr,
 ):
     # 1-D grid of B * Hq * num_m_tiles programs. The query tiles of one (batch, head) are
     # adjacent, so the programs resident at once share a few heads' K/V, which stay in L2 (on the
@@ -377,7 +385,8 @@ def block_sparse_attn_fwd(
         # its accumulator update sits between two products.)
         total = (full_count + part_count) * SUB
         if total > 0:
-            start_n, partial = _tile_at(0, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N, BLOCK_N)
+            start_n, partial = _tile_at(0, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N, BLOCK_N,
+                                        SELECT_LOADED)
             cols = start_n + offs_n
             k = _load_kv_tile(k_ptrs0, k_desc, start_n, cols, offs_d, stride_kn, seq_k, HEAD_DIM, BLOCK_D,
                               EMULATE_BF16, USE_TMA)
@@ -387,7 +396,7 @@ def block_sparse_attn_fwd(
             p, alpha, l_i, m_i = _eager_update(qk, m_i, l_i, qk_scale, True)  # p, alpha: tile 0's
             for t in range(1, total):
                 next_n, partial = _tile_at(t, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N,
-                                           BLOCK_N)
+                                           BLOCK_N, SELECT_LOADED)
                 next_cols = next_n + offs_n
                 k = _load_kv_tile(k_ptrs0, k_desc, next_n, next_cols, offs_d, stride_kn, seq_k, HEAD_DIM, BLOCK_D,
                                   EMULATE_BF16, USE_TMA)
@@ -408,7 +417,8 @@ def block_sparse_attn_fwd(
         # Full blocks then partial blocks (the same order as the two loops below) in one loop:
         # one pipeline prologue and drain per query tile instead of two.
         for t in range((full_count + part_count) * SUB):
-            start_n, partial = _tile_at(t, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N, BLOCK_N)
+            start_n, partial = _tile_at(t, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N, BLOCK_N,
+                                        SELECT_LOADED)
             acc, l_i, m_i = _attend_block(
                 acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
                 stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
@@ -490,6 +500,7 @@ def block_sparse_decode_fwd(
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
     RETURN_LSE: tl.constexpr, SPLIT: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SELECT_LOADED: tl.constexpr,
 ):
     # Grid (num_splits, B * head_groups). One program: GROUP query heads that share one K/V head
     # (a GQA group, or one head where the layout differs between heads), all seq_q (<= the layout's
@@ -545,10 +556,8 @@ def block_sparse_decode_fwd(
     first = split * per_split
     last = tl.minimum(first + per_split, total)
     for t in range(first, last):
-        blk = t // SUB
-        partial = blk >= full_count
-        idx_ptr = tl.where(partial, part_idx_base + (blk - full_count), full_idx_base + blk)
-        start_n = tl.load(idx_ptr) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
+        start_n, partial = _tile_at(t, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N, BLOCK_N,
+                                    SELECT_LOADED)
         acc, l_i, m_i = _attend_block(
             acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_ptrs0, v_ptrs0, start_n, offs_m, offs_n, offs_d,
             stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,

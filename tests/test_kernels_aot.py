@@ -196,8 +196,12 @@ def test_arguments_match_a_recorded_launcher_call(monkeypatch, case):
     recorder = _RecordingKernel(triton_attention.block_sparse_attn_fwd)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(triton_attention, "block_sparse_attn_fwd", recorder)
-    # The launcher asks the kernel's targets module which architecture the device is: answer the target's name.
+    # The launcher asks the kernel's targets module which architecture and vendor the device is:
+    # answer the target's.
     monkeypatch.setattr(targets, "arch_of", lambda device: target)
+    monkeypatch.setattr(targets, "vendor_of", lambda device: targets.arch_spec(target).vendor)
+    # AMD gets the Triton 3.6 work-around for loads through a selected pointer (kernels/triton_attention.py)
+    assert constexprs["SELECT_LOADED"] is (target == "gfx942")
     meta = torch.device("meta")
     tdtype = dtypes.torch_dtype(dtype)
     q = torch.empty(2, 8, 1000, head_dim, dtype=tdtype, device=meta)
@@ -243,6 +247,7 @@ def test_decode_kernel_compiles_spill_free_with_matrix_instructions(compiled_dec
     assert any(op.startswith(prefix) for op in r.matrix_instructions), describe(r)
     # One token of a 32:8 GQA group: 4 query rows padded to the 16-row tile, split programs.
     assert r.constexprs["GROUP"] == 4 and r.constexprs["BLOCK_M"] == 16 and r.constexprs["SPLIT"] is True
+    assert r.constexprs["SELECT_LOADED"] is (target == "gfx942")
     # The launcher's split count on the target's flagship part: 8 x 8 (batch x K/V heads) programs,
     # about 4 per compute unit in whole waves: 132 x 4 // 64 = 8 on an H200, 304 x 4 // 64 = 19 on MI300X.
     splits = {"sm_90": 8, "gfx942": 19}[target]

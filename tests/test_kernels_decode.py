@@ -217,3 +217,42 @@ def test_decode_benchmark_runs_checks_and_reports_on_cpu(device, capsys):
     for bad in ("block_m=32", "block_n=x", "block_n=0", "block_n=32,block_n=64", ","):
         with pytest.raises(ValueError):
             bench.parse_variant(bad)
+
+
+@pytest.mark.parametrize("path", ["prefill one loop", "prefill pv_behind", "decode"])
+def test_amd_index_select_gives_the_same_bits(path, device):
+    """``SELECT_LOADED`` (the launcher sets it on AMD: Triton 3.6's buffer-load conversion aborts on
+    a load through a selected pointer, so each tile's block index is read from both lists and the
+    value selected) computes what the pointer select does: the same bits, on a layout with full and
+    partial tiles (the interpreter runs the kernel either way)."""
+    from parity.kernels import triton_attention
+    from parity.kernels.launch import build_launch
+    from parity.kernels.launch_cache import LaunchStep
+    from parity.kernels.decode import decode_steps
+
+    if device.type != "cpu":
+        pytest.skip("the interpreter's case: on a GPU the launcher picks the form by the vendor")
+    decode = path == "decode"
+    seq_q = 2 if decode else 96
+    layout = sliding_window_layout(seq_q, 160, 50, block_m=32, block_n=32)
+    q, k, v = random_qkv(2, 4, 2, seq_q, 160, 32, torch.float16, seed=3, device=device)
+    outs = []
+    for amd in (False, True):
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(q.shape[:3], float("nan"), device=device)
+        if decode:
+            launch = build_decode_launch(q, k, v, out, lse, layout, DecodeConfig(32, 4, 1), sm_scale=0.2,
+                                         num_splits=3, amd=amd)
+            assert launch.constexprs["SELECT_LOADED"] is amd
+            for step in decode_steps(launch):
+                step.dispatch()
+        else:
+            cfg = LaunchConfig(32, 32, 4, 1, one_loop=True, pv_behind=path.endswith("pv_behind"))
+            launch = build_launch(q, k, v, out, lse, layout, cfg, sm_scale=0.2, amd=amd)
+            assert launch.constexprs["SELECT_LOADED"] is amd
+            LaunchStep(triton_attention.block_sparse_attn_fwd, launch.grid, launch.args, launch.constexprs,
+                       launch.options).dispatch()
+        assert not out.isnan().any() and not lse.isnan().any()
+        outs.append((out, lse))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert check_kernel_output(outs[1][0], outs[1][1], q, k, v, layout, sm_scale=0.2).passed
