@@ -405,7 +405,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE,...",
                         help="also time this variant of the pinned config on every length and mask "
-                             "(fields block_m, block_n, num_warps, num_stages, tma, one_loop, lazy_rescale); "
+                             "(fields block_m, block_n, num_warps, num_stages, tma, one_loop, lazy_rescale, "
+                             "pv_behind); "
                              "repeatable")
     parser.add_argument("--masks", metavar="NAME,...",
                         help=f"run only the element-mask cases named ({', '.join(MASK_CASES)}, or all), "

@@ -79,7 +79,7 @@ def _step(state: tuple[int, bool], op: _Op) -> tuple[int, bool]:
 def _successors(ops: list[_Op], index: dict[int, int], i: int) -> list[int]:
     op = ops[i]
     base = op.opcode.split(".")[0]
-    if base in ("CALL", "BRX", "JMX", "JMP"):  # Triton's kernels are inlined; a call would hide code
+    if base.startswith(("CALL", "BRX", "JMX", "JMP")):  # Triton inlines everything; these would hide code
         raise ValueError(f"unsupported control flow at {op.address:#x}: {op.opcode} {op.operands}")
     following = [i + 1] if i + 1 < len(ops) else []
     if base == "BRA":
@@ -87,8 +87,9 @@ def _successors(ops: list[_Op], index: dict[int, int], i: int) -> list[int]:
         if not target or int(target[-1], 16) not in index:
             raise ValueError(f"branch to an unknown address at {op.address:#x}: {op.operands}")
         jump = [index[int(target[-1], 16)]]
-        # conditional: a guard predicate (@P0 BRA), or a predicate operand (BRA.U !UP0, 0x...)
-        conditional = not op.always or re.search(r"!?U?P(?:T|\d+)\s*,", op.operands)
+        # conditional: a guard predicate (@P0 BRA), or any operand besides the target (a predicate,
+        # BRA.U !UP0, 0x...; a divergence test, BRA.DIV UR4, 0x...)
+        conditional = not op.always or "," in op.operands
         return jump + following if conditional else jump
     if base in ("EXIT", "RET") and op.always:
         return []

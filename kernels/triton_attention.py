@@ -7,8 +7,12 @@ ids, key padding range, bit-packed mask), in two loops or, with ONE_LOOP, in one
 mask is behind a constexpr flag (HAS_DOC, HAS_PAD, HAS_BITS) and its tensors are passed as None
 when absent, so a layout without them compiles to the same code as before they existed. With
 LAZY_RESCALE the running maximum moves only when a block raises it by more than 2**8
-(FlashAttention-4); off, the kernel compiles to the code it had before the option existed. Launch
-it through ``kernels.attention``.
+(FlashAttention-4); off, the kernel compiles to the code it had before the option existed. With
+PV_BEHIND the one loop issues each tile's P @ V after the next tile's scores, so that on Hopper
+the softmax runs while the product does (FlashAttention-3's intra-warpgroup overlap; same bits).
+SELECT_LOADED (set on AMD) reads a tile's block index from both block lists and selects the
+value, where Triton 3.6's AMD backend aborts on a load through a selected pointer. Launch it
+through ``kernels.attention``.
 """
 import triton
 import triton.language as tl

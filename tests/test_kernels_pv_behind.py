@@ -53,7 +53,8 @@ def _same_bits(q, k, v, layout, head_dim, **tiles):
 @pytest.mark.parametrize("kind", list(LAYOUTS))
 def test_pv_behind_gives_the_one_loops_bits(kind, dtype, device):
     """blockmask has a query block with no key block (the loop never starts) and one whose rows
-    see no key; causal's first query block visits one tile (the loop body never runs)."""
+    see no key; the random and block-mask layouts have query blocks that visit one tile (the loop
+    body never runs)."""
     layout = LAYOUTS[kind](200, 232, 32, 32).to(device)
     q, k, v = random_qkv(2, 4, 2, 200, 232, 64, DTYPES[dtype], 5, device)
     _same_bits(q, k, v, layout, 64)
@@ -88,15 +89,19 @@ def test_pv_behind_config_rules():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_gpu_pv_behind_gives_the_pinned_configs_bits(head_dim):
+def test_gpu_pv_behind_gives_the_pinned_configs_bits(head_dim, dtype):
     """On the GPU, with the launcher's pinned tiles (on sm_90: TMA, the one loop): the option's
-    output and LSE are the pinned config's bits, on a causal and a window layout."""
+    output and LSE are the pinned config's bits, on a causal and a window layout with a length
+    that ends inside a tile (TMA's zero fill), and on a block mask with a query block that sees
+    no key."""
     device = torch.device("cuda")
-    for layout in (causal_layout(1024, 1024, block_m=128, block_n=128),
-                   sliding_window_layout(1024, 1024, 300, block_m=128, block_n=128)):
+    for layout in (causal_layout(1000, 1000, block_m=128, block_n=128),
+                   sliding_window_layout(1000, 1000, 300, block_m=128, block_n=128),
+                   LAYOUTS["blockmask"](1000, 1000, 128, 128)):
         layout = layout.to(device)
-        q, k, v = random_qkv(2, 8, 2, 1024, 1024, head_dim, torch.bfloat16, 3, device)
+        q, k, v = random_qkv(2, 8, 2, 1000, 1000, head_dim, dtype, 3, device)
         pinned = launch_config(device, head_dim, q.dtype, layout)
         if not pinned.one_loop:
             pinned = dataclasses.replace(pinned, one_loop=True, lazy_rescale=False)

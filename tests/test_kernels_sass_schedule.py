@@ -85,9 +85,11 @@ def test_a_predicated_exit_falls_through_and_an_unpredicated_one_ends_the_path()
     assert counts(text) == (1, 0, {0: 1})
 
 
-def test_a_branch_with_a_predicate_operand_is_conditional():
-    # BRA.U !UP0, target: the fall-through path (no wait) also reaches the exp
-    text = sass(COMMIT, "BRA.U !UP0, 0x30", wait(0), EX2)
+@pytest.mark.parametrize("branch", ["BRA.U !UP0, 0x30", "BRA.DIV UR4, 0x30"])
+def test_a_branch_with_an_operand_besides_its_target_is_conditional(branch):
+    # BRA.U !UP0, target / BRA.DIV UR4, target: the path that does not branch (no wait) also
+    # reaches the exp
+    text = sass(COMMIT, branch, wait(0), EX2)
     assert counts(text) == (1, 1, {0: 1})
 
 
@@ -98,6 +100,8 @@ def test_an_exp_no_path_reaches_is_refused():
 
 @pytest.mark.parametrize("text, message", [
     (sass(COMMIT, "CALL.REL.NOINC 0x40", wait(0)), "unsupported control flow"),
+    (sass(COMMIT, "BRXU UR4 -0x20", wait(0)), "unsupported control flow"),
+    (sass(COMMIT, "JMXU UR4", wait(0)), "unsupported control flow"),
     (sass(COMMIT, "BRA 0x999"), "branch to an unknown address"),
     (sass(COMMIT, "WARPGROUP.DEPBAR.LE gsb1"), "unreadable wait"),
     (sass(EX2) + sass(EX2).replace("Function : k", "Function : j"), "expected the SASS of one kernel, got 2"),
