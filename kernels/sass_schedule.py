@@ -31,9 +31,14 @@ class Exp2Overlap:
     exp2: int  # MUFU.EX2 instructions in the kernel
     exp2_while_mma: int  # of them, those some path reaches while an HGMMA group may still run
     waits: dict[int, int]  # WARPGROUP.DEPBAR.LE gsb0, N -> how many times N appears
+    # The same two counts for the exponentials inside a loop (on a cycle of the control flow):
+    # the key loop's, which run once per key tile, apart from a tile peeled out of it.
+    loop_exp2: int = 0
+    loop_exp2_while_mma: int = 0
 
     def to_dict(self) -> dict:
         return {"exp2": self.exp2, "exp2_while_mma": self.exp2_while_mma,
+                "loop_exp2": self.loop_exp2, "loop_exp2_while_mma": self.loop_exp2_while_mma,
                 "waits": {str(n): count for n, count in sorted(self.waits.items())}}
 
 
@@ -115,16 +120,66 @@ def exp2_overlap(sass: str) -> Exp2Overlap:
             if new != old:
                 states[j] = new
                 work.append(j)
-    exp2 = while_mma = 0
+    on_cycle = _on_cycle([_successors(ops, index, i) if states[i] is not None else [] for i in range(len(ops))])
+    exp2 = while_mma = loop_exp2 = loop_while_mma = 0
     waits: collections.Counter[int] = collections.Counter()
-    for op, state in zip(ops, states):
+    for i, (op, state) in enumerate(zip(ops, states)):
         if op.opcode.startswith("MUFU.EX2"):
             if state is None:
                 raise ValueError(f"MUFU.EX2 at {op.address:#x} is on no path from the kernel's entry")
+            overlapped = state[0] > 0 or state[1]
             exp2 += 1
-            while_mma += state[0] > 0 or state[1]
+            while_mma += overlapped
+            loop_exp2 += on_cycle[i]
+            loop_while_mma += on_cycle[i] and overlapped
         elif op.opcode.startswith("WARPGROUP.DEPBAR"):
             pending = re.search(r"gsb0\s*,\s*(0x[0-9a-f]+|\d+)", op.operands)
             if pending:
                 waits[int(pending.group(1), 0)] += 1
-    return Exp2Overlap(exp2, while_mma, dict(waits))
+    return Exp2Overlap(exp2, while_mma, dict(waits), loop_exp2, loop_while_mma)
+
+
+def _on_cycle(successors: list[list[int]]) -> list[bool]:
+    """Whether each node lies on a cycle: its strongly connected component (Tarjan's algorithm,
+    without recursion) has more than one node, or it is its own successor."""
+    count = len(successors)
+    order, low = [-1] * count, [0] * count
+    stack, on_stack, result = [], [False] * count, [False] * count
+    counter = 0
+    for root in range(count):
+        if order[root] != -1:
+            continue
+        frames = [(root, 0)]
+        order[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack[root] = True
+        while frames:
+            node, edge = frames[-1]
+            if edge < len(successors[node]):
+                frames[-1] = (node, edge + 1)
+                nxt = successors[node][edge]
+                if order[nxt] == -1:
+                    order[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack[nxt] = True
+                    frames.append((nxt, 0))
+                elif on_stack[nxt]:
+                    low[node] = min(low[node], order[nxt])
+                continue
+            frames.pop()
+            if frames:
+                low[frames[-1][0]] = min(low[frames[-1][0]], low[node])
+            if low[node] == order[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack[member] = False
+                    component.append(member)
+                    if member == node:
+                        break
+                cyclic = len(component) > 1 or node in successors[node]
+                for member in component:
+                    result[member] = cyclic
+    return result

@@ -112,6 +112,16 @@ def test_listings_it_cannot_read_with_confidence_are_refused(text, message):
         exp2_overlap(text)
 
 
+def test_exponentials_on_a_cycle_are_counted_as_in_a_loop():
+    # a peeled exp before the loop (nothing issued yet), the loop's exp at 0x20 (overlapped by
+    # the group the back edge carries), an exp after the loop (drained); then a spin loop that
+    # holds no exp
+    result = exp2_overlap(sass(EX2, "NOP", EX2, COMMIT, "@P0 BRA 0x10", wait(0), EX2))
+    assert (result.exp2, result.exp2_while_mma, result.loop_exp2, result.loop_exp2_while_mma) == (3, 1, 1, 1)
+    spin = exp2_overlap(sass(COMMIT, "@P0 BRA 0x10", EX2, wait(0)))  # the branch loops on itself
+    assert (spin.loop_exp2, spin.loop_exp2_while_mma, spin.exp2_while_mma) == (0, 0, 1)
+
+
 def test_to_dict_names_the_wait_counts_as_strings():
     assert exp2_overlap(sass(COMMIT, wait(1), EX2, wait(0))).to_dict() == {
-        "exp2": 1, "exp2_while_mma": 1, "waits": {"0": 1, "1": 1}}
+        "exp2": 1, "exp2_while_mma": 1, "loop_exp2": 0, "loop_exp2_while_mma": 0, "waits": {"0": 1, "1": 1}}
