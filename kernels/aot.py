@@ -417,8 +417,8 @@ def _read_nvidia(result: AotResult, ptx: str, cubin: bytes) -> None:
         overlap = exp2_overlap(cubin_sass(cubin))
         result.exp2_overlap = overlap.to_dict()
         if result.wgmma:
-            result.notes.append(f"{overlap.exp2_while_mma} of {overlap.exp2} exp2 can issue while a wgmma product may run "
-                                f"({overlap.loop_exp2_while_mma} of the {overlap.loop_exp2} in loops)")
+            result.notes.append(f"exp2 that can issue while a wgmma product may run: {overlap.exp2_while_mma} of "
+                                f"{overlap.exp2}, in loops {overlap.loop_exp2_while_mma} of {overlap.loop_exp2}")
     usage = cubin_resources(cubin)
     result.registers = usage.get("REG")
     # Triton's CompiledKernel.n_spills is CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES / 4, the per-thread

@@ -100,8 +100,8 @@ def test_sm90_exp2_overlap_is_read_from_the_machine_code(compiled):
     assert tile <= overlap["exp2"] <= tile + 4, overlap
     assert overlap["exp2_while_mma"] == 0 and set(overlap["waits"]) == {"0"}, overlap
     assert overlap["loop_exp2"] == overlap["exp2"], overlap  # one loop, nothing peeled
-    assert (f"0 of {overlap['exp2']} exp2 can issue while a wgmma product may run (0 of the "
-            f"{overlap['exp2']} in loops)") in r.notes
+    assert (f"exp2 that can issue while a wgmma product may run: 0 of {overlap['exp2']}, in loops 0 of "
+            f"{overlap['exp2']}") in r.notes
     assert all(compiled[case].exp2_overlap is None for case in GFX942_CASES)  # an NVIDIA-only reading
     # the report's schema takes the field
     from jsonschema import Draft202012Validator
