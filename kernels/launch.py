@@ -103,6 +103,7 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         "ONE_LOOP": config.one_loop,
         "LAZY_RESCALE": config.lazy_rescale,
         "PV_BEHIND": config.pv_behind,
+        "PV_STAGES": config.num_stages,
         "SELECT_LOADED": amd,
     }
     _check_signature(args, constexprs)

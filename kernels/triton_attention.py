@@ -309,7 +309,7 @@ def block_sparse_attn_fwd(
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr, HAS_ORDER: tl.constexpr,
     RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr, LAZY_RESCALE: tl.constexpr, PV_BEHIND: tl.constexpr,
-    SELECT_LOADED: tl.constexpr,
+    PV_STAGES: tl.constexpr, SELECT_LOADED: tl.constexpr,
 ):
     # 1-D grid of B * Hq * num_m_tiles programs. The query tiles of one (batch, head) are
     # adjacent, so the programs resident at once share a few heads' K/V, which stay in L2 (on the
@@ -386,7 +386,9 @@ def block_sparse_attn_fwd(
         # accumulator's rescale by tile t - 1's alpha is the product's own accumulator input,
         # so only the next product reads its result. Same tiles, same order of the sums, same
         # rounding of p; only the program order differs. (Lazy rescaling is not combined with it:
-        # its accumulator update sits between two products.)
+        # its accumulator update sits between two products.) The loop is given the config's
+        # pipeline depth (PV_STAGES = num_stages) explicitly: left to the kernel-wide option, this
+        # loop gets one K/V buffer fewer (compile-only, sm_90, Triton 3.6 and 3.9).
         total = (full_count + part_count) * SUB
         if total > 0:
             start_n, partial = _tile_at(0, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N, BLOCK_N,
@@ -398,7 +400,7 @@ def block_sparse_attn_fwd(
                               seq_q, seq_k, causal_offset, window, sink_tokens, q_doc, k_doc_ptr, k_lo, k_hi,
                               bits_ptrs, False, True, IS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PAD, HAS_BITS)
             p, alpha, l_i, m_i = _eager_update(qk, m_i, l_i, qk_scale, True)  # p, alpha: tile 0's
-            for t in range(1, total):
+            for t in tl.range(1, total, num_stages=PV_STAGES):
                 next_n, partial = _tile_at(t, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N,
                                            BLOCK_N, SELECT_LOADED)
                 next_cols = next_n + offs_n
