@@ -409,7 +409,9 @@ def block_sparse_attn_fwd(
                 qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # tile t's raw scores
                 v = _load_kv_tile(v_ptrs0, v_desc, start_n, start_n + offs_n, offs_d, stride_vn, seq_k, HEAD_DIM,
                                   BLOCK_D, EMULATE_BF16, USE_TMA)
-                # acc: tiles < t - 1 at tile t - 2's max -> tiles <= t - 1 at tile t - 1's
+                # acc: tiles < t - 1 at tile t - 2's max -> tiles <= t - 1 at tile t - 1's. p is
+                # carried in fp32 and converted here: carried as the 16-bit operand, the next
+                # step would overwrite the operand's registers and Triton waits for the product.
                 acc = tl.dot(_p_operand(p, v.dtype, EMULATE_BF16), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
                 qk = _mask_scores(qk, partial, next_n, next_cols, offs_m, seq_q, seq_k, causal_offset, window,
                                   sink_tokens, q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, False, True,
