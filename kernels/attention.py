@@ -133,7 +133,6 @@ def block_sparse_attention(
 
     cached = (LAUNCH_CACHE_DEFAULT if launch_cache is None else launch_cache) and q.device.type == "cuda" \
         and not interpreter
-    amd = not interpreter and platform.vendor_of(q.device) == "amd"
     if use_decode:
         cfg = config if isinstance(config, configs.DecodeConfig) else decode_config(q.device, head_dim, q.dtype)
         cfg = cfg.clamp(layout.block_n)
@@ -141,7 +140,7 @@ def block_sparse_attention(
         def build():
             return decode_steps(build_decode_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale,
                                                     num_splits=num_splits, units=platform.compute_units(q.device),
-                                                    emulate_bf16=emulate_bf16, amd=amd))
+                                                    emulate_bf16=emulate_bf16, amd=_amd(q.device, interpreter)))
         cache = "decode"
         key = decode_key(q, k, v, staging, lse, cfg, sm_scale=scale, num_splits=num_splits,
                          emulate_bf16=emulate_bf16) if cached else None
@@ -151,7 +150,7 @@ def block_sparse_attention(
 
         def build():
             launch = build_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
-                                  use_tma=use_tma, amd=amd)
+                                  use_tma=use_tma, amd=_amd(q.device, interpreter))
             return [LaunchStep(block_sparse_attn_fwd, launch.grid, launch.args, launch.constexprs, launch.options)]
         cache = "prefill"
         key = launch_key(q, k, v, staging, lse, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
@@ -164,6 +163,12 @@ def block_sparse_attention(
     if emulate_bf16:
         result.copy_(staging)
     return (result, lse) if return_lse else result
+
+
+def _amd(device: torch.device, interpreter: bool) -> bool:
+    """Whether the kernels are compiled for an AMD GPU (their ``SELECT_LOADED``); asked only when
+    a launch is built, not on a launch cache's hit."""
+    return not interpreter and platform.vendor_of(device) == "amd"
 
 
 def _launch_cache(path: str) -> LaunchCache:

@@ -33,8 +33,8 @@ class Exp2Overlap:
     waits: dict[int, int]  # WARPGROUP.DEPBAR.LE gsb0, N -> how many times N appears
     # The same two counts for the exponentials inside a loop (on a cycle of the control flow):
     # the key loop's, which run once per key tile, apart from a tile peeled out of it.
-    loop_exp2: int = 0
-    loop_exp2_while_mma: int = 0
+    loop_exp2: int
+    loop_exp2_while_mma: int
 
     def to_dict(self) -> dict:
         return {"exp2": self.exp2, "exp2_while_mma": self.exp2_while_mma,
@@ -65,6 +65,14 @@ def _instructions(sass: str) -> list[_Op]:
     return ops
 
 
+def _pending(op: _Op) -> int:
+    """N of a ``WARPGROUP.DEPBAR.LE gsb0, N`` wait."""
+    pending = re.search(r"gsb0\s*,\s*(0x[0-9a-f]+|\d+)", op.operands)
+    if pending is None:
+        raise ValueError(f"unreadable wait at {op.address:#x}: {op.opcode} {op.operands}")
+    return int(pending.group(1), 0)
+
+
 def _step(state: tuple[int, bool], op: _Op) -> tuple[int, bool]:
     """(committed groups that may be running, whether an uncommitted group is open) after ``op``.
     A predicated wait may not execute, so it lowers nothing (what may run, may still run)."""
@@ -74,10 +82,7 @@ def _step(state: tuple[int, bool], op: _Op) -> tuple[int, bool]:
             return min(running + 1, _CAP), False
         return running, True
     if op.opcode.startswith("WARPGROUP.DEPBAR") and op.always:
-        pending = re.search(r"gsb0\s*,\s*(0x[0-9a-f]+|\d+)", op.operands)
-        if pending is None:
-            raise ValueError(f"unreadable wait at {op.address:#x}: {op.opcode} {op.operands}")
-        return min(running, int(pending.group(1), 0)), open_group
+        return min(running, _pending(op)), open_group
     return state
 
 
@@ -110,17 +115,19 @@ def exp2_overlap(sass: str) -> Exp2Overlap:
     index = {op.address: i for i, op in enumerate(ops)}
     states: list[tuple[int, bool] | None] = [None] * len(ops)  # before each instruction
     states[0] = (0, False)
+    successors: list[list[int]] = [[] for _ in ops]  # filled for the instructions a path reaches
     work = collections.deque([0])
     while work:  # states only grow and are bounded: a fixpoint
         i = work.popleft()
         after = _step(states[i], ops[i])
-        for j in _successors(ops, index, i):
+        successors[i] = _successors(ops, index, i)
+        for j in successors[i]:
             old = states[j]
             new = after if old is None else (max(old[0], after[0]), old[1] or after[1])
             if new != old:
                 states[j] = new
                 work.append(j)
-    on_cycle = _on_cycle([_successors(ops, index, i) if states[i] is not None else [] for i in range(len(ops))])
+    on_cycle = _on_cycle(successors)
     exp2 = while_mma = loop_exp2 = loop_while_mma = 0
     waits: collections.Counter[int] = collections.Counter()
     for i, (op, state) in enumerate(zip(ops, states)):
@@ -132,10 +139,8 @@ def exp2_overlap(sass: str) -> Exp2Overlap:
             while_mma += overlapped
             loop_exp2 += on_cycle[i]
             loop_while_mma += on_cycle[i] and overlapped
-        elif op.opcode.startswith("WARPGROUP.DEPBAR"):
-            pending = re.search(r"gsb0\s*,\s*(0x[0-9a-f]+|\d+)", op.operands)
-            if pending:
-                waits[int(pending.group(1), 0)] += 1
+        elif op.opcode.startswith("WARPGROUP.DEPBAR") and state is not None:
+            waits[_pending(op)] += 1
     return Exp2Overlap(exp2, while_mma, dict(waits), loop_exp2, loop_while_mma)
 
 

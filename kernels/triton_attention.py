@@ -59,7 +59,8 @@ def _load_kv_tiles(k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, cols, offs_d, stri
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
                    EMULATE_BF16: tl.constexpr, USE_TMA: tl.constexpr):
     # The K and V tiles [BLOCK_N, BLOCK_D] at key position start_n. The per-element pointer
-    # tensors are built once per program; a tile is a scalar offset.
+    # tensors are built once per program; a tile is a scalar offset. (Not two _load_kv_tile
+    # calls: both pointers before either load is the order the measured sm_80 and gfx942 code has.)
     if USE_TMA:
         # NVIDIA Hopper: the tensor-memory accelerator copies the tile; rows past seq_k are
         # zero-filled by the descriptor's bounds, as the masked pointer loads are.
