@@ -405,9 +405,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE,...",
                         help="also time this variant of the pinned config on every length and mask "
-                             "(fields block_m, block_n, num_warps, num_stages, tma, one_loop, lazy_rescale, "
-                             "pv_behind); "
-                             "repeatable")
+                             f"(fields {', '.join(configs.LAUNCH_FIELDS)}); repeatable")
     parser.add_argument("--masks", metavar="NAME,...",
                         help=f"run only the element-mask cases named ({', '.join(MASK_CASES)}, or all), "
                              "parity vs FlexAttention")
