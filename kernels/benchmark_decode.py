@@ -17,9 +17,10 @@ the token sees its whole cache):
 - ``--threshold``: Sq = 1 .. 64 at (B, Sk) = (8, 32k) and (64, 2k), the decode path (forced)
   against the prefill path;
 - ``--sweep`` / ``--variant``: decode configs on the dense cases;
-- ``--launch-cache``: the decode path through the launch cache (``CACHED``) on the dense and
-  sparse cases, next to the plain call (its call time shows the host's share; its device time
-  must equal the plain call's).
+- ``--uncached``: the decode path without the launch cache (``UNCACHED``; every call of the
+  others goes through it, the default, kernels/launch_cache.py) on the dense and sparse cases,
+  next to the default call (the gap in call time is the host's share the cache saves; the device
+  times must be equal).
 
 Every implementation's output is checked against the fp32 PyTorch reference on the same inputs
 before it is timed (relative L2). Times are the median of 3 ``do_bench`` medians (CUDA events,
@@ -50,8 +51,8 @@ from .testing import random_qkv
 import time
 
 FORMAT, VERSION = "parity-decode-benchmark-report", 1
-# The decode path called with launch_cache=True (kernels/launch_cache.py), with --launch-cache.
-CACHED = "parity decode, launch cache"
+# The decode path called with launch_cache=False (kernels/launch_cache.py), with --uncached.
+UNCACHED = "parity decode, uncached"
 HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128
 DENSE_CASES = ((8, 4096), (8, 32768), (1, 131072), (64, 2048))
 SPARSE_BATCH, SPARSE_SEQ = 8, 32768
@@ -221,12 +222,12 @@ def parity_decode(q, k, v, layout, cfg: configs.DecodeConfig | None = None) -> t
             {"config": label(cfg), "num_splits": splits})
 
 
-def _cached(q, k, v, layout, launch_cache: bool) -> dict[str, Callable[[], torch.Tensor]]:
-    """With ``launch_cache``, the decode path at its pinned config through the launch cache
-    (kernels/launch_cache.py), as ``CACHED``."""
-    if not launch_cache:
+def _uncached(q, k, v, layout, uncached: bool) -> dict[str, Callable[[], torch.Tensor]]:
+    """With ``uncached``, the decode path at its pinned config without the launch cache
+    (kernels/launch_cache.py), as ``UNCACHED``."""
+    if not uncached:
         return {}
-    return {CACHED: lambda: block_sparse_attention(q, k, v, layout, decode=True, launch_cache=True)}
+    return {UNCACHED: lambda: block_sparse_attention(q, k, v, layout, decode=True, launch_cache=False)}
 
 
 def sdpa(q, k, v) -> Callable[[], torch.Tensor]:
@@ -253,7 +254,7 @@ class Sizes:
 
 def run(*, sweep: bool, threshold: bool, variants: list[dict[str, int]], check: bool, flex: bool,
         device: torch.device | None = None, sizes: Sizes = Sizes(), dense_only: bool = False,
-        launch_cache: bool = False) -> dict[str, Any]:
+        uncached: bool = False) -> dict[str, Any]:
     device = device or torch.device("cuda")
     ceilings = {"copy_tbps": copy_bandwidth(device, sizes.copy_elements),
                 "hbm_datasheet_tbps": HBM_DATASHEET_TBPS}
@@ -266,7 +267,7 @@ def run(*, sweep: bool, threshold: bool, variants: list[dict[str, int]], check: 
         layout = causal_layout(1, seq_k).to(device)
         decode_fn, decode_meta = parity_decode(q, k, v, layout)
         impls = {"parity decode": decode_fn,
-                 **_cached(q, k, v, layout, launch_cache),
+                 **_uncached(q, k, v, layout, uncached),
                  "parity prefill path": lambda: block_sparse_attention(q, k, v, layout, decode=False),
                  "SDPA": sdpa(q, k, v)}
         flex_fn = flex_runner(layout, q, k, v, device) if flex else None
@@ -293,7 +294,7 @@ def run(*, sweep: bool, threshold: bool, variants: list[dict[str, int]], check: 
     for name, layout in sparse_layouts.items():
         layout = layout.to(device)
         decode_fn, decode_meta = parity_decode(q, k, v, layout)
-        impls = {"parity decode": decode_fn, **_cached(q, k, v, layout, launch_cache), "SDPA (dense)": sdpa(q, k, v)}
+        impls = {"parity decode": decode_fn, **_uncached(q, k, v, layout, uncached), "SDPA (dense)": sdpa(q, k, v)}
         flex_fn = flex_runner(layout, q, k, v, device) if flex else None
         if flex_fn is not None:
             impls["FlexAttention"] = flex_fn
@@ -361,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
     parser.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
     parser.add_argument("--dense-only", action="store_true", help="only the dense cases (and the sweep)")
-    parser.add_argument("--launch-cache", action="store_true",
-                        help=f"also time the decode path through the launch cache (as {CACHED!r})")
+    parser.add_argument("--uncached", action="store_true",
+                        help=f"also time the decode path without the launch cache (as {UNCACHED!r})")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--markdown", metavar="RESULT.json", help="print the tables of an earlier result (no GPU)")
     args = parser.parse_args(argv)
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     if status is not None:
         return status
     result = run(sweep=args.sweep, threshold=args.threshold, variants=variants, check=not args.no_check,
-                 flex=not args.no_flex, dense_only=args.dense_only, launch_cache=args.launch_cache)
+                 flex=not args.no_flex, dense_only=args.dense_only, uncached=args.uncached)
     print(markdown(result))
     if args.json:
         with open(args.json, "w") as fh:

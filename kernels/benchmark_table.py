@@ -19,8 +19,9 @@ roofline (``kernels.roofline``): effective TFLOP/s over the computed blocks and 
 the dense matmul ceiling measured at the start of the same run, the least-bytes TB/s and its
 fraction of the measured copy rate.
 
-``--launch-cache`` adds the kernel called through the launch cache (``CACHED``: the same pinned
-config, the host's set-up done once per problem; kernels/launch_cache.py) next to the plain call.
+"parity triton" is the kernel as a caller gets it by default: through the launch cache (the
+host's set-up done once per problem; kernels/launch_cache.py). ``--uncached`` adds the same pinned
+config called without it (``UNCACHED``: the arguments built and dispatched on every call).
 ``--config`` adds a variant of the pinned config (``LaunchConfig`` fields, ``configs.LAUNCH_FIELDS``),
 to every case, or with a ``d64:`` prefix only to cases of that head dim. ``--markdown`` writes
 the benchmark document's table from a result; ``--as LABEL`` takes the variant named LABEL as
@@ -50,8 +51,8 @@ from .reference import reference_attention
 from .testing import random_qkv
 
 FORMAT, VERSION = "parity-benchmark-table-report", 1
-# The kernel called with launch_cache=True (kernels/launch_cache.py), with --launch-cache.
-CACHED = "parity triton, launch cache"
+# The kernel called with launch_cache=False (kernels/launch_cache.py), with --uncached.
+UNCACHED = "parity triton, uncached"
 CHECK_REL_L2 = 2e-2  # bf16/fp16 outputs of a correct kernel sit near 3e-3 / 5e-4 (BENCHMARK.md)
 
 
@@ -166,11 +167,11 @@ def _problem(case: Case, device: torch.device, sizes: Sizes):
 
 
 def _impls(case: Case, layout, q, k, v, mc, device, variants, flex: bool,
-           launch_cache: bool = False) -> dict[str, Callable[[], torch.Tensor]]:
+           uncached: bool = False) -> dict[str, Callable[[], torch.Tensor]]:
     gqa = case.heads_q != case.heads_kv
     impls: dict[str, Callable[[], torch.Tensor]] = {"parity triton": lambda: block_sparse_attention(q, k, v, layout)}
-    if launch_cache:
-        impls[CACHED] = lambda: block_sparse_attention(q, k, v, layout, launch_cache=True)
+    if uncached:
+        impls[UNCACHED] = lambda: block_sparse_attention(q, k, v, layout, launch_cache=False)
     for cfg in variants:
         impls[f"parity {label(cfg)}"] = (lambda cfg=cfg: block_sparse_attention(q, k, v, layout, config=cfg))
     if flex:
@@ -192,7 +193,7 @@ def _impls(case: Case, layout, q, k, v, mc, device, variants, flex: bool,
 
 
 def run_case(case: Case, device: torch.device, ceilings: dict[str, float], variant_changes, *, flex: bool = True,
-             check: bool = True, sizes: Sizes = Sizes(), launch_cache: bool = False) -> list[dict[str, Any]]:
+             check: bool = True, sizes: Sizes = Sizes(), uncached: bool = False) -> list[dict[str, Any]]:
     """Every implementation of one case: checked, then timed; one row each."""
     from triton.runtime.errors import OutOfResources
 
@@ -201,7 +202,7 @@ def run_case(case: Case, device: torch.device, ceilings: dict[str, float], varia
     pinned = launch_config(device, case.head_dim, q.dtype, layout)
     variants = [configs.with_overrides(pinned, change) for head, change in variant_changes
                 if head in (None, case.head_dim)]
-    impls = _impls(case, layout, q, k, v, mc, device, variants, flex, launch_cache)
+    impls = _impls(case, layout, q, k, v, mc, device, variants, flex, uncached)
     changes_of = {f"parity {label(cfg)}": change for cfg, (head, change) in
                   zip(variants, [vc for vc in variant_changes if vc[0] in (None, case.head_dim)])}
     computed = layout.computed_elements() * (batch * case.heads_q) // (layout.batch_heads[0] * layout.batch_heads[1])
@@ -223,7 +224,7 @@ def run_case(case: Case, device: torch.device, ceilings: dict[str, float], varia
         base = {"case": case.name, "impl": name, "head_dim": case.head_dim, "seq": case.seq, "batch": batch,
                 "heads_q": case.heads_q, "heads_kv": case.heads_kv, "dtype": case.dtype, "layout": case.layout,
                 "density": round(computed / (batch * case.heads_q * case.seq * case.seq), 4)}
-        if name in ("parity triton", CACHED):
+        if name in ("parity triton", UNCACHED):
             base["config"] = label(pinned)
         elif name in changes_of:
             base["config_changes"] = changes_of[name]
@@ -244,7 +245,7 @@ def run_case(case: Case, device: torch.device, ceilings: dict[str, float], varia
 
 
 def run(names: list[str] | None, variant_changes, *, device: torch.device | None = None, flex: bool = True,
-        check: bool = True, sizes: Sizes = Sizes(), launch_cache: bool = False,
+        check: bool = True, sizes: Sizes = Sizes(), uncached: bool = False,
         after_case: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """The cases named (all when None), in the table's order. ``after_case`` gets the document
     so far after every case (the command writes it out, so a run cut short keeps its rows)."""
@@ -257,7 +258,7 @@ def run(names: list[str] | None, variant_changes, *, device: torch.device | None
     for case in CASES:
         if names is None or case.name in names:
             document["rows"] += run_case(case, device, ceilings, variant_changes, flex=flex, check=check, sizes=sizes,
-                                         launch_cache=launch_cache)
+                                         uncached=uncached)
             if after_case is not None:
                 after_case(document)
     return document
@@ -386,12 +387,12 @@ def cases_named(spec: str) -> list[Case]:
 
 
 def case_implementations(case: Case, device: torch.device,
-                         launch_cache: bool = False) -> dict[str, Callable[[], torch.Tensor]]:
+                         uncached: bool = False) -> dict[str, Callable[[], torch.Tensor]]:
     """A case's implementations as the table times them (the kernel at its pinned config, and
-    with ``launch_cache`` the same through the launch cache, FlexAttention, SDPA where it
-    computes the same function), on the table's inputs."""
+    with ``uncached`` the same without the launch cache, FlexAttention, SDPA where it computes
+    the same function), on the table's inputs."""
     layout, q, k, v, _batch, mc = _problem(case, device, Sizes())
-    return _impls(case, layout, q, k, v, mc, device, [], True, launch_cache)
+    return _impls(case, layout, q, k, v, mc, device, [], True, uncached)
 
 
 def _parse_arguments(args: argparse.Namespace) -> tuple[list, list[str] | None]:
@@ -411,8 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="do_bench runs per implementation (default 5)")
     parser.add_argument("--no-flex", action="store_true", help="leave FlexAttention out")
     parser.add_argument("--no-check", action="store_true", help="skip the correctness check")
-    parser.add_argument("--launch-cache", action="store_true",
-                        help=f"also time the kernel through the launch cache (as {CACHED!r})")
+    parser.add_argument("--uncached", action="store_true",
+                        help=f"also time the kernel without the launch cache (as {UNCACHED!r})")
     parser.add_argument("--json", help="write the result here")
     parser.add_argument("--markdown", metavar="RESULT.json", help="print the table of an earlier result (no GPU)")
     parser.add_argument("--as", dest="kernel", action="append", metavar="LABEL",
@@ -430,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         return status
     changes, names = parsed
     result = run(names, changes, flex=not args.no_flex, check=not args.no_check,
-                 sizes=dataclasses.replace(Sizes(), repeats=args.repeats), launch_cache=args.launch_cache,
+                 sizes=dataclasses.replace(Sizes(), repeats=args.repeats), uncached=args.uncached,
                  after_case=(lambda doc: write_json(args.json, doc)) if args.json else None)
     print(markdown(result))
     return 0

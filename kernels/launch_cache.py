@@ -25,9 +25,11 @@ would pick; ``tests/test_kernels_launch_cache.py`` checks that against Triton's 
 The key also holds the current device and stream (``dispatch_state``): an entry keeps the
 read-only tensors its launch built (a stand-in LSE buffer that is never written, copies of layout
 tensors that needed one), and they are used only on the stream they were allocated on. Entries live as long as their layout
-object (a weak reference) and at most ``MAX_PER_LAYOUT`` per layout. A layout is a value: its
-tensors are not to be edited in place after it is used; and one on another device than q is
-copied on every call, so such calls never hit. As in Triton's dispatch, a hit first checks that
+object (a weak reference) and at most ``MAX_PER_LAYOUT`` per layout. A layout is meant as a value,
+but its tensors can be edited in place: an entry also records the layout's ``version`` (torch's
+count of in-place edits of its tensors, ``BlockLayout.version``) and is built again when that has
+moved, so an edited layout is launched as a new one. A layout on another device than q is copied
+on every call, so such calls never hit. As in Triton's dispatch, a hit first checks that
 the globals the kernel was compiled with are unchanged. Triton dispatches the call itself under
 the interpreter, with a Triton whose compiled kernels lack the launch interface used here,
 where the kernel has pre-run hooks or a stages-inspection hook is set, and while the stream is
@@ -83,6 +85,7 @@ class _Bound:
 class _Entry:
     steps: tuple[_Bound, ...]
     fresh: dict[str, tuple[tuple, tuple, Any, Any]]  # name -> shape, strides, dtype, device
+    version: Any  # the layout's version when the entry was built (``LaunchCache``'s ``version``)
 
 
 def direct_launch_supported(compiled: Any) -> bool:
@@ -158,6 +161,8 @@ class LaunchCache:
     shape, strides and dtype, so that two calls in flight never share one. Any other tensor a
     launch builds (a stand-in never written, a copy of a layout tensor) is kept in the entry and
     only read, on the stream the entry belongs to.
+    ``version``: what changes when a layout is edited in place (``BlockLayout.version``); an
+    entry built under another version is built again.
     ``issue`` and ``state``: how a cached launch is issued and what dispatch state it is keyed on
     (``issue_compiled``, ``dispatch_state``; tests pass stand-ins).
     """
@@ -165,12 +170,13 @@ class LaunchCache:
     def __init__(self, kernels: Sequence[Any], per_call: Sequence[str], *, fresh: Sequence[str] = (),
                  issue: Callable[[Any, tuple[int, ...], Sequence[Any], tuple], None] = issue_compiled,
                  state: Callable[[Sequence[Any]], tuple | None] = dispatch_state,
-                 max_per_layout: int = MAX_PER_LAYOUT):
+                 version: Callable[[Any], Any] = lambda layout: None, max_per_layout: int = MAX_PER_LAYOUT):
         self.kernels = tuple(kernels)
         self._per_call = tuple(per_call)
         self._fresh = tuple(fresh)
         self._issue = issue
         self._state = state
+        self._version = version
         self._max = max_per_layout
         self._by_layout: weakref.WeakKeyDictionary[Any, collections.OrderedDict] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()  # the bookkeeping and the counts only; launches are not serialized
@@ -188,10 +194,12 @@ class LaunchCache:
             for step in build():
                 step.dispatch()
             return
-        key = (state, key)
+        key, version = (state, key), self._version(layout)
         with self._lock:
             entries = self._by_layout.get(layout)
             entry = entries.get(key) if entries is not None else None
+            if entry is not None and entry.version != version:
+                entry = None  # the layout was edited in place: built again below, replacing the entry
             if entry is not None:
                 entries.move_to_end(key)
         if entry is not None and all(_globals_unchanged(kernel) for kernel in self.kernels):
@@ -214,7 +222,7 @@ class LaunchCache:
             steps.append(self._bind(step, compiled, tensors, fresh) if direct_launch_supported(compiled) else None)
         if any(bound is None for bound in steps):
             return  # the interpreter, or a Triton without the interface: no entry, dispatch each time
-        entry = _Entry(tuple(steps), {name: spec for name, (spec, _) in fresh.items()})
+        entry = _Entry(tuple(steps), {name: spec for name, (spec, _) in fresh.items()}, version)
         with self._lock:
             entries = self._by_layout.get(layout)
             if entries is None:

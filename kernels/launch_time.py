@@ -4,8 +4,8 @@
     python -m parity.kernels.launch_time --ncu-target --cases d64-s4k-causal,...   # under ncu
 
 For each case of ``kernels/benchmark_table.py`` (same inputs, layouts and implementations: the
-kernel at its pinned config, the same through the launch cache (kernels/launch_cache.py),
-FlexAttention, SDPA where it applies), three measures per implementation, each taken three times:
+kernel at its pinned config as a caller gets it (through the launch cache,
+kernels/launch_cache.py), the same without the cache, FlexAttention, SDPA where it applies), three measures per implementation, each taken three times:
 
 - ``call_ms``: ``triton.testing.do_bench`` (its default: the mean over 100 ms of calls, L2
   flushed before each): what a caller waits per call, host work included when the host is slower
@@ -75,10 +75,10 @@ def host_ms(fn: Callable[[], Any], calls: int = QUEUED_CALLS) -> float:
     return elapsed / calls * 1e3
 
 
-def _warm(cases: list[table.Case], device: torch.device, launch_cache: bool = True):
+def _warm(cases: list[table.Case], device: torch.device, uncached: bool = True):
     """``(case, label, fn)`` for each implementation of each case, compiled and run once first."""
     for case in cases:
-        for label, fn in table.case_implementations(case, device, launch_cache).items():
+        for label, fn in table.case_implementations(case, device, uncached).items():
             fn()
             torch.cuda.synchronize()
             yield case, label, fn
@@ -103,7 +103,7 @@ def measure(cases: list[table.Case], device: torch.device) -> list[dict[str, Any
 
 
 def ncu_target(cases: list[table.Case], device: torch.device) -> None:
-    for case, label, fn in _warm(cases, device, launch_cache=False):
+    for case, label, fn in _warm(cases, device, uncached=False):
         print(f"profiled: {case.name} {label}", flush=True)
         torch.cuda.profiler.start()
         fn()

@@ -215,6 +215,14 @@ class BlockLayout:
         """Names of the element-mask tensors present, in ``_ELEMENT_FIELDS`` order."""
         return tuple(name for name in _ELEMENT_FIELDS if getattr(self, name) is not None)
 
+    def version(self) -> tuple[int, ...]:
+        """How many in-place edits each of the layout's tensors has seen (torch's version counter,
+        shared by a tensor and its views). A layout is meant as a value, but an edit in place does
+        not change the object: the launch cache (kernels/launch_cache.py) reuses an entry only
+        while this is unchanged, so an edited layout is launched as a new one. (An edit through
+        ``.data`` or from outside torch is not counted; such edits are not supported.)"""
+        return tuple(getattr(self, name)._version for name in _TENSOR_FIELDS + self.element_masks)
+
     def _leading_dims(self) -> tuple[list[int], list[int]]:
         batches, heads = [self.kv_num_blocks.shape[0]], [self.kv_num_blocks.shape[1]]
         for name in ("q_doc", "k_start", "mask_bits"):

@@ -194,14 +194,14 @@ def test_decode_benchmark_runs_checks_and_reports_on_cpu(device, capsys):
                         window=128, ragged=(512, 100), threshold=(1, 20), threshold_shapes=((1, 256),),
                         copy_elements=1024)
     result = bench.run(sweep=False, threshold=True, variants=[{"block_n": 32}], check=True, flex=False,
-                       device=device, sizes=sizes, launch_cache=True)
+                       device=device, sizes=sizes, uncached=True)
     rows = result["dense"] + result["sparse"] + result["ragged"]
-    # the launch cache's rows: in the dense and sparse cases, the plain call's error (the
+    # the uncached call's rows: in the dense and sparse cases, the default call's error (the
     # interpreter ignores the cache; on a GPU test_kernels_launch_cache.py compares the bits)
     by = {(r["case"], r["impl"]): r for r in rows}
-    cached = [r for r in rows if r["impl"] == bench.CACHED]
-    assert len(cached) == len(result["dense"]) // 4 + len(result["sparse"]) // 3 == 4
-    assert all(r["rel_l2_vs_fp32_ref"] == by[(r["case"], "parity decode")]["rel_l2_vs_fp32_ref"] for r in cached)
+    uncached = [r for r in rows if r["impl"] == bench.UNCACHED]
+    assert len(uncached) == len(result["dense"]) // 4 + len(result["sparse"]) // 3 == 4
+    assert all(r["rel_l2_vs_fp32_ref"] == by[(r["case"], "parity decode")]["rel_l2_vs_fp32_ref"] for r in uncached)
     checked = [r for r in rows if r["rel_l2_vs_fp32_ref"] is not None]
     assert {r["impl"] for r in rows} >= {"parity decode", "parity prefill path", "SDPA", "SDPA (dense)"}
     assert all(r["rel_l2_vs_fp32_ref"] < 5e-3 for r in checked), checked  # bf16 rounding only

@@ -429,6 +429,47 @@ def test_another_stream_or_device_is_another_entry():
     assert (cache.hits, cache.misses) == (2, 2)
 
 
+def test_a_layout_edited_in_place_is_built_again():
+    """An entry is reused only while the layout's version is the one it was built under: an edit in
+    place (same object, same key) builds and dispatches again and replaces the entry."""
+    kernel, issued, version = _Kernel(), [], [0]
+    cache = _cache(kernel, issued, version=lambda layout: (version[0],))
+    layout = _Layout()
+
+    def call():
+        tensors = _tensors()
+        cache.launch(layout, "k", tensors, lambda: _steps(kernel, tensors, 3))
+
+    call()
+    call()
+    assert (cache.hits, cache.misses, len(kernel.dispatched)) == (1, 1, 1)
+    version[0] = 1  # edited in place
+    call()
+    assert (cache.hits, cache.misses, len(kernel.dispatched)) == (1, 2, 2)
+    call()  # the rebuilt entry, under the new version
+    assert (cache.hits, cache.misses, len(kernel.dispatched)) == (2, 2, 2) and len(cache._by_layout[layout]) == 1
+
+
+def test_a_layouts_version_counts_edits_in_place_of_each_of_its_tensors():
+    """``BlockLayout.version`` (what the prefill and decode caches key their entries' validity on)
+    moves with an in-place edit of any of its tensors, through a view too, and not with reads or
+    with a new layout's copies."""
+    from parity.kernels import document_layout
+
+    layout = document_layout([100, 60, 96], block_m=64, block_n=64)
+    names = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices") + layout.element_masks
+    assert layout.element_masks == ("q_doc", "k_doc")
+    before = layout.version()
+    assert len(before) == len(names)
+    layout.kv_indices.sum(), layout.q_doc.clone(), layout.to("cpu")
+    assert layout.version() == before
+    for position, name in enumerate(names):
+        seen = layout.version()
+        getattr(layout, name).view(-1)[:1].add_(0)  # an edit through a view, even of the same value
+        moved = [a != b for a, b in zip(layout.version(), seen)]
+        assert moved == [i == position for i in range(len(names))], name
+
+
 def test_triton_dispatches_where_the_cache_must_step_aside():
     """No dispatch state (pre-run hooks, a stages-inspection hook): every call dispatched, no
     entry; a global the kernel was compiled with changed: dispatched (Triton raises there)."""
@@ -517,7 +558,35 @@ def test_gpu_cached_launch_gives_the_dispatched_bits(head_dim):
     misses = cache.misses
     got = block_sparse_attention(shifted, k, v, layout, launch_cache=True)
     assert cache.misses == misses + 1
-    assert torch.equal(got.view(torch.int16), block_sparse_attention(q, k, v, layout).view(torch.int16))
+    assert torch.equal(got.view(torch.int16), block_sparse_attention(q, k, v, layout, launch_cache=False).view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", ["prefill", "decode"])
+def test_gpu_a_layout_edited_in_place_after_a_cached_call_is_launched_as_edited(path):
+    """The default call goes through the cache; editing the layout's tensors in place afterwards
+    (the same object) must give what an uncached call on the edited layout gives, not the bits the
+    entry was built for."""
+    from parity.kernels import attention
+
+    device = torch.device("cuda")
+    seq_q = 1024 if path == "prefill" else 2
+    layout = sliding_window_layout(seq_q, 1024, 300, block_m=128 if path == "prefill" else 64,
+                                   block_n=128).to(device)
+    q, k, v = random_qkv(2, 8, 2, seq_q, 1024, 128, torch.bfloat16, 0, device)
+    assert attention.LAUNCH_CACHE_DEFAULT
+    cache = attention._launch_cache(path)
+    before = block_sparse_attention(q, k, v, layout)
+    block_sparse_attention(q, k, v, layout)
+    hits, misses = cache.hits, cache.misses
+    assert hits > 0, "the default call goes through the cache"
+    layout.kv_num_blocks.zero_()  # only the full blocks stay
+    layout.full_kv_num_blocks.clamp_(max=1)
+    got = block_sparse_attention(q, k, v, layout, out=torch.full_like(q, float("nan")))
+    assert (cache.hits, cache.misses) == (hits, misses + 1)
+    want = block_sparse_attention(q, k, v, layout, launch_cache=False)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert not torch.equal(got, before)
 
 
 
