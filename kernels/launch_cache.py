@@ -28,7 +28,8 @@ tensors that needed one), and they are used only on the stream they were allocat
 object (a weak reference) and at most ``MAX_PER_LAYOUT`` per layout. A layout is meant as a value,
 but its tensors can be edited in place: an entry also records the layout's ``version`` (torch's
 count of in-place edits of its tensors, ``BlockLayout.version``) and is built again when that has
-moved, so an edited layout is launched as a new one. A layout on another device than q is copied
+moved, so an edited layout is launched as a new one. Where the version is not known (a layout
+made under ``torch.inference_mode``, whose tensors count no edits), Triton dispatches every call. A layout on another device than q is copied
 on every call, so such calls never hit. As in Triton's dispatch, a hit first checks that
 the globals the kernel was compiled with are unchanged. Triton dispatches the call itself under
 the interpreter, with a Triton whose compiled kernels lack the launch interface used here,
@@ -162,7 +163,8 @@ class LaunchCache:
     launch builds (a stand-in never written, a copy of a layout tensor) is kept in the entry and
     only read, on the stream the entry belongs to.
     ``version``: what changes when a layout is edited in place (``BlockLayout.version``); an
-    entry built under another version is built again.
+    entry built under another version is built again, and a layout whose version is None (not
+    known) is never cached.
     ``issue`` and ``state``: how a cached launch is issued and what dispatch state it is keyed on
     (``issue_compiled``, ``dispatch_state``; tests pass stand-ins).
     """
@@ -170,7 +172,7 @@ class LaunchCache:
     def __init__(self, kernels: Sequence[Any], per_call: Sequence[str], *, fresh: Sequence[str] = (),
                  issue: Callable[[Any, tuple[int, ...], Sequence[Any], tuple], None] = issue_compiled,
                  state: Callable[[Sequence[Any]], tuple | None] = dispatch_state,
-                 version: Callable[[Any], Any] = lambda layout: None, max_per_layout: int = MAX_PER_LAYOUT):
+                 version: Callable[[Any], Any] = lambda layout: (), max_per_layout: int = MAX_PER_LAYOUT):
         self.kernels = tuple(kernels)
         self._per_call = tuple(per_call)
         self._fresh = tuple(fresh)
@@ -189,12 +191,13 @@ class LaunchCache:
         ``build``: makes the call's launches, in order, when no entry matches, from the same
         ``tensors``."""
         state = self._state(self.kernels)
-        if state is None:  # Triton must dispatch this call itself
+        version = self._version(layout) if state is not None else None
+        if version is None:  # Triton must dispatch this call itself
             self._count(hit=False)
             for step in build():
                 step.dispatch()
             return
-        key, version = (state, key), self._version(layout)
+        key = (state, key)
         with self._lock:
             entries = self._by_layout.get(layout)
             entry = entries.get(key) if entries is not None else None

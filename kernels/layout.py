@@ -215,13 +215,17 @@ class BlockLayout:
         """Names of the element-mask tensors present, in ``_ELEMENT_FIELDS`` order."""
         return tuple(name for name in _ELEMENT_FIELDS if getattr(self, name) is not None)
 
-    def version(self) -> tuple[int, ...]:
+    def version(self) -> tuple[int, ...] | None:
         """How many in-place edits each of the layout's tensors has seen (torch's version counter,
-        shared by a tensor and its views). A layout is meant as a value, but an edit in place does
-        not change the object: the launch cache (kernels/launch_cache.py) reuses an entry only
-        while this is unchanged, so an edited layout is launched as a new one. (An edit through
-        ``.data`` or from outside torch is not counted; such edits are not supported.)"""
-        return tuple(getattr(self, name)._version for name in _TENSOR_FIELDS + self.element_masks)
+        shared by a tensor and its views), or None where that is not known: a tensor made under
+        ``torch.inference_mode`` has no counter. A layout is meant as a value, but an edit in place
+        does not change the object: the launch cache (kernels/launch_cache.py) reuses an entry only
+        while this is unchanged, and does not cache calls on a layout whose version is None. (An
+        edit through ``.data`` or from outside torch is not counted; such edits are not supported.)"""
+        tensors = [getattr(self, name) for name in _TENSOR_FIELDS + self.element_masks]
+        if any(tensor.is_inference() for tensor in tensors):
+            return None
+        return tuple(tensor._version for tensor in tensors)
 
     def _leading_dims(self) -> tuple[list[int], list[int]]:
         batches, heads = [self.kv_num_blocks.shape[0]], [self.kv_num_blocks.shape[1]]

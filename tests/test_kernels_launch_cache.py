@@ -433,7 +433,7 @@ def test_a_layout_edited_in_place_is_built_again():
     """An entry is reused only while the layout's version is the one it was built under: an edit in
     place (same object, same key) builds and dispatches again and replaces the entry."""
     kernel, issued, version = _Kernel(), [], [0]
-    cache = _cache(kernel, issued, version=lambda layout: (version[0],))
+    cache = _cache(kernel, issued, version=lambda layout: None if version[0] is None else (version[0],))
     layout = _Layout()
 
     def call():
@@ -448,6 +448,10 @@ def test_a_layout_edited_in_place_is_built_again():
     assert (cache.hits, cache.misses, len(kernel.dispatched)) == (1, 2, 2)
     call()  # the rebuilt entry, under the new version
     assert (cache.hits, cache.misses, len(kernel.dispatched)) == (2, 2, 2) and len(cache._by_layout[layout]) == 1
+    version[0] = None  # not known: dispatched, never cached
+    call()
+    call()
+    assert (cache.hits, cache.misses, len(kernel.dispatched), len(issued)) == (2, 4, 4, 2)
 
 
 def test_a_layouts_version_counts_edits_in_place_of_each_of_its_tensors():
@@ -468,6 +472,10 @@ def test_a_layouts_version_counts_edits_in_place_of_each_of_its_tensors():
         getattr(layout, name).view(-1)[:1].add_(0)  # an edit through a view, even of the same value
         moved = [a != b for a, b in zip(layout.version(), seen)]
         assert moved == [i == position for i in range(len(names))], name
+    with torch.inference_mode():  # inference tensors count no edits: the version is not known
+        made_there = document_layout([100, 60, 96], block_m=64, block_n=64)
+        assert made_there.version() is None and layout.version() is not None
+    assert made_there.version() is None
 
 
 def test_triton_dispatches_where_the_cache_must_step_aside():
@@ -562,29 +570,35 @@ def test_gpu_cached_launch_gives_the_dispatched_bits(head_dim):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("inference", [False, True], ids=["plain", "inference_mode"])
 @pytest.mark.parametrize("path", ["prefill", "decode"])
-def test_gpu_a_layout_edited_in_place_after_a_cached_call_is_launched_as_edited(path):
+def test_gpu_a_layout_edited_in_place_after_a_cached_call_is_launched_as_edited(path, inference):
     """The default call goes through the cache; editing the layout's tensors in place afterwards
     (the same object) must give what an uncached call on the edited layout gives, not the bits the
-    entry was built for."""
+    entry was built for. Under ``torch.inference_mode`` the layout's edits are not counted, so its
+    calls are not cached at all."""
+    import contextlib
+
     from parity.kernels import attention
 
     device = torch.device("cuda")
     seq_q = 1024 if path == "prefill" else 2
-    layout = sliding_window_layout(seq_q, 1024, 300, block_m=128 if path == "prefill" else 64,
-                                   block_n=128).to(device)
-    q, k, v = random_qkv(2, 8, 2, seq_q, 1024, 128, torch.bfloat16, 0, device)
-    assert attention.LAUNCH_CACHE_DEFAULT
-    cache = attention._launch_cache(path)
-    before = block_sparse_attention(q, k, v, layout)
-    block_sparse_attention(q, k, v, layout)
-    hits, misses = cache.hits, cache.misses
-    assert hits > 0, "the default call goes through the cache"
-    layout.kv_num_blocks.zero_()  # only the full blocks stay
-    layout.full_kv_num_blocks.clamp_(max=1)
-    got = block_sparse_attention(q, k, v, layout, out=torch.full_like(q, float("nan")))
-    assert (cache.hits, cache.misses) == (hits, misses + 1)
-    want = block_sparse_attention(q, k, v, layout, launch_cache=False)
+    with torch.inference_mode() if inference else contextlib.nullcontext():
+        layout = sliding_window_layout(seq_q, 1024, 300, block_m=128 if path == "prefill" else 64,
+                                       block_n=128).to(device)
+        q, k, v = random_qkv(2, 8, 2, seq_q, 1024, 128, torch.bfloat16, 0, device)
+        assert attention.LAUNCH_CACHE_DEFAULT
+        cache = attention._launch_cache(path)
+        hits = cache.hits
+        before = block_sparse_attention(q, k, v, layout)
+        block_sparse_attention(q, k, v, layout)
+        assert cache.hits == hits + (0 if inference else 1), "the default call goes through the cache"
+        hits, misses = cache.hits, cache.misses
+        layout.kv_num_blocks.zero_()  # only the full blocks stay
+        layout.full_kv_num_blocks.clamp_(max=1)
+        got = block_sparse_attention(q, k, v, layout, out=torch.full_like(q, float("nan")))
+        assert (cache.hits, cache.misses) == (hits, misses + 1)
+        want = block_sparse_attention(q, k, v, layout, launch_cache=False)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert not torch.equal(got, before)
 
