@@ -24,17 +24,17 @@ would pick; ``tests/test_kernels_launch_cache.py`` checks that against Triton's 
 
 The key also holds the current device and stream (``dispatch_state``): an entry keeps the
 read-only tensors its launch built (a stand-in LSE buffer that is never written, copies of layout
-tensors that needed one), and they are used only on the stream they were allocated on. Entries live as long as their layout
-object (a weak reference) and at most ``MAX_PER_LAYOUT`` per layout. A layout is meant as a value,
-but its tensors can be edited in place: an entry also records the layout's ``version`` (torch's
-count of in-place edits of its tensors, ``BlockLayout.version``) and is built again when that has
-moved, so an edited layout is launched as a new one. Where the version is not known (a layout
-made under ``torch.inference_mode``, whose tensors count no edits), Triton dispatches every call. A layout on another device than q is copied
-on every call, so such calls never hit. As in Triton's dispatch, a hit first checks that
-the globals the kernel was compiled with are unchanged. Triton dispatches the call itself under
-the interpreter, with a Triton whose compiled kernels lack the launch interface used here,
-where the kernel has pre-run hooks or a stages-inspection hook is set, and while the stream is
-capturing a CUDA graph.
+tensors that needed one), and they are used only on the stream they were allocated on. Entries
+live as long as their layout object (a weak reference) and at most ``MAX_PER_LAYOUT`` per layout.
+A layout is meant as a value, but its tensors can be edited in place: an entry also records the
+layout's ``version`` (torch's count of in-place edits of its tensors, ``BlockLayout.version``) and
+is built again when that has moved, so an edited layout is launched as a new one. Where the
+version is not known (a layout made under ``torch.inference_mode``, whose tensors count no edits),
+Triton dispatches every call. A layout on another device than q is copied on every call, so such
+calls never hit. As in Triton's dispatch, a hit first checks that the globals the kernel was
+compiled with are unchanged. Triton dispatches the call itself under the interpreter, with a
+Triton whose compiled kernels lack the launch interface used here, where the kernel has pre-run
+hooks or a stages-inspection hook is set, and while the stream is capturing a CUDA graph.
 """
 from __future__ import annotations
 
