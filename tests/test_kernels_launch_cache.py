@@ -429,6 +429,79 @@ def test_another_stream_or_device_is_another_entry():
     assert (cache.hits, cache.misses) == (2, 2)
 
 
+def _same_argument(name, bound, built):
+    """Whether a re-issued argument is what a fresh build passes: the call's own tensor, a
+    workspace of the same make, an equal tensor of the same make (a copy the entry kept), or an
+    equal value."""
+    if name in PER_CALL:
+        return bound is built
+    if isinstance(built, torch.Tensor):
+        same_make = (bound.dtype, bound.shape, bound.stride()) == (built.dtype, built.shape, built.stride())
+        return same_make and (name in WORKSPACE or torch.equal(bound, built))
+    return bound == built
+
+
+def _element_mask_layouts(seq_q):
+    from parity.kernels import document_layout, layout_from_dense_mask, padding_layout, prefix_lm_layout
+
+    dense = torch.rand(2, 1, seq_q, 256, generator=torch.Generator().manual_seed(3)) < 0.6
+    square = {"documents": lambda: document_layout([100, 60, 96], block_m=64, block_n=64),
+              "prefix lm": lambda: prefix_lm_layout(256, 100, block_m=64, block_n=64)}
+    return {**({name: build() for name, build in square.items()} if seq_q == 256 else {}),
+            "padding": padding_layout(seq_q, 256, [200, 77], side="left", block_m=64, block_n=64),
+            "dense mask bits": layout_from_dense_mask(dense, block_m=64, block_n=64),
+            "window": sliding_window_layout(seq_q, 256, 100, block_m=64, block_n=64)}
+
+
+@pytest.mark.parametrize("path, kind", [("prefill", kind) for kind in ("documents", "padding", "dense mask bits",
+                                                                     "prefix lm", "window")]
+                         + [("decode", kind) for kind in ("padding", "dense mask bits", "window")])
+def test_every_kind_of_launch_binds_and_is_reissued_with_the_arguments_a_build_gives(monkeypatch, path, kind):
+    """The launcher's real launches (element masks, TMA, GQA, the decode path's two kernels)
+    through the cache with a compiled stand-in: the entry binds every parameter, and a hit issues,
+    for a second call's tensors, what building that call afresh passes."""
+    from parity.kernels import triton_attention
+    from parity.kernels.decode import build_decode_launch, decode_steps
+    from parity.kernels.layout import BlockLayout
+
+    seq_q = 256 if path == "prefill" else 2  # (documents and prefix-LM layouts are square: no decode case)
+    layout = _element_mask_layouts(seq_q)[kind]
+    monkeypatch.setattr(LaunchStep, "dispatch", lambda self: _Compiled())
+    issued = []
+    kernels = ((triton_attention.block_sparse_attn_fwd,) if path == "prefill"
+               else (triton_attention.block_sparse_decode_fwd, triton_attention.decode_combine))
+    cache = LaunchCache(kernels, PER_CALL, fresh=WORKSPACE if path == "decode" else (),
+                        issue=lambda compiled, grid, values, state: issued.append((grid, values)),
+                        state=lambda kernels: ("device 0", "stream 7"), version=BlockLayout.version)
+
+    def steps(tensors):
+        q, k, v, out, lse = tensors
+        if path == "decode":
+            cfg = configs.decode_config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_n)
+            return decode_steps(build_decode_launch(q, k, v, out, lse, layout, cfg, sm_scale=0.125, num_splits=2,
+                                                    units=132))
+        cfg = configs.config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_m, layout.block_n)
+        launch = build_launch(q, k, v, out, lse, layout, cfg, sm_scale=0.125, use_tma=True)
+        return [LaunchStep(triton_attention.block_sparse_attn_fwd, launch.grid, launch.args, launch.constexprs,
+                           launch.options)]
+
+    def tensors(seed):
+        q, k, v = random_qkv(2, 4, 2, seq_q, 256, 64, torch.bfloat16, seed, "cpu")
+        return q, k, v, torch.empty_like(q), torch.empty(2, 4, seq_q)
+
+    first, second = tensors(0), tensors(1)
+    cache.launch(layout, "key", first, lambda: steps(first))
+    cache.launch(layout, "key", second, lambda: steps(second))
+    assert (cache.hits, cache.misses) == (1, 1) and len(issued) == len(kernels)
+    for (grid, values), step in zip(issued, steps(second)):
+        assert grid == tuple(step.grid)
+        given = {**step.args, **step.constexprs}
+        names = list(step.kernel.arg_names)
+        assert len(values) == len(names) == len(given)
+        wrong = [name for name, value in zip(names, values) if not _same_argument(name, value, given[name])]
+        assert not wrong, wrong
+
+
 def test_a_layout_edited_in_place_is_built_again():
     """An entry is reused only while the layout's version is the one it was built under: an edit in
     place (same object, same key) builds and dispatches again and replaces the entry."""
