@@ -4,8 +4,9 @@
     python -m parity.kernels.launch_time --ncu-target --cases d64-s4k-causal,...   # under ncu
 
 For each case of ``kernels/benchmark_table.py`` (same inputs, layouts and implementations: the
-kernel at its pinned config as a caller gets it (through the launch cache,
-kernels/launch_cache.py), the same without the cache, FlexAttention, SDPA where it applies), three measures per implementation, each taken three times:
+kernel at its pinned config as a caller gets it, through the launch cache (kernels/launch_cache.py);
+the same without the cache; FlexAttention; SDPA where it applies), three measures per
+implementation, each taken three times:
 
 - ``call_ms``: ``triton.testing.do_bench`` (its default: the mean over 100 ms of calls, L2
   flushed before each): what a caller waits per call, host work included when the host is slower
@@ -50,6 +51,7 @@ import torch
 
 from . import attention, configs, launch, targets
 from .launch_cache import LaunchCache, LaunchStep, triton_binder
+from .layout import BlockLayout
 from . import benchmark_table as table
 from .benchmark import arguments_or_status
 
@@ -180,11 +182,12 @@ class _StandInKernel:
 
 
 def _cached_hit(arg_names, q, k, v, out, layout, cfg, scale, use_tma) -> Callable[[], None]:
-    """A call's key and the launch cache's hit (lookup, the argument list with the call's
-    tensors), with Triton's part stubbed: the dispatch state and the issue of the compiled
-    kernel, which need a GPU and are in ``host_ms``."""
+    """A call's key and the launch cache's hit (the layout's version, the lookup, the argument
+    list with the call's tensors), with Triton's part stubbed: the dispatch state and the issue of
+    the compiled kernel, which need a GPU and are in ``host_ms``."""
     kernel = _StandInKernel(arg_names)
-    cache = LaunchCache((kernel,), launch.PER_CALL, issue=lambda *args: None, state=lambda kernels: ("device", "stream"))
+    cache = LaunchCache((kernel,), launch.PER_CALL, issue=lambda *args: None, state=lambda kernels: ("device", "stream"),
+                        version=BlockLayout.version)
 
     def build():
         built = launch.build_launch(q, k, v, out, None, layout, cfg, sm_scale=scale, use_tma=use_tma)

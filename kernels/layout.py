@@ -222,10 +222,10 @@ class BlockLayout:
         does not change the object: the launch cache (kernels/launch_cache.py) reuses an entry only
         while this is unchanged, and does not cache calls on a layout whose version is None. (An
         edit through ``.data`` or from outside torch is not counted; such edits are not supported.)"""
-        tensors = [getattr(self, name) for name in _TENSOR_FIELDS + self.element_masks]
-        if any(tensor.is_inference() for tensor in tensors):
+        try:  # read on every cached call: one pass, no check per tensor
+            return tuple(getattr(self, name)._version for name in _TENSOR_FIELDS + self.element_masks)
+        except RuntimeError:  # "Inference tensors do not track version counter"
             return None
-        return tuple(tensor._version for tensor in tensors)
 
     def _leading_dims(self) -> tuple[list[int], list[int]]:
         batches, heads = [self.kv_num_blocks.shape[0]], [self.kv_num_blocks.shape[1]]
