@@ -3,8 +3,8 @@ Python that records its arguments: the steps asked for run with the arguments gi
 do not, and the results archive carries every step's status. (The device runs are costly and
 rare; a typo here would waste one.)"""
 import json
-import re
 import os
+import re
 import stat
 import subprocess
 import tarfile
@@ -109,7 +109,6 @@ def test_sweep_then_table_with_the_pick(tmp_path):
 def test_default_sweep_names_real_cases_and_fields():
     """The default SWEEP_CASES and SWEEP_ARGS of h200_run.sh parse as the table benchmark reads
     them: a typo would cost a device call."""
-    import re
     import shlex
 
     from parity.kernels import benchmark_table
@@ -186,7 +185,6 @@ def test_launch_time_summary_says_what_bounds_each_call():
 def _plan_calls() -> list[dict[str, str]]:
     """The environment of each ``bash kernels/h200_run.sh`` call in kernels/BENCHMARK.md's plan for
     the next device session (the code block whose first line is ``# call 1: ...``)."""
-    import re
     import shlex
 
     text = (REPO / "kernels" / "BENCHMARK.md").read_text()
@@ -202,8 +200,6 @@ def _plan_calls() -> list[dict[str, str]]:
 
 def _step_limits(env: dict[str, str]) -> dict[str, int]:
     """Each step's time limit in h200_run.sh as ``env`` sets it (``step NAME LIMIT ...``)."""
-    import re
-
     limits = {}
     for name, limit in re.findall(r'^\s*step ([\w-]+) ("?\$\{\w+:-\d+\}"?|\d+) ', (REPO / "kernels" / "h200_run.sh")
                                   .read_text(), re.M):
