@@ -90,7 +90,7 @@ step launch-time "${LAUNCH_LIMIT:-300}" "$PY" -m parity.kernels.launch_time --ca
 step host-parts 60 "$PY" -m parity.kernels.launch_time --host-parts --cases "$LAUNCH_CASES"
 NCU=${NCU:-$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)}
 NCU_CASES=${NCU_CASES:-d64-s4k-causal,d64-s4k-random25,d128-s4k-causal,d128-s16k-causal}
-step ncu 150 "${NCU:-ncu}" --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+step ncu "${NCU_LIMIT:-150}" "${NCU:-ncu}" --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
     --section LaunchStats --section ComputeWorkloadAnalysis --csv --page details \
     "$PY" -m parity.kernels.launch_time --ncu-target --cases "$NCU_CASES"
 # The decode path against SDPA and FlexAttention (kernels/BENCHMARK.md); DECODE_ARGS adds
