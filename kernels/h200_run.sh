@@ -84,14 +84,18 @@ step table "${TABLE_LIMIT:-540}" "$PY" -m parity.kernels.benchmark_table --json 
 # Short cases: call time against CUDA-graph device time and host time per call
 # (kernels/launch_time.py; LAUNCH_CASES); then, with NCU (default: ncu on the PATH or in
 # /usr/local/cuda/bin), Nsight Compute's throughput, occupancy and launch sections of each
-# implementation of NCU_CASES, clocks left alone (the device notes ask for --clock-control none).
+# implementation of NCU_CASES, clocks left alone (the device notes ask for --clock-control none);
+# NCU_SECTIONS adds sections (e.g. "WarpStateStats": why warps stall), NCU_METRICS metrics (a,b,...).
 LAUNCH_CASES=${LAUNCH_CASES:-d64-s4k-causal,d64-s4k-window1024,d64-s4k-random25,d128-s4k-causal,d128-s4k-window1024,d128-s4k-random25}
 step launch-time "${LAUNCH_LIMIT:-300}" "$PY" -m parity.kernels.launch_time --cases "$LAUNCH_CASES"
 step host-parts 60 "$PY" -m parity.kernels.launch_time --host-parts --cases "$LAUNCH_CASES"
 NCU=${NCU:-$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)}
 NCU_CASES=${NCU_CASES:-d64-s4k-causal,d64-s4k-random25,d128-s4k-causal,d128-s16k-causal}
+NCU_MORE=()
+for section in ${NCU_SECTIONS:-}; do NCU_MORE+=(--section "$section"); done
+if [ -n "${NCU_METRICS:-}" ]; then NCU_MORE+=(--metrics "$NCU_METRICS"); fi
 step ncu "${NCU_LIMIT:-150}" "${NCU:-ncu}" --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
-    --section LaunchStats --section ComputeWorkloadAnalysis --csv --page details \
+    --section LaunchStats --section ComputeWorkloadAnalysis "${NCU_MORE[@]}" --csv --page details \
     "$PY" -m parity.kernels.launch_time --ncu-target --cases "$NCU_CASES"
 # The decode path against SDPA and FlexAttention (kernels/BENCHMARK.md); DECODE_ARGS adds
 # e.g. --sweep --threshold --variant KEY=VALUE,...

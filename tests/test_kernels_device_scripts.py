@@ -133,9 +133,23 @@ def test_launch_time_and_ncu_steps(tmp_path):
     assert "-m parity.kernels.launch_time --host-parts --cases d64-s4k-causal" in calls
     profiled = next(c for c in calls if c.startswith("ncu "))
     assert profiled.startswith("ncu --clock-control none --profile-from-start off --section SpeedOfLight")
+    assert "--section ComputeWorkloadAnalysis --csv --page details " in profiled  # nothing more unless asked
     assert profiled.endswith("-m parity.kernels.launch_time --ncu-target --cases d128-s16k-causal")
     assert [line.split()[:2] for line in status.splitlines()] == [["install", "rc=0"], ["launch-time", "rc=0"],
                                                                    ["host-parts", "rc=0"], ["ncu", "rc=0"]]
+
+
+def test_ncu_step_takes_more_sections_metrics_and_a_limit(tmp_path):
+    ncu = tmp_path / "ncu"
+    ncu.write_text(f"#!/bin/sh\necho \"ncu $*\" >> {tmp_path / 'calls.txt'}\nsleep 3\n")
+    ncu.chmod(ncu.stat().st_mode | stat.S_IEXEC)
+    calls, status = _dry_run(tmp_path, {"STEPS": "ncu", "NCU": str(ncu), "NCU_CASES": "d128-s16k-documents",
+                                        "NCU_SECTIONS": "WarpStateStats InstructionStats", "NCU_LIMIT": "1",
+                                        "NCU_METRICS": "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"})
+    profiled = next(c for c in calls if c.startswith("ncu "))
+    assert ("--section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats "
+            "--metrics sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active --csv --page details") in profiled
+    assert status.splitlines()[-1].split()[:2] == ["ncu", "rc=124"]  # NCU_LIMIT=1 cut the 3 s stand-in short
 
 
 def test_launch_time_arguments_are_checked_before_the_gpu(capsys):
