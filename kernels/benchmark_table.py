@@ -70,15 +70,22 @@ class Case:
     dtype: str = "bf16"
 
 
-def _layouts(seq: int, block: int) -> dict[str, Callable[[], BlockLayout]]:
+PLAIN_LAYOUTS = ("causal", "window1024", "random25", "dense")  # the block layouts; the rest are element masks
+
+
+def plain_layout(seq: int, name: str, block: int) -> BlockLayout:
+    """The block layout ``name`` (one of ``PLAIN_LAYOUTS``) of a case of length ``seq``."""
     nb = -(-seq // block)
-    return {
+    builders: dict[str, Callable[[], BlockLayout]] = {
         "causal": lambda: causal_layout(seq, seq, block_m=block, block_n=block),
         "window1024": lambda: sliding_window_layout(seq, seq, min(1024, seq), block_m=block, block_n=block),
         "random25": lambda: random_layout(seq, seq, 0.25, 0, causal=True, block_m=block, block_n=block),
         "dense": lambda: layout_from_block_mask(torch.ones(1, 1, nb, nb, dtype=torch.bool), seq, seq,
                                                 block_m=block, block_n=block),
     }
+    if name not in builders:
+        raise ValueError(f"unknown block layout {name!r}; the layouts: {', '.join(PLAIN_LAYOUTS)}")
+    return builders[name]()
 
 
 def _cases() -> list[Case]:
@@ -160,7 +167,7 @@ def _problem(case: Case, device: torch.device, sizes: Sizes):
         q, k, v = random_qkv(mc.batch, case.heads_q, case.heads_kv, case.seq, case.seq, case.head_dim, dtype,
                              seed=case.seq, device=device)
         return mc.layout.to(device), q, k, v, mc.batch, mc
-    layout = _layouts(case.seq, sizes.block)[case.layout]().to(device)
+    layout = plain_layout(case.seq, case.layout, sizes.block).to(device)
     q, k, v = random_qkv(case.batch, case.heads_q, case.heads_kv, case.seq, case.seq, case.head_dim, dtype,
                          seed=case.seq, device=device)
     return layout, q, k, v, case.batch, None

@@ -239,7 +239,7 @@ def test_the_plan_for_the_next_device_session_fits_and_parses(tmp_path):
         limits = _step_limits(env)
         assert set(steps) <= set(limits), steps
         assert limits["install"] + sum(limits[step] for step in steps) <= 600, (env, limits)
-        for key in ("SWEEP_CASES", "LAUNCH_CASES"):
+        for key in ("SWEEP_CASES", "LAUNCH_CASES", "NCU_CASES"):
             if key in env:
                 assert set(env[key].split(",")) <= names, env[key]
         for key, known in flags.items():  # a flag the benchmark no longer has would end the step at once
