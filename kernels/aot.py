@@ -215,7 +215,7 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
     """
     import torch
 
-    from .launch import build_launch, tma_fits
+    from .launch import build_launch, kv_descriptors, tma_fits
     from .layout import causal_layout, sliding_window_layout
 
     check_request(target, dtype, head_dim)
@@ -241,8 +241,9 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
                                      units=targets.arch_spec(target).compute_units, amd=amd)
         return launch.args, launch.constexprs, launch.options, launch.config
     cfg = pinned_config(target, dtype, head_dim, overrides).clamp(layout.block_m, layout.block_n)
+    use_tma = tma_fits(cfg, q, k, v)
     launch = build_launch(q, k, v, torch.empty_like(q), lse, layout, cfg, sm_scale=head_dim ** -0.5,
-                          use_tma=tma_fits(cfg, q, k, v), amd=amd)
+                          use_tma=use_tma, amd=amd, descriptors=kv_descriptors(k, v, cfg, use_tma))
     return launch.args, launch.constexprs, launch.options, launch.config
 
 

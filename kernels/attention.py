@@ -14,7 +14,7 @@ from . import configs, dtypes
 from . import targets as platform
 from .decode import MAX_ROWS, WORKSPACE, build_decode_launch, decode_eligible, decode_key, decode_steps
 from .inputs import check_inputs
-from .launch import PER_CALL, build_launch, element_mask_arguments, launch_key, tma_fits
+from .launch import DESCRIPTORS, PER_CALL, build_launch, element_mask_arguments, kv_descriptors, launch_key, tma_fits
 from .launch_cache import LaunchCache, LaunchStep
 from .layout import BlockLayout
 
@@ -144,22 +144,23 @@ def block_sparse_attention(
             return decode_steps(build_decode_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale,
                                                     num_splits=num_splits, units=platform.compute_units(q.device),
                                                     emulate_bf16=emulate_bf16, amd=_amd(q.device, interpreter)))
-        cache = "decode"
+        cache, descriptors = "decode", ()
         key = decode_key(q, k, v, staging, lse, cfg, sm_scale=scale, num_splits=num_splits,
                          emulate_bf16=emulate_bf16) if cached else None
     else:
         cfg = _resolve_config(config, q, k, v, layout, scale).clamp(layout.block_m, layout.block_n)
         use_tma = _tma_usable(cfg, q, k, v)
+        descriptors = kv_descriptors(k, v, cfg, use_tma)  # this call's, where cfg.host_tma asks and fits
 
         def build():
             launch = build_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
-                                  use_tma=use_tma, amd=_amd(q.device, interpreter))
+                                  use_tma=use_tma, amd=_amd(q.device, interpreter), descriptors=descriptors)
             return [LaunchStep(block_sparse_attn_fwd, launch.grid, launch.args, launch.constexprs, launch.options)]
         cache = "prefill"
         key = launch_key(q, k, v, staging, lse, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
                          use_tma=use_tma) if cached else None
     if cached:  # one cache per path, so the two paths' keys never meet
-        _launch_cache(cache).launch(layout, key, (q, k, v, staging, lse), build)
+        _launch_cache(cache).launch(layout, key, (q, k, v, staging, lse, *descriptors), build)
     else:
         for step in build():
             step.dispatch()
@@ -183,7 +184,8 @@ def _launch_cache(path: str) -> LaunchCache:
                else (triton_attention.block_sparse_decode_fwd, triton_attention.decode_combine))
     cache = _LAUNCH_CACHES.get(path)
     if cache is None or cache.kernels != kernels:
-        cache = _LAUNCH_CACHES[path] = LaunchCache(kernels, PER_CALL, fresh=WORKSPACE if path == "decode" else (),
+        per_call = PER_CALL + (DESCRIPTORS if path == "prefill" else ())
+        cache = _LAUNCH_CACHES[path] = LaunchCache(kernels, per_call, fresh=WORKSPACE if path == "decode" else (),
                                                    version=BlockLayout.version)
     return cache
 

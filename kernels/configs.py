@@ -39,8 +39,16 @@ class LaunchConfig:
     # overlap; kernels/triton_attention.py): the same function and rounding, another program
     # order. Needs one_loop; not combined with lazy_rescale.
     pv_behind: bool = False
+    # With tma: the two K/V descriptors made on the host, once per call, and passed to the kernel,
+    # instead of built in every program (Triton's TensorDescriptor arguments). Same tiles, same
+    # loads, same values; used where the launcher can describe K and V as one [B * Hkv * Sk, D]
+    # row array whose key blocks never cross a head (``launch.host_tma_fits``), else the
+    # device-side descriptors run. Measured per-tile cost of TMA: kernels/BENCHMARK.md, table 4.
+    host_tma: bool = False
 
     def __post_init__(self):
+        if self.host_tma and not self.tma:
+            raise ValueError("host_tma makes the TMA descriptors on the host: it needs tma=1")
         if self.pv_behind and not self.one_loop:
             raise ValueError("pv_behind reorders the one loop: it needs one_loop=1")
         if self.pv_behind and self.lazy_rescale:
@@ -66,7 +74,7 @@ class LaunchConfig:
 
 
 # The boolean options of LaunchConfig, in the order labels and dicts list them.
-FLAGS = ("tma", "one_loop", "lazy_rescale", "pv_behind")
+FLAGS = ("tma", "one_loop", "lazy_rescale", "pv_behind", "host_tma")
 
 
 def _amd(block_m, block_n, num_warps, num_stages, *, waves_per_eu=2, nonkdim=16, kpack=1):

@@ -19,7 +19,7 @@ from .configs import LaunchConfig
 from .layout import BlockLayout
 
 __all__ = ["KernelLaunch", "build_launch", "launch_key", "PER_CALL", "element_mask_arguments", "named_strides",
-           "next_power_of_2", "tma_fits", "MAX_PROGRAMS"]
+           "next_power_of_2", "tma_fits", "host_tma_fits", "kv_descriptors", "DESCRIPTORS", "MAX_PROGRAMS"]
 
 # One launch's 1-D grid is at most 2**31 - 1 programs.
 MAX_PROGRAMS = 2**31 - 1
@@ -38,13 +38,16 @@ class KernelLaunch:
 
 def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                  lse: torch.Tensor | None, layout: BlockLayout, config: LaunchConfig, *, sm_scale: float,
-                 emulate_bf16: bool = False, use_tma: bool = False, amd: bool = False) -> KernelLaunch:
+                 emulate_bf16: bool = False, use_tma: bool = False, amd: bool = False,
+                 descriptors: tuple[Any, Any] = (None, None)) -> KernelLaunch:
     """The launch of ``block_sparse_attn_fwd`` for q: [B, Hq, Sq, D], k, v: [B, Hkv, Sk, D].
 
     ``out``: [B, Hq, Sq, D] the kernel writes (fp32 staging when ``emulate_bf16``); ``lse``:
     [B, Hq, Sq] fp32 to write the LSE to, None for no LSE (a [1, 1, 1] placeholder is passed).
     ``layout`` on q's device; ``config`` already clamped to the layout's blocks; ``sm_scale`` > 0.
     ``amd``: the kernel is compiled for an AMD GPU (``SELECT_LOADED``, a Triton 3.6 work-around).
+    ``descriptors``: this call's host-made K and V descriptors (``kv_descriptors``; with
+    ``use_tma``), or None, None for the descriptors built in the kernel.
     No checks of the inputs here (``kernels.attention.check_inputs`` does them) except the grid's
     size, a ValueError.
     """
@@ -81,6 +84,7 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         "K_START": k_start, "K_END": k_end, "stride_pb": stride_pb,
         "MASK_BITS": mask_bits, **dict(zip(("stride_mbb", "stride_mbh", "stride_mbm"), bits_strides)),
         "Q_ORDER": tile_order,
+        "K_DESC": descriptors[0], "V_DESC": descriptors[1],
     }
     constexprs = {
         "HEAD_DIM": head_dim,
@@ -105,6 +109,7 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         "PV_BEHIND": config.pv_behind,
         "PV_STAGES": config.num_stages,
         "SELECT_LOADED": amd,
+        "HOST_TMA": use_tma and descriptors[0] is not None,
     }
     _check_signature(args, constexprs)
     return KernelLaunch((programs,), args, constexprs, config.launch_kwargs(), config)
@@ -113,6 +118,9 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
 # The parameters that take a call's own tensors; everything else a launch passes follows from the
 # layout and ``launch_key`` (kernels/launch_cache.py).
 PER_CALL = ("Q", "K", "V", "Out", "Lse")
+# The prefill kernel's parameters that take a call's host-made K and V descriptors
+# (``kv_descriptors``; None where none are made, which ``launch_key``'s config and shapes decide).
+DESCRIPTORS = ("K_DESC", "V_DESC")
 
 
 def launch_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
@@ -141,6 +149,37 @@ def tma_fits(config: LaunchConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Te
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * elem) % 16 for s in t.stride()[:-1]):
             return False
     return True
+
+
+def host_tma_fits(config: LaunchConfig, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the kernel can take K and V as host-made descriptors (``config.host_tma``): each as
+    one array of [B * Hkv * Sk, D] rows with one row stride (heads follow rows, batches heads,
+    or the dim has one entry), a key length that is a multiple of the key tile (a tile then
+    never reads the next head's rows, which the per-head descriptors' bounds would zero-fill),
+    and fewer than 2**31 rows (TMA coordinates are 32-bit). ``tma_fits`` is the caller's to
+    check first."""
+    if not config.host_tma:
+        return False
+    for t in (k, v):
+        batch, heads, seq, _ = t.shape
+        if seq % config.block_n or batch * heads * seq >= 2**31:
+            return False
+        if (heads > 1 and t.stride(1) != seq * t.stride(2)) or (batch > 1 and t.stride(0) != heads * t.stride(1)):
+            return False
+    return True
+
+
+def kv_descriptors(k: torch.Tensor, v: torch.Tensor, config: LaunchConfig, use_tma: bool) -> tuple[Any, Any]:
+    """This call's K and V descriptors for a ``config.host_tma`` launch (Triton's
+    ``TensorDescriptor`` over all rows, [BLOCK_N, D] boxes), or (None, None) where the kernel
+    builds its own or loads through pointers. Made per call: they hold the tensors' addresses."""
+    if not (use_tma and host_tma_fits(config, k, v)):
+        return None, None
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    head_dim = k.shape[-1]
+    return tuple(TensorDescriptor(t, [t.shape[0] * t.shape[1] * t.shape[2], head_dim], [t.stride(2), 1],
+                                  [config.block_n, next_power_of_2(head_dim)]) for t in (k, v))
 
 
 def element_mask_arguments(layout: BlockLayout, batch: int, heads: int) -> tuple:

@@ -3,7 +3,7 @@ issued again with the new call's tensors.
 
 A call of the prefill kernel costs the host more than a short kernel costs the device (issue 26,
 kernels/BENCHMARK.md: 0.24-0.35 ms per call on the H200's host for a 0.16-0.23 ms kernel). Two
-parts of that cost are the same on every call of one problem: building the 59 runtime arguments
+parts of that cost are the same on every call of one problem: building the 61 runtime arguments
 (``kernels.launch.build_launch``) and Triton's dispatch, which specializes every argument again
 (alignment of each pointer, divisibility of each integer) to find the compiled kernel. A model
 calls the kernel with one layout, one shape and one config in every layer, so both can be done

@@ -26,7 +26,7 @@ kernels/h200_run.sh``).
 
 ``--host-parts`` times, per case, the parts of the host's work that run in Python before the
 launch, in microseconds per call (median of 5 rounds): the input checks, the config lookup,
-``build_launch`` (the 59 runtime arguments), Triton's binder (its specialization of every
+``build_launch`` (the 61 runtime arguments), Triton's binder (its specialization of every
 argument, what ``JITFunction.run`` does on each call before finding the compiled kernel; built
 for the device's target, sm_90 on a CPU), ``launch_key``, and ``cached_hit``: the key and the
 launch cache's hit (kernels/launch_cache.py) with Triton's part stubbed (the dispatch state and

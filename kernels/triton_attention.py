@@ -55,7 +55,7 @@ def _load_rows(ptrs, cols, offs_d, seq_k, HEAD_DIM: tl.constexpr, BLOCK_D: tl.co
 
 
 @triton.jit
-def _load_kv_tiles(k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
+def _load_kv_tiles(k_ptrs0, v_ptrs0, k_desc, v_desc, kv_row0, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
                    EMULATE_BF16: tl.constexpr, USE_TMA: tl.constexpr):
     # The K and V tiles [BLOCK_N, BLOCK_D] at key position start_n. The per-element pointer
@@ -63,9 +63,10 @@ def _load_kv_tiles(k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, cols, offs_d, stri
     # calls: both pointers before either load is the order the measured sm_80 and gfx942 code has.)
     if USE_TMA:
         # NVIDIA Hopper: the tensor-memory accelerator copies the tile; rows past seq_k are
-        # zero-filled by the descriptor's bounds, as the masked pointer loads are.
-        k = k_desc.load([start_n, 0])
-        v = v_desc.load([start_n, 0])
+        # zero-filled by the descriptor's bounds, as the masked pointer loads are. kv_row0: the
+        # (batch, kv head)'s first row in a host-made descriptor over all rows, else 0.
+        k = k_desc.load([kv_row0 + start_n, 0])
+        v = v_desc.load([kv_row0 + start_n, 0])
     else:
         k_ptrs = k_ptrs0 + start_n.to(tl.int64) * stride_kn  # [BLOCK_N, BLOCK_D]
         v_ptrs = v_ptrs0 + start_n.to(tl.int64) * stride_vn  # [BLOCK_N, BLOCK_D]
@@ -81,11 +82,11 @@ def _load_kv_tiles(k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, cols, offs_d, stri
 
 
 @triton.jit
-def _load_kv_tile(ptrs0, desc, start_n, cols, offs_d, stride_n, seq_k,
+def _load_kv_tile(ptrs0, desc, kv_row0, start_n, cols, offs_d, stride_n, seq_k,
                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE_BF16: tl.constexpr, USE_TMA: tl.constexpr):
     # One K or V tile alone, bounds-masked (PV_BEHIND loads a tile's K and V at different steps).
     if USE_TMA:
-        tile = desc.load([start_n, 0])
+        tile = desc.load([kv_row0 + start_n, 0])
     else:
         tile = _load_rows(ptrs0 + start_n.to(tl.int64) * stride_n, cols, offs_d, seq_k, HEAD_DIM, BLOCK_D, True)
     if EMULATE_BF16:
@@ -184,7 +185,7 @@ def _p_operand(p, dtype, EMULATE_BF16: tl.constexpr):
 
 @triton.jit
 def _attend_block(
-    acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
+    acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, kv_row0, start_n, offs_m, offs_n, offs_d,
     stride_kn, stride_vn,
     seq_q, seq_k, causal_offset, window, sink_tokens, q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale,
     partial, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASKED: tl.constexpr,
@@ -199,7 +200,7 @@ def _attend_block(
     # sits behind the branch, so the loads stay where the software pipeliner can overlap them.
     # acc: [BLOCK_M, BLOCK_D] fp32; l_i, m_i: [BLOCK_M] fp32; q: [BLOCK_M, BLOCK_D].
     cols = start_n + offs_n  # [BLOCK_N]
-    k, v = _load_kv_tiles(k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
+    k, v = _load_kv_tiles(k_ptrs0, v_ptrs0, k_desc, v_desc, kv_row0, start_n, cols, offs_d, stride_kn, stride_vn, seq_k,
                           HEAD_DIM, BLOCK_D, MASKED or RUNTIME_MASK, EMULATE_BF16, USE_TMA)
     # Raw scores; the scale is folded into the exponent's FMA below (qk * scale - m), one
     # operation per element instead of a multiply and a subtract (sm_scale > 0, checked by the
@@ -303,6 +304,7 @@ def block_sparse_attn_fwd(
     K_START, K_END, stride_pb,
     MASK_BITS, stride_mbb, stride_mbh, stride_mbm,
     Q_ORDER,
+    K_DESC, V_DESC,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPARSE_BLOCK_M: tl.constexpr, SPARSE_BLOCK_N: tl.constexpr,
@@ -310,7 +312,7 @@ def block_sparse_attn_fwd(
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr, HAS_ORDER: tl.constexpr,
     RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr, LAZY_RESCALE: tl.constexpr, PV_BEHIND: tl.constexpr,
-    PV_STAGES: tl.constexpr, SELECT_LOADED: tl.constexpr,
+    PV_STAGES: tl.constexpr, SELECT_LOADED: tl.constexpr, HOST_TMA: tl.constexpr,
 ):
     # 1-D grid of B * Hq * num_m_tiles programs. The query tiles of one (batch, head) are
     # adjacent, so the programs resident at once share a few heads' K/V, which stay in L2 (on the
@@ -348,7 +350,14 @@ def block_sparse_attn_fwd(
                + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd)
     v_ptrs0 = (V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh
                + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd)
-    if USE_TMA:
+    if USE_TMA and HOST_TMA:
+        # Descriptors the launcher made once per call over all [B * Hkv * seq_k, D] rows of K and
+        # V (launch.host_tma_fits: seq_k is a multiple of BLOCK_N, so no tile crosses a head,
+        # and the rows are evenly strided); this program's rows start at kv_row0.
+        k_desc = K_DESC
+        v_desc = V_DESC
+        kv_row0 = (off_b * (heads_q // gqa_group) + off_hkv) * seq_k
+    elif USE_TMA:
         # Device-side descriptors over this (batch, kv head)'s [seq_k, D] slice (the launcher
         # checks contiguity and 16-byte alignment and installs Triton's scratch allocator).
         k_desc = tl.make_tensor_descriptor(
@@ -357,9 +366,11 @@ def block_sparse_attn_fwd(
         v_desc = tl.make_tensor_descriptor(
             V + off_b.to(tl.int64) * stride_vb + off_hkv.to(tl.int64) * stride_vh,
             shape=[seq_k, HEAD_DIM], strides=[stride_vn, 1], block_shape=[BLOCK_N, BLOCK_D])
+        kv_row0 = 0
     else:
         k_desc = k_ptrs0
         v_desc = v_ptrs0
+        kv_row0 = 0
 
     # Element masks (partial blocks only).
     q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs = _element_mask_state(
@@ -395,7 +406,7 @@ def block_sparse_attn_fwd(
             start_n, partial = _tile_at(0, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N, BLOCK_N,
                                         SELECT_LOADED)
             cols = start_n + offs_n
-            k = _load_kv_tile(k_ptrs0, k_desc, start_n, cols, offs_d, stride_kn, seq_k, HEAD_DIM, BLOCK_D,
+            k = _load_kv_tile(k_ptrs0, k_desc, kv_row0, start_n, cols, offs_d, stride_kn, seq_k, HEAD_DIM, BLOCK_D,
                               EMULATE_BF16, USE_TMA)
             qk = _mask_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), partial, start_n, cols, offs_m,
                               seq_q, seq_k, causal_offset, window, sink_tokens, q_doc, k_doc_ptr, k_lo, k_hi,
@@ -405,11 +416,11 @@ def block_sparse_attn_fwd(
                 next_n, partial = _tile_at(t, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N,
                                            BLOCK_N, SELECT_LOADED)
                 next_cols = next_n + offs_n
-                k = _load_kv_tile(k_ptrs0, k_desc, next_n, next_cols, offs_d, stride_kn, seq_k, HEAD_DIM, BLOCK_D,
-                                  EMULATE_BF16, USE_TMA)
-                qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # tile t's raw scores
-                v = _load_kv_tile(v_ptrs0, v_desc, start_n, start_n + offs_n, offs_d, stride_vn, seq_k, HEAD_DIM,
+                k = _load_kv_tile(k_ptrs0, k_desc, kv_row0, next_n, next_cols, offs_d, stride_kn, seq_k, HEAD_DIM,
                                   BLOCK_D, EMULATE_BF16, USE_TMA)
+                qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # tile t's raw scores
+                v = _load_kv_tile(v_ptrs0, v_desc, kv_row0, start_n, start_n + offs_n, offs_d, stride_vn, seq_k,
+                                  HEAD_DIM, BLOCK_D, EMULATE_BF16, USE_TMA)
                 # acc: tiles < t - 1 at tile t - 2's max -> tiles <= t - 1 at tile t - 1's. p is
                 # carried in fp32 and converted here: carried as the 16-bit operand, the next
                 # step would overwrite the operand's registers and Triton waits for the product.
@@ -419,8 +430,8 @@ def block_sparse_attn_fwd(
                                   IS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PAD, HAS_BITS)
                 p, alpha, l_i, m_i = _eager_update(qk, m_i, l_i, qk_scale, True)
                 start_n = next_n
-            v = _load_kv_tile(v_ptrs0, v_desc, start_n, start_n + offs_n, offs_d, stride_vn, seq_k, HEAD_DIM,
-                              BLOCK_D, EMULATE_BF16, USE_TMA)
+            v = _load_kv_tile(v_ptrs0, v_desc, kv_row0, start_n, start_n + offs_n, offs_d, stride_vn, seq_k,
+                              HEAD_DIM, BLOCK_D, EMULATE_BF16, USE_TMA)
             acc = tl.dot(_p_operand(p, v.dtype, EMULATE_BF16), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     elif ONE_LOOP:
         # Full blocks then partial blocks (the same order as the two loops below) in one loop:
@@ -429,7 +440,7 @@ def block_sparse_attn_fwd(
             start_n, partial = _tile_at(t, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N, BLOCK_N,
                                         SELECT_LOADED)
             acc, l_i, m_i = _attend_block(
-                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
+                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, kv_row0, start_n, offs_m, offs_n, offs_d,
                 stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
                 q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale,
                 # full and partial blocks alike; the runtime ``partial`` picks the element mask
@@ -443,7 +454,7 @@ def block_sparse_attn_fwd(
         for t in range(full_count * SUB):
             start_n = tl.load(full_idx_base + t // SUB) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
             acc, l_i, m_i = _attend_block(
-                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
+                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, kv_row0, start_n, offs_m, offs_n, offs_d,
                 stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
                 q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale,
                 # full blocks: no element mask, no bounds on the loads
@@ -456,7 +467,7 @@ def block_sparse_attn_fwd(
         for t in range(part_count * SUB):
             start_n = tl.load(part_idx_base + t // SUB) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
             acc, l_i, m_i = _attend_block(
-                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, start_n, offs_m, offs_n, offs_d,
+                acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_desc, v_desc, kv_row0, start_n, offs_m, offs_n, offs_d,
                 stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
                 q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale,
                 # partial blocks: element mask and bounds-checked loads, chosen at compile time
@@ -568,7 +579,7 @@ def block_sparse_decode_fwd(
         start_n, partial = _tile_at(t, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N, BLOCK_N,
                                     SELECT_LOADED)
         acc, l_i, m_i = _attend_block(
-            acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_ptrs0, v_ptrs0, start_n, offs_m, offs_n, offs_d,
+            acc, l_i, m_i, q, k_ptrs0, v_ptrs0, k_ptrs0, v_ptrs0, 0, start_n, offs_m, offs_n, offs_d,
             stride_kn, stride_vn, seq_q, seq_k, causal_offset, window, sink_tokens,
             q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, qk_scale,
             partial=partial, MASKED=False, RUNTIME_MASK=True,

@@ -169,7 +169,7 @@ def test_host_parts_runs_without_a_gpu(capsys):
     from parity.kernels import benchmark_table, launch_time
 
     rows = launch_time.host_parts(benchmark_table.cases_named("d64-s4k-window1024"), torch.device("cpu"), calls=5)
-    assert [(r["case"], r["arch"], r["runtime_arguments"]) for r in rows] == [("d64-s4k-window1024", "sm_90", 59)]
+    assert [(r["case"], r["arch"], r["runtime_arguments"]) for r in rows] == [("d64-s4k-window1024", "sm_90", 61)]
     assert rows[0]["torch"] == torch.__version__ and rows[0]["python"].count(".") == 2
     assert set(rows[0]["us_per_call"]) == {"checks", "config", "build_launch", "triton_binder", "launch_key",
                                               "cached_hit"}
