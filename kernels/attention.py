@@ -18,7 +18,8 @@ from .launch import DESCRIPTORS, PER_CALL, build_launch, element_mask_arguments,
 from .launch_cache import LaunchCache, LaunchStep
 from .layout import BlockLayout
 
-__all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_config", "element_mask_arguments"]
+__all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_config", "element_mask_arguments",
+           "install_tma_allocator"]
 
 SUPPORTED_DTYPES = tuple(dtypes.torch_dtype(name) for name in dtypes.KERNEL_DTYPES)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 96, 128, 256)
@@ -214,14 +215,14 @@ def _tma_usable(cfg: configs.LaunchConfig, q, k, v) -> bool:
     (``launch.tma_fits``); otherwise the pointer path runs (same values)."""
     if q.device.type != "cuda" or platform.triton_interpreter_enabled() or not tma_fits(cfg, q, k, v):
         return False
-    _install_tma_allocator()
+    install_tma_allocator()
     return True
 
 
 _TMA_ALLOCATOR_INSTALLED = False
 
 
-def _install_tma_allocator() -> None:
+def install_tma_allocator() -> None:
     """Device-side tensor descriptors need a little global scratch per program (Triton asks the
     allocator set with ``triton.set_allocator``); installed once, on first TMA launch."""
     global _TMA_ALLOCATOR_INSTALLED

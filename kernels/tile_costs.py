@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 from typing import Any
 
@@ -44,6 +45,7 @@ class Fit:
     rows: int
 
 
+@functools.lru_cache(maxsize=64)  # a table's rows share problems; a 16k layout takes a moment to build
 def work(seq: int, layout: str, batch: int, heads: int) -> tuple[int, int]:
     """(query tiles, computed blocks) of a plain-layout case, all batches and heads counted."""
     lay = plain_layout(seq, layout, BLOCK)
@@ -85,12 +87,9 @@ def fits(document: dict[str, Any]) -> list[Fit]:
     (a ``benchmark_table --json`` result)."""
     sms = int(document["environment"]["multiprocessors"])
     groups: dict[tuple[str, int], list[tuple[int, int, float]]] = {}
-    counts: dict[tuple[int, str, int, int], tuple[int, int]] = {}
     for row in _plain_rows(document):
-        key = (row["seq"], row["layout"], row["batch"], row["heads_q"])
-        if key not in counts:
-            counts[key] = work(*key)
-        groups.setdefault((row["impl"], row["head_dim"]), []).append((*counts[key], row["ms"]))
+        counts = work(row["seq"], row["layout"], row["batch"], row["heads_q"])
+        groups.setdefault((row["impl"], row["head_dim"]), []).append((*counts, row["ms"]))
     out = []
     for (impl, head_dim), points in groups.items():
         if len(points) >= 4:

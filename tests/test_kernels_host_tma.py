@@ -13,8 +13,8 @@ import dataclasses
 import pytest
 import torch
 
-from parity.kernels import block_sparse_attention, causal_layout, configs, sliding_window_layout
-from parity.kernels.attention import launch_config
+from parity.kernels import block_sparse_attention, causal_layout, configs, sliding_window_layout, targets
+from parity.kernels.attention import install_tma_allocator, launch_config
 from parity.kernels.benchmark_table import parse_variant
 from parity.kernels.launch import DESCRIPTORS, PER_CALL, build_launch, host_tma_fits, kv_descriptors
 from parity.kernels.launch_cache import LaunchCache, LaunchStep
@@ -26,14 +26,12 @@ TILES = {"one_loop": dict(one_loop=True), "two_loops": dict(one_loop=False),
 
 
 def _tma_device(device):
-    """Skip where TMA cannot run: a GPU older than sm_90 or an AMD one (the interpreter runs it)."""
-    if device.type == "cuda" and (torch.version.hip or torch.cuda.get_device_capability(device) < (9, 0)):
-        pytest.skip("TMA needs an NVIDIA sm_90 GPU or the interpreter")
+    """Skip on a GPU whose pinned configs do not use TMA (the configs table says which do); the
+    interpreter runs tensor descriptors on the CPU."""
     if device.type == "cuda":
-        import triton
-
-        # Device-side descriptors take scratch memory from Triton's allocator (as the launcher sets it).
-        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
+        if not launch_config(device, 64, torch.float16).tma:
+            pytest.skip("the pinned configs of this GPU do not use TMA (kernels/configs.py)")
+        install_tma_allocator()  # device-side descriptors take Triton's scratch, as the launcher sets it
 
 
 def _run(q, k, v, layout, cfg, mode):
@@ -45,7 +43,7 @@ def _run(q, k, v, layout, cfg, mode):
     descriptors = kv_descriptors(k, v, cfg, use_tma) if mode == "host" else (None, None)
     assert (descriptors[0] is not None) == (mode == "host")  # the config fits the host-made ones
     # the interpreter's bf16 work-around, as the launcher sets it
-    emulate = q.device.type == "cpu" and q.dtype == torch.bfloat16
+    emulate = targets.triton_interpreter_enabled() and q.dtype == torch.bfloat16
     out = torch.full(q.shape, float("nan"), dtype=torch.float32 if emulate else q.dtype, device=q.device)
     lse = torch.full(q.shape[:3], float("nan"), device=q.device)
     launch = build_launch(q, k, v, out, lse, layout, cfg, sm_scale=q.shape[-1] ** -0.5, emulate_bf16=emulate,
@@ -168,16 +166,13 @@ def test_gpu_host_descriptors_give_the_pinned_kernels_bits(head_dim, device):
     """On an NVIDIA GPU through the launcher: the pinned config with host_tma gives the pinned
     config's bits, on a first call and on a cached one with new tensors."""
     _tma_device(device)
-    cuda_device = device
-    pinned = launch_config(cuda_device, head_dim, torch.bfloat16)
-    if not pinned.tma:
-        pytest.skip(f"the pinned config here does not use TMA: {pinned}")
+    pinned = launch_config(device, head_dim, torch.bfloat16)
     host = dataclasses.replace(pinned, host_tma=True)
     for layout in (causal_layout(2048, 2048, block_m=128, block_n=128),
                    sliding_window_layout(2048, 2048, 512, block_m=128, block_n=128)):
-        layout = layout.to(cuda_device)
+        layout = layout.to(device)
         for seed in (0, 1):  # the second call of each config is a launch-cache hit with new tensors
-            q, k, v = random_qkv(2, 8, 2, 2048, 2048, head_dim, torch.bfloat16, seed, cuda_device)
+            q, k, v = random_qkv(2, 8, 2, 2048, 2048, head_dim, torch.bfloat16, seed, device)
             want, want_lse = block_sparse_attention(q, k, v, layout, config=pinned, return_lse=True,
                                                     out=torch.full_like(q, float("nan")))
             got, got_lse = block_sparse_attention(q, k, v, layout, config=host, return_lse=True,
