@@ -14,7 +14,8 @@ or ``create_block_mask`` of the equivalent mask_mod for the element masks).
 
 Before timing, each output is compared with the fp32 PyTorch reference (relative L2 error); an
 implementation above ``CHECK_REL_L2`` is timed but marked and gets no ratio. Times: the median of
-``--repeats`` do_bench medians and their spread ((max - min) / median). Each row carries the
+``--repeats`` do_bench medians and their spread ((max - min) / median), the implementations of a
+case timed in turns (``timed_in_turns``: none of them always last on a GPU that heats). Each row carries the
 roofline (``kernels.roofline``): effective TFLOP/s over the computed blocks and its fraction of
 the dense matmul ceiling measured at the start of the same run, the least-bytes TB/s and its
 fraction of the measured copy rate.
@@ -141,10 +142,37 @@ def _scaled(case: Case, sizes: Sizes) -> Case:
     return dataclasses.replace(case, seq=seq, batch=batch, heads_q=heads_q, heads_kv=max(1, heads_kv))
 
 
-def _timed(fn: Callable[[], Any], device: torch.device, repeats: int) -> tuple[float, float]:
-    times = sorted(roofline._time_ms(fn, device) for _ in range(max(1, repeats)))
-    median = times[len(times) // 2]
-    return median, (times[-1] - times[0]) / median if median > 0 else 0.0
+def timed_in_turns(fns: dict[str, Callable[[], Any]], repeats: int,
+                   time_ms: Callable[[Callable[[], Any]], float]) -> dict[str, tuple[float, float] | Exception]:
+    """Each implementation's median time over ``repeats`` and its spread ((max - min) / median),
+    timed in turns: one run of each per round, the round's first one moved along by one each
+    round. Timed one after the other instead, the implementation timed later in a case saw a
+    hotter, slower-clocked GPU: on an H100 the same kernel timed second came out 1-8% slower on
+    the 16k causal, dense and padding rows, with 14-17% spreads (table 4, its uncached column). An implementation whose run raises
+    triton's ``OutOfResources`` gets the error instead and is not run again."""
+    from triton.runtime.errors import OutOfResources
+
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    failed: dict[str, Exception] = {}
+    for round_ in range(max(1, repeats)):
+        for i in range(len(names)):
+            name = names[(round_ + i) % len(names)]
+            if name in failed:
+                continue
+            try:
+                times[name].append(time_ms(fns[name]))
+            except OutOfResources as err:
+                failed[name] = err
+    result: dict[str, tuple[float, float] | Exception] = {}
+    for name in names:
+        if name in failed:
+            result[name] = failed[name]
+            continue
+        ordered = sorted(times[name])
+        median = ordered[len(ordered) // 2]
+        result[name] = (median, (ordered[-1] - ordered[0]) / median if median > 0 else 0.0)
+    return result
 
 
 def _rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float | str:
@@ -226,8 +254,10 @@ def run_case(case: Case, device: torch.device, ceilings: dict[str, float], varia
             except OutOfResources as err:
                 failed[name] = type(err).__name__
         del ref
+    timings = timed_in_turns({name: fn for name, fn in impls.items() if name not in failed}, sizes.repeats,
+                             lambda fn: roofline._time_ms(fn, device))
     rows = []
-    for name, fn in impls.items():
+    for name in impls:
         base = {"case": case.name, "impl": name, "head_dim": case.head_dim, "seq": case.seq, "batch": batch,
                 "heads_q": case.heads_q, "heads_kv": case.heads_kv, "dtype": case.dtype, "layout": case.layout,
                 "density": round(computed / (batch * case.heads_q * case.seq * case.seq), 4)}
@@ -239,11 +269,10 @@ def run_case(case: Case, device: torch.device, ceilings: dict[str, float], varia
             rows.append({**base, "error": failed[name]})
             continue
         error = errors.get(name)
-        try:
-            ms, spread = _timed(fn, device, sizes.repeats)
-        except OutOfResources as err:
-            rows.append({**base, "error": type(err).__name__})
+        if isinstance(timings[name], Exception):
+            rows.append({**base, "error": type(timings[name]).__name__})
             continue
+        ms, spread = timings[name]
         rows.append({**base, "ms": round(ms, 4), "spread": round(spread, 4), "rel_l2_vs_fp32_ref": error,
                      "check": _check(error),
                      **roofline.limits(flops, hbm, ms * 1e-3, ceilings)})

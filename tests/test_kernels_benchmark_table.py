@@ -239,3 +239,26 @@ def test_the_committed_h200_tables_validate_and_render():
         assert all(row.get("check") == "ok" for row in document["rows"] if "ms" in row)  # every timed output checked
     table = benchmark_table.markdown(json.loads(runs[0].read_text()), kernel="parity 128x64 w8 s3 +tma")
     assert "| d64-s16k-causal |" in table
+
+
+def test_implementations_are_timed_in_turns():
+    """One run of each per round, the first one moved along each round, so no implementation is
+    always timed last (on a GPU that heats up, last is slowest); medians and spreads per name,
+    and one that runs out of resources keeps its error and is not run again."""
+    from triton.runtime.errors import OutOfResources
+
+    order = []
+    samples = {"a": iter([3.0, 1.0, 2.0]), "b": iter([10.0, 14.0, 12.0])}
+
+    def timer(fn):
+        name = fn()
+        order.append(name)
+        if name == "c":
+            raise OutOfResources(300000, 232448, "shared memory")
+        return next(samples[name])
+
+    result = benchmark_table.timed_in_turns({n: (lambda n=n: n) for n in "abc"}, 3, timer)
+    assert order == ["a", "b", "c", "b", "a", "a", "b"]  # round 2 starts at b (c already failed), round 3 at c: skipped
+    assert result["a"] == (2.0, (3.0 - 1.0) / 2.0)
+    assert result["b"] == (12.0, (14.0 - 10.0) / 12.0)
+    assert isinstance(result["c"], OutOfResources)
