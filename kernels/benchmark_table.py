@@ -148,8 +148,9 @@ def timed_in_turns(fns: dict[str, Callable[[], Any]], repeats: int,
     timed in turns: one run of each per round, the round's first one moved along by one each
     round. Timed one after the other instead, the implementation timed later in a case saw a
     hotter, slower-clocked GPU: on an H100 the same kernel timed second came out 1-8% slower on
-    the 16k causal, dense and padding rows, with 14-17% spreads (table 4, its uncached column). An implementation whose run raises
-    triton's ``OutOfResources`` gets the error instead and is not run again."""
+    the 16k causal, dense and padding rows, with 14-17% spreads (table 4, its uncached column).
+    An implementation whose run raises triton's ``OutOfResources`` gets the error instead and is
+    not run again."""
     from triton.runtime.errors import OutOfResources
 
     names = list(fns)
@@ -320,31 +321,37 @@ def _valid(row) -> bool:
 def pick(result: dict[str, Any]) -> dict[int, dict[str, Any]]:
     """Per head dim, the variant (its changes) with the highest geometric mean of TFLOP/s over the
     cases of that head dim, among variants that ran and passed the check in every case the
-    pinned config ran in; only if that mean beats the pinned config's."""
+    pinned config ran in; only if that mean beats the pinned config's. A variant is its changes,
+    whatever config they were applied to: a case with its own pinned tiles (the element-mask
+    rows, ``configs.IRREGULAR_CONFIGS``) gives the same changes another label."""
     rows = result["rows"]
     best: dict[int, dict[str, Any]] = {}
     for head_dim in sorted({r["head_dim"] for r in rows}):
         cases = [c for c in dict.fromkeys(r["case"] for r in rows if r["head_dim"] == head_dim)
                  if _find(rows, c, "parity triton") is not None]
 
-        def geomean(impl):
-            found = [_find(rows, c, impl) for c in cases]
+        def geomean(found):
             if not found or any(r is None or r.get("check") != "ok" for r in found):
                 return None  # missing somewhere, not checked, or failed its check
             return math.exp(sum(math.log(r["tflops"]) for r in found) / len(found))
 
-        base = geomean("parity triton")
-        # the variants of the pinned config (not the plain call, nor the cached launch of it)
-        impls = list(dict.fromkeys(r["impl"] for r in rows if r["head_dim"] == head_dim and "config_changes" in r))
-        scored = [(geomean(i), i) for i in impls]
-        scored = [(g, i) for g, i in scored if g is not None]
+        def variant_row(case, key):
+            return next((r for r in rows if r["case"] == case and "ms" in r and "config_changes" in r
+                         and json.dumps(r["config_changes"], sort_keys=True) == key), None)
+
+        base = geomean([_find(rows, c, "parity triton") for c in cases])
+        # the variants of the pinned config (not the plain call, nor the uncached call of it)
+        keys = list(dict.fromkeys(json.dumps(r["config_changes"], sort_keys=True) for r in rows
+                                  if r["head_dim"] == head_dim and "config_changes" in r))
+        scored = [(geomean([variant_row(c, key) for c in cases]), key) for key in keys]
+        scored = [(g, key) for g, key in scored if g is not None]
         if base is None or not scored:
             continue
-        top, impl = max(scored)
+        top, key = max(scored)
         if top > base:
-            config = next(r["config_changes"] for r in rows if r["impl"] == impl and r["head_dim"] == head_dim
-                          and "config_changes" in r)
-            best[head_dim] = {"impl": impl, "changes": config, "geomean_tflops": round(top, 1),
+            found = [variant_row(c, key) for c in cases]
+            best[head_dim] = {"impl": " / ".join(dict.fromkeys(r["impl"] for r in found)),
+                              "changes": found[0]["config_changes"], "geomean_tflops": round(top, 1),
                               "pinned_geomean_tflops": round(base, 1)}
     return best
 

@@ -205,6 +205,29 @@ def test_pick_takes_the_best_checked_variant_per_head_dim(capsys, tmp_path):
     assert "| d128-s4k-causal | 0.516 | 1.0 (1.0%) | 400 |" in text
 
 
+def test_pick_takes_a_variant_as_its_changes_whatever_tiles_they_changed():
+    """A case with its own pinned tiles (the documents row) gives the same changes another label:
+    still one variant, scored over every case of its head dim."""
+    host = {"tma": True, "host_tma": True}
+    rows = [
+        _row("d128-s4k-causal", "parity triton", 1.0, 400.0, head_dim=128),
+        _row("d128-s4k-causal", "parity 128x128 w8 s3 +tma +host_tma", 0.9, 440.0, head_dim=128, config_changes=host),
+        _row("d128-s16k-documents", "parity triton", 1.0, 330.0, head_dim=128),
+        _row("d128-s16k-documents", "parity 64x64 w4 s3 +tma +host_tma", 0.9, 350.0, head_dim=128,
+             config_changes=host),
+    ]
+    best = benchmark_table.pick(_sweep(rows, [{"head_dim": None, "changes": host}]))
+    assert best[128]["impl"] == "parity 128x128 w8 s3 +tma +host_tma / parity 64x64 w4 s3 +tma +host_tma"
+    assert best[128]["changes"] == host
+    assert best[128]["geomean_tflops"] == round((440 * 350) ** 0.5, 1)
+    assert best[128]["pinned_geomean_tflops"] == round((400 * 330) ** 0.5, 1)
+    assert benchmark_table.pick_arguments(best) == ["--config", "d128:tma=1,host_tma=1"]
+    # slower where it has to be, in the documents row, and it loses on the mean: nothing picked
+    rows[3] = _row("d128-s16k-documents", "parity 64x64 w4 s3 +tma +host_tma", 1.5, 220.0, head_dim=128,
+                   config_changes=host)
+    assert benchmark_table.pick(_sweep(rows, [{"head_dim": None, "changes": host}])) == {}
+
+
 def test_pick_of_a_bad_file_is_one_line(tmp_path, capsys):
     path = tmp_path / "sweep.json"
     path.write_text("{not json")
