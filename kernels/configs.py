@@ -109,9 +109,15 @@ CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
     # D=256 one stage (two need 288 KiB) and 8 warps (with 4, Triton 3.6 on the H200 spilled 6
     # registers; inspect). Element-mask layouts use IRREGULAR_CONFIGS (128x128 s3 with a bit
     # mask needs 233,496 B of shared memory, 1 KiB past the H200's; measured).
+    # K/V descriptors made on the host (host_tma; device-made ones where the tensors do not fit
+    # them, launch.host_tma_fits): two table runs on an H100 with the implementations timed in
+    # turns (kernels/results/h100-table-3.json, -4.json) put the geometric mean over the table's
+    # cases at 358.8 / 358.5 against 343.4 / 341.9 TFLOP/s at D=64 and 445.4 / 443.8 against
+    # 433.1 / 434.8 at D=128 (its worst row: dense 16k, -5.5% / -1.9%); the tile set-up no longer
+    # builds descriptors on the GPU (BENCHMARK.md, table 5). Spill-free (inspect).
     "sm_90": (
-        (64, LaunchConfig(128, 64, 8, 3, tma=True, one_loop=True)),
-        (128, LaunchConfig(128, 128, 8, 3, tma=True, one_loop=True)),
+        (64, LaunchConfig(128, 64, 8, 3, tma=True, one_loop=True, host_tma=True)),
+        (128, LaunchConfig(128, 128, 8, 3, tma=True, one_loop=True, host_tma=True)),
         (256, LaunchConfig(64, 32, 8, 1)),
     ),
     # CDNA2 (MI200): 64 KiB LDS; MFMA subnormal flushing is a known numerics difference.
@@ -163,8 +169,10 @@ FP32_CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
 # one loop (the pinned config) 0.698, two loops 0.659; 128x128 w8 s2 0.604; 64x64 w4 s3 0.591
 # on a 128-block layout and 0.566 on a 64-block one. 16-bit only, D<=128; other rows keep the
 # pinned config until measured.
+# With K/V descriptors made on the host (the same two H100 runs as the sm_90 pins): 358 / 357
+# against 335 / 336 TFLOP/s on the documents row.
 IRREGULAR_CONFIGS: dict[str, tuple[tuple[int, LaunchConfig], ...]] = {
-    "sm_90": ((128, LaunchConfig(64, 64, 4, 3)),),
+    "sm_90": ((128, LaunchConfig(64, 64, 4, 3, tma=True, host_tma=True)),),
 }
 
 
@@ -328,7 +336,8 @@ def parse_fields(spec: str, fields: dict[str, tuple], *, flag: str) -> dict[str,
 def with_overrides(config: LaunchConfig, changes: dict[str, Any], arch: str = "") -> LaunchConfig:
     """``config`` with fields (``LAUNCH_FIELDS``) and AMD knobs replaced by ``changes`` (values as
     ``parity.base.overrides.parse_overrides(..., allowed=OVERRIDE_KEYS)`` returns them). An AMD knob
-    for a config without AMD knobs is a ValueError naming the keys ``arch`` accepts."""
+    for a config without AMD knobs is a ValueError naming the keys ``arch`` accepts. ``tma=0``
+    without ``host_tma`` also turns host-made descriptors off (they are a way of doing TMA)."""
     amd = dict(config.amd)
     plain = {}
     for key, value in changes.items():
@@ -340,6 +349,8 @@ def with_overrides(config: LaunchConfig, changes: dict[str, Any], arch: str = ""
             known = sorted(set(LAUNCH_FIELDS) | set(amd))
             where = f" for {arch}" if arch else ""
             raise ValueError(f"unknown config key {key!r}{where}; use one of {', '.join(known)}")
+    if plain.get("tma") is False:
+        plain.setdefault("host_tma", False)
     return dataclasses.replace(config, **plain, amd=tuple(amd.items()))
 
 
@@ -359,5 +370,5 @@ def candidates(arch: str, head_dim: int, dtype: object = None) -> list[LaunchCon
                 if cfg not in out:
                     out.append(cfg)
     if arch == "sm_90":  # TMA variants of every candidate
-        out += [dataclasses.replace(cfg, tma=not cfg.tma) for cfg in list(out)]
+        out += [dataclasses.replace(cfg, tma=not cfg.tma, host_tma=False) for cfg in list(out)]
     return out

@@ -11,8 +11,12 @@ def test_variant_spec_replaces_fields_of_the_pinned_config():
     base = configs.config_for("sm_90", 128, "bf16")
     cfg = benchmark.parse_variant("block_n=128, num_stages=2,one_loop=0", base)
     assert (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages, cfg.one_loop) == (128, 128, 8, 2, False)
+    # tma=0 turns the host-made descriptors off with it; asked for both ways, it is an error
     assert benchmark._label(benchmark.parse_variant("tma=0", base)) == "128x128 w8 s3 +one_loop"
-    assert benchmark._label(base) == "128x128 w8 s3 +tma +one_loop"  # the pinned sm_90 D=128 tiles (issue 26)
+    assert benchmark._label(benchmark.parse_variant("host_tma=0", base)) == "128x128 w8 s3 +tma +one_loop"
+    with pytest.raises(ValueError, match="host_tma makes the TMA descriptors on the host: it needs tma=1"):
+        benchmark.parse_variant("tma=0,host_tma=1", base)
+    assert benchmark._label(base) == "128x128 w8 s3 +tma +one_loop +host_tma"  # the pinned sm_90 D=128 tiles (issue 26)
     with pytest.raises(ValueError, match="--config 'warps=8': unknown config key 'warps'; use one of block_m, "):
         benchmark.parse_variant("warps=8", base)
     with pytest.raises(ValueError, match="--config 'block_n=big': expected an integer"):
