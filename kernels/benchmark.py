@@ -29,7 +29,7 @@ import sys
 import torch
 
 
-from . import configs, targets
+from . import configs, roofline, targets
 from .attention import block_sparse_attention, launch_config
 from .layout import (BlockLayout, causal_layout, document_layout, padding_layout, random_layout,
                      sliding_window_layout)
@@ -170,9 +170,7 @@ def bench(fn) -> float:
 
 def bench_repeated(fn, repeats: int = 5) -> tuple[float, float]:
     """(median of ``repeats`` do_bench medians in ms, their spread (max - min) / median)."""
-    times = sorted(bench(fn) for _ in range(repeats))
-    median = times[len(times) // 2]
-    return median, (times[-1] - times[0]) / median
+    return roofline.median_spread([bench(fn) for _ in range(repeats)])
 
 
 def run_masks(names, seqs, heads, head_dim, check: bool):

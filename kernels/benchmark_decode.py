@@ -102,9 +102,8 @@ def timed(fn: Callable[[], Any], device: torch.device, repeats: int = 3) -> tupl
         return (time.perf_counter() - start) * 1e6, 0.0
     from triton.testing import do_bench
 
-    times = sorted(float(do_bench(fn, warmup=25, rep=150, return_mode="median")) * 1e3 for _ in range(repeats))
-    median = times[len(times) // 2]
-    return median, (times[-1] - times[0]) / median
+    return roofline.median_spread([float(do_bench(fn, warmup=25, rep=150, return_mode="median")) * 1e3
+                                   for _ in range(repeats)])
 
 
 def graph_timed(fn: Callable[[], Any], device: torch.device, calls: int = 20, replays: int = 15) -> float | None:

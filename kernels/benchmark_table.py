@@ -165,15 +165,7 @@ def timed_in_turns(fns: dict[str, Callable[[], Any]], repeats: int,
                 times[name].append(time_ms(fns[name]))
             except OutOfResources as err:
                 failed[name] = err
-    result: dict[str, tuple[float, float] | Exception] = {}
-    for name in names:
-        if name in failed:
-            result[name] = failed[name]
-            continue
-        ordered = sorted(times[name])
-        median = ordered[len(ordered) // 2]
-        result[name] = (median, (ordered[-1] - ordered[0]) / median if median > 0 else 0.0)
-    return result
+    return {name: failed[name] if name in failed else roofline.median_spread(times[name]) for name in names}
 
 
 def _rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float | str:

@@ -370,5 +370,5 @@ def candidates(arch: str, head_dim: int, dtype: object = None) -> list[LaunchCon
                 if cfg not in out:
                     out.append(cfg)
     if arch == "sm_90":  # TMA variants of every candidate
-        out += [dataclasses.replace(cfg, tma=not cfg.tma, host_tma=False) for cfg in list(out)]
+        out += [with_overrides(cfg, {"tma": not cfg.tma}) for cfg in list(out)]
     return out

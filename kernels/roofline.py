@@ -18,7 +18,7 @@ wall. Attention at these sizes does hundreds of FLOPs per byte, far above the ri
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -58,6 +58,14 @@ def limits(flops: int, hbm_bytes: int, seconds: float, ceilings: dict[str, float
         "min_tbps": round(tbps, 3), "fraction_of_hbm": round(of_hbm, 3),
         "flops_per_byte": round(intensity, 1), "ridge_flops_per_byte": round(ridge, 1), "bound": bound,
     }
+
+
+def median_spread(times: Sequence[float]) -> tuple[float, float]:
+    """The median of repeated timings and their spread, (max - min) / median (0 for a zero median):
+    what every benchmark here reports for its repeats."""
+    ordered = sorted(times)
+    median = ordered[len(ordered) // 2]
+    return median, (ordered[-1] - ordered[0]) / median if median > 0 else 0.0
 
 
 def _time_ms(fn: Callable[[], Any], device: torch.device) -> float:

@@ -119,6 +119,16 @@ def test_inspect_has_quiet_and_set(commands):
     assert args.quiet is True and args.overrides == ["num_warps=8"] and args.json == "-"
 
 
+def test_inspect_set_help_names_every_config_key(commands):
+    """The help is written out by hand (``parity --help`` imports no kernel module), so this keeps
+    it from falling behind the keys ``--set`` takes (kernels/configs.py)."""
+    from parity.kernels import configs
+
+    action = _flags(commands["inspect"])["--set"]
+    named = set(re.findall(r"\w+", action.help))
+    assert set(configs.OVERRIDE_KEYS) <= named, set(configs.OVERRIDE_KEYS) - named
+
+
 def test_help_shows_defaults_without_none_noise(commands, capsys):
     for name, parser in commands.items():
         text = parser.format_help()

@@ -1,4 +1,5 @@
 """The benchmark's CPU-side pieces: variant parsing and the document's tables from a result."""
+import dataclasses
 import json
 
 import pytest
@@ -99,3 +100,23 @@ def test_the_decode_benchmark_writes_the_format_the_harness_registers_and_its_ru
     bad["dense"][0]["graph_us"] = "fast"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(bad, schema)
+
+
+def test_autotune_candidates_on_sm_90_are_valid_and_toggle_tma():
+    """The pinned config first; every tile candidate with and without TMA, host-made descriptors
+    only where TMA is on (tma=0 turns them off, configs.with_overrides), no config twice."""
+    pinned = configs.config_for("sm_90", 128, "bf16")
+    found = configs.candidates("sm_90", 128, "bf16")
+    assert found[0] == pinned and len(found) == len(set(found))
+    assert all(cfg.tma or not cfg.host_tma for cfg in found)
+    pointer = [cfg for cfg in found if not cfg.tma]
+    assert pointer and all(dataclasses.replace(cfg, tma=True) in found or
+                           dataclasses.replace(cfg, tma=True, host_tma=True) in found for cfg in pointer)
+
+
+def test_median_spread_of_repeats():
+    from parity.kernels import roofline
+
+    assert roofline.median_spread([3.0, 1.0, 2.0]) == (2.0, 1.0)
+    assert roofline.median_spread([4.0]) == (4.0, 0.0)
+    assert roofline.median_spread([0.0, 0.0]) == (0.0, 0.0)
