@@ -3,7 +3,7 @@ tests are slow.
 
 The test files follow the rooms of the code: ``test_base_*``, ``test_bundle_*``, ``test_run_*``,
 ``test_judge_*``, ``test_report_*``, ``test_cli_*``, ``test_testing_*``, ``test_kernels_*``,
-``test_integrations_*``; ``harness_benchmark/`` holds the harness's own benchmark and its test.
+``test_integrations_*``; ``test_bench_*`` test the lab beside the package (bench/, not installed).
 
 Slow tests (seconds each on a 2-core machine: the Triton interpreter, real processes, forked
 writers) carry the ``slow`` marker: ``make test`` (CI) runs everything, ``pytest -m "not slow"``
@@ -42,15 +42,17 @@ SLOW_FILES = {
     "test_run_trust.py": "real processes through both entry points",
     "test_cli_exit_status.py": "every exit status in real processes",
     "test_install.py": "pip resolves the Makefile's pins",
-    "test_harness_benchmark.py": "the harness benchmark in real processes",
     "test_kernels_decode.py": "the decode path at every split count through the Triton interpreter",
-    "test_dist.py": "rank processes (2 and 4) importing torch and DTensor",
+    "test_distributed.py": "rank processes (2 and 4) importing torch and DTensor",
     "test_report_html_layout.py": "a headless Chromium renders every page",
     "test_judge_fault_matrix.py": "a fault-injected model compared per case",
     "test_kernels_rescale.py": "the lazy-rescale option on every layout and element mask through the Triton interpreter",
     "test_kernels_pv_behind.py": "the pv_behind option on every layout and element mask through the Triton interpreter",
     "test_kernels_host_tma.py": "the host_tma option's loads through the Triton interpreter",
 }
+# The lab's tests (bench/: benchmarks, probes, device scripts, the harness benchmark) are slow as a
+# room: they check the programs that measured the kernel, not what a user installs.
+SLOW_PREFIXES = {"test_bench_": "the lab beside the package (bench/), not the installed harness"}
 # Markers whose tests are slow too: the full mutation run of the bundle reader.
 SLOW_MARKERS = ("mutation",)
 
@@ -60,7 +62,8 @@ def pytest_collection_modifyitems(config, items):
     from parity.run import platform
 
     for item in items:
-        if item.path.name in SLOW_FILES or any(marker in item.keywords for marker in SLOW_MARKERS):
+        if (item.path.name in SLOW_FILES or item.path.name.startswith(tuple(SLOW_PREFIXES))
+                or any(marker in item.keywords for marker in SLOW_MARKERS)):
             item.add_marker(pytest.mark.slow)
     if platform.gpu_available():
         return
