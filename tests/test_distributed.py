@@ -195,14 +195,12 @@ def test_tp4_against_tp2_and_tp2_against_tp2_rank_by_rank(sets, capsys):
     assert all(r.metrics.max_abs == 0 for r in report.layers)
 
 
-README = TESTS.parent / "README.md"
+DISTRIBUTED_DOC = TESTS.parent / "docs" / "distributed.md"
 
 
 def readme_multi_gpu_commands() -> list[str]:
-    """The shell commands of the README's multi-GPU section, in order, continuation lines joined."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index("\n## Past one GPU")
-    section = text[start:text.index("\n## ", start + 1)]
+    """The shell commands of docs/distributed.md, in order, continuation lines joined."""
+    section = DISTRIBUTED_DOC.read_text(encoding="utf-8")
     commands = []
     for block in re.findall(r"```sh\n(.*?)```", section, re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -212,7 +210,7 @@ def readme_multi_gpu_commands() -> list[str]:
 
 
 def test_readme_multi_gpu_commands_run_as_written(tmp_path):
-    """The README's torchrun commands, as written but for ``--device cuda`` -> ``--device cpu`` (gloo),
+    """docs/distributed.md's torchrun commands, as written but for ``--device cuda`` -> ``--device cpu`` (gloo),
     run by bash from a directory laid out as the repository root (``tests/`` and ``parity/``)."""
     import parity
 
