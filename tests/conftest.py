@@ -6,8 +6,8 @@ The test files follow the rooms of the code: ``test_base_*``, ``test_bundle_*``,
 ``test_integrations_*``; ``test_bench_*`` test the lab beside the package (bench/, not installed).
 
 Slow tests (seconds each on a 2-core machine: the Triton interpreter, real processes, forked
-writers) carry the ``slow`` marker: ``make test`` (CI) runs everything, ``pytest -m "not slow"``
-the rest, in under a minute.
+writers) carry the ``slow`` marker: ``make test`` (CI) runs everything, ``make test-fast``
+(``pytest -n 2 -m "not slow"``) the rest, in under a minute on an idle 2-core machine.
 """
 import os
 
@@ -50,6 +50,26 @@ SLOW_FILES = {
     "test_kernels_rescale.py": "the lazy-rescale option on every layout and element mask through the Triton interpreter",
     "test_kernels_pv_behind.py": "the pv_behind option on every layout and element mask through the Triton interpreter",
     "test_kernels_host_tma.py": "the host_tma option's loads through the Triton interpreter",
+    "test_kernels_launch_cache.py": "every key field checked against Triton's own binder through the interpreter",
+    "test_testing_strategies.py": "Hypothesis searches that reach every edge case, the fuzz CLI in processes",
+    "test_report_html.py": "HTML reports of real captures and of the committed H200 report",
+}
+# Single slow tests of otherwise fast files (file::function, every parametrization), each with why.
+SLOW_TESTS = {
+    "test_base_report_paths.py::test_two_reports_on_stdout_are_refused_however_stdout_is_named":
+        "real processes with stdout as a pipe, a file and a terminal",
+    "test_base_report_paths.py::test_a_fifo_without_a_reader_does_not_hold_up_an_error_report":
+        "a real process writing into a FIFO, waited on",
+    "test_base_report_paths.py::test_a_trace_is_written_as_every_report_is": "a profile in a real process",
+    "test_base_report_paths.py::test_dev_stdout_is_the_stream_after_what_it_holds": "real processes",
+    "test_report_json_schemas.py::test_committed_compare_reports_still_validate": "150-case committed reports",
+    "test_report_json_schemas.py::test_isolated_report_validates": "a compare with every layer replayed",
+    "test_judge_metrics.py::test_chunked_scan_equals_a_straightforward_float64_computation":
+        "float64 scans of tensors up to 40k elements in every dtype",
+    "test_speed_bench.py::test_faster_but_wrong_is_refused_with_exit_1": "bench in a real process",
+    "test_packaging.py::test_an_installed_kernels_package_wins_over_the_checkout_folder": "a real process",
+    "test_packaging.py::test_without_an_installed_one_the_folder_still_imports":
+        "a real process that may import transformers",
 }
 # The lab's tests (bench/: benchmarks, probes, device scripts, the harness benchmark) are slow as a
 # room: they check the programs that measured the kernel, not what a user installs.
@@ -64,6 +84,7 @@ def pytest_collection_modifyitems(config, items):
 
     for item in items:
         if (item.path.name in SLOW_FILES or item.path.name.startswith(tuple(SLOW_PREFIXES))
+                or f"{item.path.name}::{getattr(item, 'originalname', item.name)}" in SLOW_TESTS
                 or any(marker in item.keywords for marker in SLOW_MARKERS)):
             item.add_marker(pytest.mark.slow)
     if platform.gpu_available():

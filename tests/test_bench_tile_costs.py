@@ -66,7 +66,7 @@ def test_fit_of_the_committed_h100_table():
 
 
 def test_fit_of_the_table_with_host_made_descriptors():
-    """The numbers BENCHMARK.md and the README quote from table 5 (bench/results/h100-table-5.json,
+    """The numbers BENCHMARK.md and docs/kernel.md quote from table 5 (bench/results/h100-table-5.json,
     timed in turns): a tile set-up cheaper than FlexAttention's, the block still 1.19x cheaper."""
     doc = json.loads((H100_TABLE.parent / "h100-table-5.json").read_text())
     found = {(f.impl, f.head_dim): f for f in tile_costs.fits(doc)}

@@ -221,7 +221,7 @@ def test_readme_multi_gpu_commands_run_as_written(tmp_path):
     (tmp_path / "tests").symlink_to(TESTS)
     (tmp_path / "parity").symlink_to(Path(parity.__file__).resolve().parent)
     env = {**_env(), "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    env.pop("PYTHONPATH")  # only what the README's own lines set
+    env.pop("PYTHONPATH")  # only what the document's own lines set
     for launched, verb, command in kinds:
         on_cpu = command.replace("--device cuda", "--device cpu")
         assert on_cpu.count("--device cpu") == (verb != "diff"), command

@@ -135,9 +135,9 @@ def test_the_wheel_holds_the_package_and_nothing_else(wheel):
 
 
 def test_a_wheel_without_a_sub_package_is_caught(wheel, tmp_path):
-    """The failure this test exists for: a sub-package left out of the wheel (once parity/speed/ and
-    parity/dist/, through a hand-kept package list). The file check names every missing file, and
-    the installed copy's commands that need it end with exit 3."""
+    """The failure this test exists for: a sub-package left out of the wheel, which an editable
+    install hides. The file check names every missing file, and the installed copy's commands that
+    need it end with exit 3 (so the scratch interpreter fills nothing in from the checkout)."""
     broken = tmp_path / wheel.name
     with zipfile.ZipFile(wheel) as good, zipfile.ZipFile(broken, "w") as bad:
         for item in good.infolist():
