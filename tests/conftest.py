@@ -70,6 +70,13 @@ SLOW_TESTS = {
     "test_packaging.py::test_an_installed_kernels_package_wins_over_the_checkout_folder": "a real process",
     "test_packaging.py::test_without_an_installed_one_the_folder_still_imports":
         "a real process that may import transformers",
+    "test_base_report_paths.py::test_a_gz_trace_is_compressed_and_streamed_beside_its_target": "a profile run",
+    "test_speed_bench.py::test_valid_speedup_and_slowdown": "timed rounds of three implementations",
+    "test_speed_bench.py::test_device_time_next_to_wall_time": "timed rounds",
+    "test_speed_bench.py::test_cases_give_a_fast_p_line": "timed rounds over a case set",
+    "test_distributed_placement.py::test_placements_of_parallel_styles": "imports DTensor and its parallel styles",
+    "test_run_capture.py::test_cli_decoder_and_attention_options": "decoder and attention captures through the CLI",
+    "test_testing_plugin.py::test_a_broken_subject_is_a_one_line_failure_never_a_pass": "a pytest run in a process",
 }
 # The lab's tests (bench/: benchmarks, probes, device scripts, the harness benchmark) are slow as a
 # room: they check the programs that measured the kernel, not what a user installs.
