@@ -1,4 +1,5 @@
-# Two commands on a fresh machine: `make demo` (the main job) and `make test` (the suite).
+# Two commands on a fresh machine: `make demo` (the main job) and `make test` (the suite, what CI
+# runs); `make test-fast` runs the tests not marked slow, for while you work.
 # Each creates the virtual environment in .venv on first use.
 PYTHON ?= python3
 VENV ?= .venv
@@ -22,7 +23,7 @@ TRITON_SPEC_PY310 ?= triton==3.8.0; python_version < "3.11"
 PYTEST_ARGS ?= -n 2
 PIP_INSTALL := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test test-fast venv clean
 
 venv: $(STAMP)
 
@@ -47,6 +48,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -3,11 +3,11 @@ tests are slow.
 
 The test files follow the rooms of the code: ``test_base_*``, ``test_bundle_*``, ``test_run_*``,
 ``test_judge_*``, ``test_report_*``, ``test_cli_*``, ``test_testing_*``, ``test_kernels_*``,
-``test_integrations_*``; ``harness_benchmark/`` holds the harness's own benchmark and its test.
+``test_integrations_*``; ``test_bench_*`` test the lab beside the package (bench/, not installed).
 
 Slow tests (seconds each on a 2-core machine: the Triton interpreter, real processes, forked
-writers) carry the ``slow`` marker: ``make test`` (CI) runs everything, ``pytest -m "not slow"``
-the rest, in under a minute.
+writers) carry the ``slow`` marker: ``make test`` (CI) runs everything, ``make test-fast``
+(``pytest -n 2 -m "not slow"``) the rest, in under a minute on an idle 2-core machine.
 """
 import os
 
@@ -42,15 +42,45 @@ SLOW_FILES = {
     "test_run_trust.py": "real processes through both entry points",
     "test_cli_exit_status.py": "every exit status in real processes",
     "test_install.py": "pip resolves the Makefile's pins",
-    "test_harness_benchmark.py": "the harness benchmark in real processes",
+    "test_wheel.py": "builds and installs the wheel, then runs every command from it in real processes",
     "test_kernels_decode.py": "the decode path at every split count through the Triton interpreter",
-    "test_dist.py": "rank processes (2 and 4) importing torch and DTensor",
+    "test_distributed.py": "rank processes (2 and 4) importing torch and DTensor",
     "test_report_html_layout.py": "a headless Chromium renders every page",
     "test_judge_fault_matrix.py": "a fault-injected model compared per case",
     "test_kernels_rescale.py": "the lazy-rescale option on every layout and element mask through the Triton interpreter",
     "test_kernels_pv_behind.py": "the pv_behind option on every layout and element mask through the Triton interpreter",
     "test_kernels_host_tma.py": "the host_tma option's loads through the Triton interpreter",
+    "test_kernels_launch_cache.py": "every key field checked against Triton's own binder through the interpreter",
+    "test_testing_strategies.py": "Hypothesis searches that reach every edge case, the fuzz CLI in processes",
+    "test_report_html.py": "HTML reports of real captures and of the committed H200 report",
 }
+# Single slow tests of otherwise fast files (file::function, every parametrization), each with why.
+SLOW_TESTS = {
+    "test_base_report_paths.py::test_two_reports_on_stdout_are_refused_however_stdout_is_named":
+        "real processes with stdout as a pipe, a file and a terminal",
+    "test_base_report_paths.py::test_a_fifo_without_a_reader_does_not_hold_up_an_error_report":
+        "a real process writing into a FIFO, waited on",
+    "test_base_report_paths.py::test_a_trace_is_written_as_every_report_is": "a profile in a real process",
+    "test_base_report_paths.py::test_dev_stdout_is_the_stream_after_what_it_holds": "real processes",
+    "test_report_json_schemas.py::test_committed_compare_reports_still_validate": "150-case committed reports",
+    "test_report_json_schemas.py::test_isolated_report_validates": "a compare with every layer replayed",
+    "test_judge_metrics.py::test_chunked_scan_equals_a_straightforward_float64_computation":
+        "float64 scans of tensors up to 40k elements in every dtype",
+    "test_speed_bench.py::test_faster_but_wrong_is_refused_with_exit_1": "bench in a real process",
+    "test_packaging.py::test_an_installed_kernels_package_wins_over_the_checkout_folder": "a real process",
+    "test_packaging.py::test_without_an_installed_one_the_folder_still_imports":
+        "a real process that may import transformers",
+    "test_base_report_paths.py::test_a_gz_trace_is_compressed_and_streamed_beside_its_target": "a profile run",
+    "test_speed_bench.py::test_valid_speedup_and_slowdown": "timed rounds of three implementations",
+    "test_speed_bench.py::test_device_time_next_to_wall_time": "timed rounds",
+    "test_speed_bench.py::test_cases_give_a_fast_p_line": "timed rounds over a case set",
+    "test_distributed_placement.py::test_placements_of_parallel_styles": "imports DTensor and its parallel styles",
+    "test_run_capture.py::test_cli_decoder_and_attention_options": "decoder and attention captures through the CLI",
+    "test_testing_plugin.py::test_a_broken_subject_is_a_one_line_failure_never_a_pass": "a pytest run in a process",
+}
+# The lab's tests (bench/: benchmarks, probes, device scripts, the harness benchmark) are slow as a
+# room: they check the programs that measured the kernel, not what a user installs.
+SLOW_PREFIXES = {"test_bench_": "the lab beside the package (bench/), not the installed harness"}
 # Markers whose tests are slow too: the full mutation run of the bundle reader.
 SLOW_MARKERS = ("mutation",)
 
@@ -60,7 +90,9 @@ def pytest_collection_modifyitems(config, items):
     from parity.run import platform
 
     for item in items:
-        if item.path.name in SLOW_FILES or any(marker in item.keywords for marker in SLOW_MARKERS):
+        if (item.path.name in SLOW_FILES or item.path.name.startswith(tuple(SLOW_PREFIXES))
+                or f"{item.path.name}::{getattr(item, 'originalname', item.name)}" in SLOW_TESTS
+                or any(marker in item.keywords for marker in SLOW_MARKERS)):
             item.add_marker(pytest.mark.slow)
     if platform.gpu_available():
         return

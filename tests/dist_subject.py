@@ -1,4 +1,4 @@
-"""A small decoder with tensor parallelism, for the distributed tests (tests/test_dist.py).
+"""A small decoder with tensor parallelism, for the distributed tests (tests/test_distributed.py).
 
 Embedding, ``layers`` blocks of (RMSNorm, causal attention, RMSNorm, SwiGLU MLP) with residuals,
 a final norm and an LM head, all plain PyTorch (SDPA), so it runs anywhere. Heads are taken from

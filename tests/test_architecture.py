@@ -4,7 +4,7 @@ Read from the source with ``ast`` (nothing is imported): every import of every m
 ``parity/`` and ``kernels/`` (installed as ``parity.kernels``), at module level or inside a
 function. The stages, lowest first::
 
-    parity.kernels  <  base  <  bundle  <  run  <  judge  <  report  <  speed, dist  <  cli  <  testing
+    parity.kernels  <  base  <  bundle  <  run  <  judge  <  report  <  speed, distributed  <  cli  <  testing
 
 A module may import from its own stage and from the stages below it, never from one above; the
 kernel layer imports nothing of the harness. No two modules import each other, directly or
@@ -34,7 +34,7 @@ STAGES = {
     "judge": 4,
     "report": 5,
     "speed": 6,
-    "dist": 6,
+    "distributed": 6,
     "cli": 7,
     "testing": 8,
     "integrations": 8,  # a user-facing face: the kernel as a transformers attention
@@ -65,12 +65,8 @@ LATE_IMPORTS = {
     ("parity.kernels.*", "parity.kernels.triton_attention"): "the @triton.jit kernels are defined only after "
                                                              "TRITON_INTERPRET is chosen",
     ("parity.testing.plugin", "_pytest.junitxml"): "pytest's private JUnit helper, only when --junit-xml is given",
-    ("parity.dist.*", "torch.distributed*"): "torch.distributed and DTensor (which loads dynamo) only when a "
-                                             "process group is joined or a DTensor output is seen",
-    ("parity.kernels.benchmark", "torch._dynamo.config"): "dynamo (and what it loads) only when FlexAttention "
-                                                           "is about to be compiled",
-    ("parity.kernels.benchmark*", "torch.nn.attention.flex_attention"): "FlexAttention is absent from older "
-                                                                         "torch; a benchmark runs without it",
+    ("parity.distributed.*", "torch.distributed*"): "torch.distributed and DTensor (which loads dynamo) only when a "
+                                                   "process group is joined or a DTensor output is seen",
 }
 
 # Modules whose start-up time matters: a late import there is allowed where what it imports is
@@ -190,6 +186,14 @@ def test_the_kernel_layer_imports_torch_and_triton_only():
             if target.startswith("parity") and not target.startswith("parity.kernels"):
                 outside.append(f"{module}:{line} imports {target}")
     assert outside == []
+
+
+def test_nothing_installed_imports_the_lab():
+    """bench/ (the benchmarks, probes and device scripts) is not in the wheel: an import of it from
+    the package would work in a checkout and fail once installed."""
+    into_the_lab = [f"{module}:{line} imports {target}" for module, imports in IMPORTS.items()
+                    for target, _, line, _ in imports if target == "bench" or target.startswith("bench.")]
+    assert into_the_lab == []
 
 
 def test_the_naive_reference_needs_nothing_but_torch():

@@ -26,7 +26,7 @@ import pytest
 from parity.base import files
 from parity.base.errors import UsageError
 from parity.cli.main import main
-from parity.dist import rankset
+from parity.distributed import rankset
 from parity.run.capture import capture
 
 from speed_subjects import MATMUL_SPEC

@@ -557,7 +557,7 @@ def test_budget_numbers_are_in_golden_order_and_finite(bundles):
 # --- reading goldens ahead (issue 16) -------------------------------------------------------------
 
 def _bench_bundle(tmp_path):
-    """A bundle of the harness benchmark's subject (a stack of fp32 blocks, tests/harness_benchmark)."""
+    """A bundle of the harness benchmark's subject (a stack of fp32 blocks, bench/harness)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent / "harness_benchmark"))
     try:
         import harness_benchmark as benchmark

@@ -93,7 +93,7 @@ def test_sm90_exp2_overlap_is_read_from_the_machine_code(compiled):
     """The pinned D=128 kernel: each thread of the 8 warps computes its share of the 128x128
     tile's exponentials (64) plus the rescale factors; the reading of its SASS is recorded and
     named in a note. In the kernel's usual order none of them can issue while a product runs:
-    the scores' wait also drains the previous P @ V (kernels/BENCHMARK.md)."""
+    the scores' wait also drains the previous P @ V (bench/BENCHMARK.md)."""
     r = compiled[SM90_CASE]
     overlap = r.exp2_overlap
     tile = r.config["block_m"] * r.config["block_n"] // (32 * r.config["num_warps"])
@@ -126,12 +126,12 @@ def test_pv_behind_lets_the_loops_exponentials_overlap_its_product():
 
 
 def test_pipelining_probe_sees_the_overlap_where_the_order_allows_it():
-    """``python -m parity.kernels.probe_pipelining`` at D=64: the usual order lets no exponential
+    """``python -m bench.probe_pipelining`` at D=64: the usual order lets no exponential
     issue while a product runs; folding the rescale into the lagged P @ V lets every one in the
     loop body (half: the last tile's softmax is peeled out of the loop); the control (a product
     that only feeds the next one's accumulator) lets all. The other two orders depend on how
     ptxas schedules and are reported, not asserted."""
-    from parity.kernels import probe_pipelining
+    from bench import probe_pipelining
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TRITON_INTERPRET", "1")  # the probe's compiles must not inherit it
@@ -152,8 +152,8 @@ def test_flatten_probe_fuses_a_persistent_loop_only_with_a_uniform_trip_count():
     """``tl.range(..., flatten=True)`` around the key loop changes the sm_90 code when every tile
     runs the same number of key steps (the control) and leaves it unchanged when the count is
     loaded per tile, as a block-sparse layout's is: a persistent grid would not pipeline across
-    this kernel's tiles (kernels/BENCHMARK.md)."""
-    from parity.kernels import probe_pipelining
+    this kernel's tiles (bench/BENCHMARK.md)."""
+    from bench import probe_pipelining
 
     rows = probe_pipelining.probe_flatten()
     assert [(row["trip_count"], row.get("verdict"), row.get("error")) for row in rows] == [

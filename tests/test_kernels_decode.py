@@ -187,8 +187,8 @@ def test_decode_benchmark_runs_checks_and_reports_on_cpu(device, capsys):
     test, not measurements): every row checked against the fp32 reference where it computes the
     layout's function, bytes counted from the kept blocks, and the document's table."""
     if device.type != "cpu":
-        pytest.skip("the toy sizes are for the interpreter; the GPU run is kernels/h200_run.sh")
-    from parity.kernels import benchmark_decode as bench
+        pytest.skip("the toy sizes are for the interpreter; the GPU run is bench/h200_run.sh")
+    from bench import benchmark_decode as bench
 
     sizes = bench.Sizes(heads_q=4, heads_kv=2, head_dim=32, dense=((1, 200),), sparse_batch=2, sparse_seq=512,
                         window=128, ragged=(512, 100), threshold=(1, 20), threshold_shapes=((1, 256),),

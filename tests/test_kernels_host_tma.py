@@ -1,6 +1,6 @@
 """The kernel's ``host_tma`` option (``LaunchConfig.host_tma``): TMA loads of K and V through two
 descriptors the launcher makes once per call on the host (``launch.kv_descriptors``), instead of
-two descriptors every program builds on the device (kernels/BENCHMARK.md, table 4: TMA costs each
+two descriptors every program builds on the device (bench/BENCHMARK.md, table 4: TMA costs each
 query tile 1.65-1.87 SM-microseconds, and the compiled prologue builds the descriptors with
 GPU-scope fences).
 
@@ -15,7 +15,7 @@ import torch
 
 from parity.kernels import block_sparse_attention, causal_layout, configs, sliding_window_layout, targets
 from parity.kernels.attention import install_tma_allocator, launch_config
-from parity.kernels.benchmark_table import parse_variant
+from bench.benchmark_table import parse_variant
 from parity.kernels.launch import DESCRIPTORS, PER_CALL, build_launch, host_tma_fits, kv_descriptors
 from parity.kernels.launch_cache import LaunchCache, LaunchStep
 from parity.kernels.layout import BlockLayout

@@ -27,7 +27,7 @@ from parity.kernels import (
     sliding_window_layout,
     varlen_layout,
 )
-from parity.kernels import benchmark
+from bench import benchmark
 from parity.kernels.layout import pack_mask_bits, unpack_mask_bits
 from parity.kernels.testing import random_qkv
 from test_kernels_attention import _check_variants, run_and_check

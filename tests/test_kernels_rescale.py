@@ -145,7 +145,8 @@ def test_both_branches_run_and_agree(dtype, device, monkeypatch):
 
 
 def test_lazy_rescale_is_a_config_field():
-    from parity.kernels import benchmark, configs
+    from bench import benchmark
+    from parity.kernels import configs
 
     base = launch_config(torch.device("cpu"), 64, torch.bfloat16)
     assert base.lazy_rescale is False  # off unless measured and pinned

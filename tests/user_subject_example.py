@@ -1,6 +1,6 @@
 """A worked user subject: what ``--subject user_subject_example:make_subject`` loads.
 
-It is the README's example and the tests' user subject. A gated MLP block whose activation has
+It is docs/your-subject.md's example and the tests' user subject. A gated MLP block whose activation has
 two implementations (``reference``: exact erf GELU; ``tanh``: the tanh approximation, standing in
 for a ported kernel), applied twice with the same weights (so ``block`` is recorded as ``block``
 and ``block#1``), returning nested outputs (a dict holding a tuple).

@@ -15,17 +15,12 @@ format                        version  written by
 ``parity-pytest-report``      1        the pytest plugin's ``--parity-report``
 ``parity-show-report``        2        ``show --json`` (version 1 named the digests ``sha256``)
 ``parity-inspect-report``     1        ``inspect --json``
-``parity-benchmark-report``   1        ``python -m parity.kernels.benchmark --json``
 ``parity-profile-report``     1        ``profile --json`` (parity.speed.profile)
 ``parity-bench-report``       1        ``bench --json`` (parity.speed.bench)
-``parity-decode-benchmark-    1        ``python -m parity.kernels.benchmark_decode --json``
-report``
-``parity-benchmark-table-     1        ``python -m parity.kernels.benchmark_table --json``
-report``
 ============================  =======  =========================================================
 
-``parity-harness-benchmark-report`` (version 2) is written by ``python tests/harness_benchmark/harness_benchmark.py
---json``: the harness's own speed and memory (``tests/harness_benchmark/BENCHMARK.md``).
+The lab beside the package (``bench/``, not installed) writes formats of its own in the same
+convention, with their schemas beside it (``bench/formats.py``).
 
 Non-finite numbers: JSON has none, so a float field holds a number or one of the strings
 ``"nan"``, ``"inf"``, ``"-inf"`` (:func:`parity.judge.metrics.json_safe_float` writes them,
@@ -44,12 +39,8 @@ COMPARE_REPORT = "parity-compare-report"
 PYTEST_REPORT = "parity-pytest-report"
 SHOW_REPORT = "parity-show-report"
 INSPECT_REPORT = "parity-inspect-report"
-BENCHMARK_REPORT = "parity-benchmark-report"
-HARNESS_BENCHMARK_REPORT = "parity-harness-benchmark-report"
 PROFILE_REPORT = "parity-profile-report"
 BENCH_REPORT = "parity-bench-report"
-DECODE_BENCHMARK_REPORT = "parity-decode-benchmark-report"
-BENCHMARK_TABLE_REPORT = "parity-benchmark-table-report"
 
 # format -> (current version, schema file in SCHEMA_DIR)
 FORMATS: dict[str, tuple[int, str]] = {
@@ -57,12 +48,8 @@ FORMATS: dict[str, tuple[int, str]] = {
     PYTEST_REPORT: (1, "pytest-report.schema.json"),
     SHOW_REPORT: (2, "show-report.schema.json"),
     INSPECT_REPORT: (1, "inspect-report.schema.json"),
-    BENCHMARK_REPORT: (1, "benchmark-report.schema.json"),
-    HARNESS_BENCHMARK_REPORT: (2, "harness-benchmark-report.schema.json"),
     PROFILE_REPORT: (1, "profile-report.schema.json"),
     BENCH_REPORT: (1, "bench-report.schema.json"),
-    DECODE_BENCHMARK_REPORT: (1, "decode-benchmark-report.schema.json"),
-    BENCHMARK_TABLE_REPORT: (1, "benchmark-table-report.schema.json"),
 }
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
@@ -123,6 +110,6 @@ def dumps(document: Any, *, indent: int | None = 1, ensure_ascii: bool = False) 
     return json.dumps(document, indent=indent, ensure_ascii=ensure_ascii, allow_nan=False)
 
 
-__all__ = ["BENCHMARK_REPORT", "BENCH_REPORT", "DECODE_BENCHMARK_REPORT", "PROFILE_REPORT", "COMPARE_REPORT", "FORMATS", "HARNESS_BENCHMARK_REPORT", "INSPECT_REPORT",
+__all__ = ["BENCH_REPORT", "PROFILE_REPORT", "COMPARE_REPORT", "FORMATS", "INSPECT_REPORT",
            "NON_FINITE", "PYTEST_REPORT", "SCHEMA_DIR", "SHOW_REPORT", "dumps", "envelope", "finite", "read_float",
            "schema_for", "schema_path", "version_of"]

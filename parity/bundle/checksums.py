@@ -4,7 +4,7 @@ A bundle records one digest per tensor and one per shard header (:mod:`parity.bu
 versions 1 to 3 used sha256; version 4 uses BLAKE3 (the ``blake3`` package, the reference Rust
 implementation's binding). Both are cryptographic hashes with 256-bit digests. BLAKE3 is chosen
 for speed: 4.6 GB/s per core on the 2-core CPU machine against 1.8 GB/s for sha256 with the SHA
-extensions (``python tests/harness_benchmark/harness_benchmark.py --primitives``, tests/harness_benchmark/BENCHMARK.md), and at the rate a
+extensions (``python bench/harness/harness_benchmark.py --primitives``, bench/harness/BENCHMARK.md), and at the rate a
 capture writes, the checksum was what bounded the writer there. Both release the GIL, so the
 writer's and the reader's threads hash in parallel. Everything that hashes bundle bytes goes
 through this module; the manifest's own seal (``manifest_sha256``) stays sha256 in every version.

@@ -32,7 +32,7 @@ from parity.bundle.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Entry, Man
 from parity.bundle.shards import MAX_HEADER_BYTES, ST_NAMES
 
 _READ_CHUNK = 16 * 2**20
-# What the single-bundle path knows of rank sets (parity.dist.rankset), to refuse them: a set's
+# What the single-bundle path knows of rank sets (parity.distributed.rankset), to refuse them: a set's
 # directory holds this top manifest, and a rank's bundle manifest names its set under this field.
 RANK_SET_MANIFEST = "rankset.json"
 RANK_SET_FIELD = "distributed"
@@ -464,7 +464,7 @@ class BundleReader:
 
 def _rank_set_error(path: Path) -> BundleError:
     """A rank set's directory given where one bundle is taken (world size from its top manifest, where
-    readable: the set itself is checked by parity.dist, which opens it whole)."""
+    readable: the set itself is checked by parity.distributed, which opens it whole)."""
     try:
         with open(path / RANK_SET_MANIFEST, "rb") as handle:
             world = parse_json(handle.read(MAX_MANIFEST_BYTES), "").get("world_size")
@@ -477,7 +477,7 @@ def _rank_set_error(path: Path) -> BundleError:
 
 def set_membership(reader: BundleReader) -> dict[str, Any] | None:
     """What a rank's bundle records of its rank set (``set_id``, ``rank``, ``world_size``, checked by
-    parity.dist.rankset when it opens the set); None for a bundle of its own."""
+    parity.distributed.rankset when it opens the set); None for a bundle of its own."""
     info = reader.manifest.get(RANK_SET_FIELD)
     return info if isinstance(info, dict) else None
 
@@ -497,7 +497,7 @@ def open_bundle(path: str | os.PathLike, *, rank_of_a_set: bool = False) -> Bund
 
     A rank set's directory is refused, and so is one rank's bundle of a set unless ``rank_of_a_set``:
     it holds that rank's shards of each tensor, which mean something only within the set (judged
-    alone they would be taken for full tensors). parity.dist opens the ranks of a set with it, and
+    alone they would be taken for full tensors). parity.distributed opens the ranks of a set with it, and
     ``verify`` and ``show`` (which judge nothing) accept a lone rank's bundle.
     """
     reader = BundleReader(path)

@@ -69,7 +69,7 @@ _ARENA_ALIGN = 64
 def _hash_workers() -> int:
     """Threads that hash a writer's tensors: one fewer than the cores, at least 2 and at most 4.
     Measured on the 2-core machine with sha256, writing 2 GB: 1.1-1.3 GB/s with one hashing
-    thread, 1.3-1.9 with two (tests/harness_benchmark/BENCHMARK.md); hashlib and blake3 release the GIL, so two
+    thread, 1.3-1.9 with two (bench/harness/BENCHMARK.md); hashlib and blake3 release the GIL, so two
     use both cores when the model leaves one idle."""
     return max(2, min(4, (os.cpu_count() or 2) - 1))
 

@@ -31,7 +31,7 @@ from parity.base.errors import (
 from parity.cli.options import HelpFormatter, OneLineParser, stdout_as_dash
 
 COMMANDS = ("capture", "compare", "diff", "inspect", "show", "verify", "profile", "bench")
-# The commands that know they are one rank of a distributed launch (parity.dist); any other,
+# The commands that know they are one rank of a distributed launch (parity.distributed); any other,
 # started by torchrun on several ranks, would run whole on each, racing for the same reports.
 RANK_AWARE = ("capture", "compare")
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check_launch(command: str) -> None:
     """UsageError for a command that is not rank-aware, started as one of several ranks (``RANK``
-    set and ``WORLD_SIZE`` above 1, as torchrun sets them and ``parity.dist.group`` reads them)."""
+    set and ``WORLD_SIZE`` above 1, as torchrun sets them and ``parity.distributed.group`` reads them)."""
     if command in RANK_AWARE or "RANK" not in os.environ:
         return
     world = os.environ.get("WORLD_SIZE", "1").strip()
@@ -129,7 +129,7 @@ def entry() -> None:
     SIGABRT, seen with gloo on a loaded CPU machine), turning a finished rank into a failed one.
     """
     status = main()
-    group = sys.modules.get("parity.dist.group")
+    group = sys.modules.get("parity.distributed.group")
     if group is not None and group.joined_here():
         sys.stdout.flush()
         sys.stderr.flush()

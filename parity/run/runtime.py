@@ -47,7 +47,7 @@ def cores_left_for(threads: int) -> Iterator[int]:
     At most a quarter of the cores are given up, so a small machine keeps every thread: measured
     on the 16-core H200 host, a capture whose fp64 reference run used all 16 threads beside the
     writer's five took 2.15-2.36 s (20-23 CPU seconds: OpenMP threads waiting at barriers for
-    cores the writer held), 1.73 s with 12 threads and 1.71 s with 8 (tests/harness_benchmark/BENCHMARK.md).
+    cores the writer held), 1.73 s with 12 threads and 1.71 s with 8 (bench/harness/BENCHMARK.md).
     """
     before = torch.get_num_threads()
     wanted = max(1, before - min(threads, (os.cpu_count() or 1) // 4))

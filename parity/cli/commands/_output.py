@@ -63,7 +63,7 @@ def _enclosing_store(path: str) -> str | None:
     """``parity bundle DIR`` or ``parity rank set DIR`` where ``path`` (links resolved) lies inside one
     (any enclosing directory), else None."""
     from parity.bundle.manifest import FORMAT_NAME, MANIFEST_NAME
-    from parity.dist.rankset import FORMAT as RANK_SET_FORMAT, TOP_NAME
+    from parity.distributed.rankset import FORMAT as RANK_SET_FORMAT, TOP_NAME
 
     for directory in Path(os.path.realpath(path)).parents:
         if _declares(directory / MANIFEST_NAME, FORMAT_NAME):

@@ -127,10 +127,10 @@ def run(args: argparse.Namespace) -> int:
     if ":" in args.subject:
         add_cwd_to_sys_path()  # the user named this module: find it where `python -m` would
     _make_parent(args.out)
-    from parity.dist.group import launched
+    from parity.distributed.group import launched
 
-    if launched():  # one rank of a torchrun launch: a rank set (parity.dist)
-        from parity.dist.commands import capture as capture_ranks
+    if launched():  # one rank of a torchrun launch: a rank set (parity.distributed)
+        from parity.cli.commands._distributed import capture as capture_ranks
 
         return capture_ranks(args, subject_args=_subject_args(args), shard_bytes=shard_bytes, device=device)
     if args.placements:

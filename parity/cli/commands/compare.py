@@ -90,11 +90,11 @@ def _run(args: argparse.Namespace) -> int:
     # Before anything imports Triton: the interpreter must be chosen before kernels are defined.
     enable_triton_interpreter(args.impl, device)
 
-    from parity.dist.group import launched
-    from parity.dist.rankset import looks_like_rank_set
+    from parity.distributed.group import launched
+    from parity.distributed.rankset import looks_like_rank_set
 
-    if launched() or looks_like_rank_set(args.golden):  # a rank set, or a torchrun launch (parity.dist)
-        from parity.dist.commands import compare as compare_ranks, quiet_other_ranks
+    if launched() or looks_like_rank_set(args.golden):  # a rank set, or a torchrun launch (parity.distributed)
+        from parity.cli.commands._distributed import compare as compare_ranks, quiet_other_ranks
 
         quiet_other_ranks(args)
         report, passed = compare_ranks(args, device=device, progress=None if args.quiet else stderr_progress("compare"))

@@ -54,10 +54,10 @@ def _run(args: argparse.Namespace) -> int:
     from parity.judge.policy import policy_for_cli
 
     check_judging_args(args)
-    from parity.dist.rankset import looks_like_rank_set
+    from parity.distributed.rankset import looks_like_rank_set
 
-    if looks_like_rank_set(args.golden) or looks_like_rank_set(args.candidate):  # parity.dist
-        from parity.dist.commands import diff as diff_ranks
+    if looks_like_rank_set(args.golden) or looks_like_rank_set(args.candidate):  # parity.distributed
+        from parity.cli.commands._distributed import diff as diff_ranks
 
         report = diff_ranks(args, None if args.quiet else stderr_progress("diff"))
         write_outputs(report, args)

@@ -39,11 +39,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def describe(path: str, *, verify: bool) -> dict:
     """The description of a bundle, one rank's bundle of a set (shown alone: it judges nothing), or a
-    rank set (the set whole, parity.dist)."""
-    from parity.dist.rankset import looks_like_rank_set
+    rank set (the set whole, parity.distributed)."""
+    from parity.distributed.rankset import looks_like_rank_set
 
     if looks_like_rank_set(path):
-        from parity.dist.show import describe_rank_set
+        from parity.distributed.show import describe_rank_set
 
         return describe_rank_set(path, verify=verify)
     from parity.report.show import describe_bundle

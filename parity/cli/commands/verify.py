@@ -58,10 +58,10 @@ def summary_lines(bundle) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from parity.bundle.reader import open_bundle
-    from parity.dist.rankset import looks_like_rank_set
+    from parity.distributed.rankset import looks_like_rank_set
 
-    if looks_like_rank_set(args.bundle):  # a rank set: the set whole, then every rank's bundle (parity.dist)
-        from parity.dist.rankset import verify_rank_set
+    if looks_like_rank_set(args.bundle):  # a rank set: the set whole, then every rank's bundle (parity.distributed)
+        from parity.distributed.rankset import verify_rank_set
 
         print("\n".join(verify_rank_set(args.bundle, summary_lines)))
         return 0

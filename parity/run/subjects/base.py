@@ -26,7 +26,7 @@ A subject is anything with these attributes (subclassing :class:`Subject` is opt
     parallelize(module, mesh) -> plan | None
                                     # optional; splits the module over a 1-D DeviceMesh under
                                     #   torchrun and returns the parallelize_module plan it applied
-                                    #   (parity.dist.capture)
+                                    #   (parity.distributed.capture)
     memory_needs() -> list[(str, int)]
                                     # optional; estimated bytes per purpose, checked against the
                                     #   device's memory before a non-CPU build (``sizes_text``,
