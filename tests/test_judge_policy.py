@@ -276,7 +276,7 @@ def test_identical_tensors_pass_with_needed_values():
     assert verdict.passed and verdict.reasons == [] and verdict.notes == []
     assert verdict.needed == {
         "max_mismatch_fraction": 0.0, "atol": 0.0, "atol_rms": 0.0, "rtol": 0.0, "outlier_factor": 0.0,
-        "min_cosine": 1.0, "max_rel_l2": 0.0,
+        "min_cosine": 1.0, "max_rel_l2": 0.0, "max_bias": 0.0,
     }
 
 
@@ -295,11 +295,13 @@ def test_scale_error_fails_rel_l2_and_mismatch_but_not_cosine():
     tol = DEFAULT_TOLERANCES["fp32"]
     verdict = judged(out, ref, tol)
     assert not verdict.passed
-    assert len(verdict.reasons) == 3
+    assert len(verdict.reasons) == 4
     assert verdict.reasons[0].startswith("mismatch_fraction 1.0e0 > 5.0e-5 (998 of 1000 elements outside")
     # 10% of an element is far beyond 4x an fp32 bound for all but the elements nearest zero
     assert verdict.reasons[1].startswith("outliers: 9") and "beyond 4x their bound" in verdict.reasons[1]
     assert verdict.reasons[2] == "rel_l2 1.0e-1 > 2.0e-5"
+    # a pure scale: all of the error lies along the reference
+    assert verdict.reasons[3].startswith("biased: error projected on the reference +0.1 (|bias| 1.0e-1 > 1.0e-6")
     assert verdict.needed["max_rel_l2"] == pytest.approx(0.1, rel=1e-6)
     assert verdict.needed["min_cosine"] == pytest.approx(1.0)
     metrics = measure(out, ref, tol)

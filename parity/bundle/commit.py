@@ -12,9 +12,10 @@ created with the user's umask), which is moved into place only once the manifest
   exchange, the old bundle is first renamed to ``.NAME.old-HOST-PID-*`` (a journal): if the
   writer dies before the new one is in place, the next writer or reader of the target restores it.
 
-A writer that is killed leaves its partial or old directory behind; the next writer of the same
-target removes those whose process is gone (on this host only: another host's pids mean nothing
-here) and restores an old bundle when the target is missing.
+A writer that is killed leaves its partial or old directory behind; the next writer *or reader*
+of the same target (capture, verify, compare: :func:`recover`, whether or not the target exists)
+removes those whose process is gone (on this host only: another host's pids mean nothing here; a
+live writer's are never touched) and restores an old bundle when the target is missing.
 
 Every filesystem step goes through :func:`step`, where tests stop a writer (a simulated kill).
 The durable file primitives the writer uses (create, write, fsync) live here too.

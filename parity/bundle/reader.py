@@ -123,13 +123,15 @@ class BundleReader:
         return self.path / MANIFEST_NAME
 
     def _check_directory(self) -> None:
+        # First, whether or not the target exists: an interrupted --force replacement may have
+        # parked the old bundle, and a killed writer's partial directory (up to a whole bundle's
+        # size, hidden beside the target) is deleted by the next reader as well as the next
+        # writer. Only directories whose writer process is gone from this host are touched.
+        recover(self.path)
         try:
             mode = os.stat(self.path).st_mode
         except FileNotFoundError:
-            recover(self.path)  # an interrupted --force replacement may have parked it
-            if not os.path.isdir(self.path):
-                raise BundleError(f"bundle {printable(self.path)} does not exist") from None
-            mode = os.stat(self.path).st_mode
+            raise BundleError(f"bundle {printable(self.path)} does not exist") from None
         except (OSError, ValueError) as err:
             raise BundleError(f"bundle {printable(self.path)}: cannot open: {getattr(err, 'strerror', None) or err}") from None
         if not stat.S_ISDIR(mode):

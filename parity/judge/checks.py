@@ -39,7 +39,7 @@ class Verdict:
     for the error budget).
     ``notes``: checks that were configured but could not be made. ``failed``: the tolerance field
     of each failed check, in the order of ``reasons`` (``nan_policy``, ``max_mismatch_fraction``,
-    ``outlier_factor``, ``min_cosine``, ``max_rel_l2``, ``max_abs``, ``max_ulp``, ``budget_k``).
+    ``outlier_factor``, ``min_cosine``, ``max_rel_l2``, ``max_abs``, ``max_ulp``, ``max_bias``, ``budget_k``).
     """
 
     passed: bool
@@ -146,6 +146,17 @@ def judge(metrics: LayerMetrics, tol: Tolerance, *, budget: ErrorBudget | None =
                     f"ulp_max {metrics.ulp_max} > {tol.max_ulp} ({metrics.ulp_over_1_count} elements "
                     f"more than 1 ULP apart)"
                 )
+
+    if tol.max_bias is not None:
+        needed["max_bias"] = abs(metrics.bias)
+        if abs(metrics.bias) > tol.max_bias and abs(metrics.bias_z) > tol.bias_z:
+            failed.append("max_bias")
+            observed, allowed = number_pair(abs(metrics.bias), tol.max_bias)
+            reasons.append(
+                f"biased: error projected on the reference {metrics.bias:+.3g} (|bias| {observed} > {allowed}; "
+                f"significance {metrics.bias_z:+.3g} sigma, beyond {format_plain(tol.bias_z)}): a systematic "
+                "error (a scale, a missing term, a wrong precision), not rounding"
+            )
 
     if tol.budget_k is not None:
         if budget is None:

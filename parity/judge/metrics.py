@@ -19,6 +19,15 @@ Conventions (the report and the policy rely on them):
   agree with, and a kernel that writes zeros must not look perfect).
 - Relative L2 error ``||d|| / ||ref||``: 0.0 when both are zero, ``inf`` when ``ref`` is zero and
   ``out`` is not.
+- Bias ``(d . ref) / (ref . ref)``: the signed error projected on the reference, the ``s`` that
+  best fits ``out ~ (1 + s) * ref`` in least squares (a relative scale error). Rounding error is
+  unbiased (it averages out of the projection: about ``rel_l2 / sqrt(n)``); a wrong scale, a
+  missing term, a wrong epsilon or an accumulation in the wrong precision is not (a scale error
+  of 0.5% has bias +5e-3 whatever its rel_l2). 0.0 when ``ref`` is zero. ``bias_z``, its
+  significance: ``(d . ref) / sqrt(sum (d_i ref_i)^2)``, the self-normalized sum of the element
+  products, about standard normal when the element errors are independent and unbiased, and
+  about ``sqrt(n / 3)`` for a pure scale error on Gaussian data: a small tensor's bias can be
+  large by chance, a large tensor's cannot. 0.0 when every ``d_i ref_i`` is zero.
 - Max relative error ``max |d| / max(|ref|, rel_floor)``: the floor keeps near-zero references
   from dividing by zero; the floor used is recorded.
 - Mismatch: an element is outside the tolerance when ``|d| > A + rtol * |ref|`` (the
@@ -139,6 +148,8 @@ class LayerMetrics:
     worst_bound_index: tuple[int, ...] | None = None
     worst_bound_out: float | None = None
     worst_bound_ref: float | None = None
+    bias: float = 0.0
+    bias_z: float = 0.0
 
     @property
     def nonfinite_positions_agree(self) -> bool:
@@ -363,7 +374,7 @@ class _Chunk:
     """One chunk's statistics, as host numbers. Sums are combined with ``math.fsum`` at the end."""
 
     __slots__ = (
-        "start", "stop", "masked", "dot", "out_sq", "ref_sq", "diff_sq", "abs_sum", "ref_rms_sq", "ref_finite",
+        "start", "stop", "masked", "dot", "error_dot", "error_dot_sq", "out_sq", "ref_sq", "diff_sq", "abs_sum", "ref_rms_sq", "ref_finite",
         "finite", "nan_out", "nan_ref", "inf_out", "inf_ref", "nonfinite_mismatch", "first_nonfinite",
         "max_abs", "ref_max_abs", "ref_min_abs", "max_rel", "needed_atol", "ulp_max", "ulp_over_1",
         "mismatch", "ratio_max", "outliers", "needed_rtol",
@@ -522,6 +533,8 @@ class _Scan:
         dot = torch.mul(out, ref, out=work).sum()
         abs_diff = torch.sub(out, ref, out=scratch.abs_diff[:n])
         diff_norm = _norm(abs_diff)
+        products = torch.mul(abs_diff, ref, out=work)  # d_i ref_i, signed (before |d|): the bias
+        error_dot, error_dot_sq = products.sum(), _norm(products)
         abs_diff.abs_()
         abs_sum, max_abs = abs_diff.sum(), abs_diff.amax()
         if chunk.ref_min_abs >= self.rel_floor:  # the floor changes nothing in this chunk
@@ -533,15 +546,16 @@ class _Scan:
             needed_atol = max_abs  # |d| - 0 * |ref| is |d|
         else:
             needed_atol = torch.sub(abs_diff, torch.mul(ref_abs, self.rtol, out=work), out=work).amax()
-        values = [dot, diff_norm, abs_sum, max_abs, max_rel, needed_atol]
+        values = [dot, diff_norm, abs_sum, max_abs, max_rel, needed_atol, error_dot, error_dot_sq]
         if self.with_ulp:
             values += self._ulp_stats(chunk, both)
         values = _host(values)
         chunk.dot, diff_norm, chunk.abs_sum, chunk.max_abs, chunk.max_rel, chunk.needed_atol = values[:6]
+        chunk.error_dot, chunk.error_dot_sq = values[6], values[7] * values[7]
         chunk.diff_sq = diff_norm * diff_norm
         chunk.out_sq, chunk.ref_sq, chunk.ref_max_abs = out_sq, ref_sq, ref_max
         if self.with_ulp:
-            chunk.ulp_max, chunk.ulp_over_1 = int(values[6]), int(values[7])
+            chunk.ulp_max, chunk.ulp_over_1 = int(values[8]), int(values[9])
         if absolute_term is not None:
             self._tolerance(chunk, abs_diff, ref_abs, both, absolute_term)
 
@@ -694,8 +708,12 @@ class _Scan:
             cosine = min(1.0, max(-1.0, dot / norms))
         if ref_sq == 0.0:
             rel_l2 = 0.0 if diff_sq == 0.0 else math.inf
+            bias = 0.0  # no direction to project on (rel_l2 is inf where out is not zero too)
         else:
             rel_l2 = math.sqrt(diff_sq) / math.sqrt(ref_sq)
+            bias = total("error_dot") / ref_sq
+        spread = math.sqrt(total("error_dot_sq"))
+        bias_z = total("error_dot") / spread if spread > 0 else 0.0
         mismatch_count = count("mismatch")
         worst_flat = self._worst_flat()
         if worst_flat >= 0:
@@ -750,6 +768,8 @@ class _Scan:
             worst_bound_index=bound_index,
             worst_bound_out=bound_out,
             worst_bound_ref=bound_ref,
+            bias=bias,
+            bias_z=bias_z,
         )
 
 def _unravel(flat_index: int, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -25,6 +25,14 @@ Checks made by ``judge`` (each failed check gives one reason):
   boundary, one wrong mask row), not a rounding tail. The count and the worst element are
   reported.
 - ``min_cosine``, ``max_rel_l2``, and, when set, ``max_abs`` and ``max_ulp`` (fp16/bf16 only).
+- bias: the error projected on the reference, ``sum((out - ref) * ref) / sum(ref * ref)``, fails
+  when its size exceeds ``max_bias`` *and* it lies more than ``bias_z`` standard errors from 0
+  (``bias_z`` of :mod:`parity.judge.metrics`). Rounding error is unbiased and averages out of the
+  projection; a wrong scale, a missing term, a wrong epsilon or an accumulation in the wrong
+  precision does not, and moves every element the same way: one bf16 block scaled by 1.005
+  moves every element by one bf16 step, a rel L2 no larger than a correct fp32 port's, but a
+  bias 30x the port's. The reason says "biased" with the measured bias. Calibration:
+  parity/NUMERICS.md, "Bias".
 - error budget, when ``budget_k`` is set and compare supplies an ``ErrorBudget`` (it does for
   every tensor the bundle holds a high-precision reference of): this host's error against the
   reference may be at most ``budget_k`` times the capture host's own error against the same
@@ -136,10 +144,27 @@ float   budget_k               2.0         flash-attention's rule (parity/NUMERI
                                            wherever the bundle has a reference
 float   budget_ulps            64          see "The error budget's floor" above
 float   budget_floor           0           an extra fixed floor, off by default
+bf16    max_bias               2.5e-3      benign |bias| (error projected on the reference,
+                                           vs the golden) at most 8.4e-4 (fault matrix, a
+                                           bf16 TP=4 all-reduce port), 6.3e-4 cross-host
+                                           (CPU corpus on the H200), 3.7e-4 (decoder golden
+                                           on the CPU): 3x headroom. Faults: one block x1.005
+                                           5.7e-3, x1.01 9.7e-3, a dropped bias 3.5e-2
+fp16    max_bias               5e-4        benign at most 1.0e-4 (TP=4 port), 5.2e-5 cross-
+                                           host: 5x. Faults: x1.002 2.0e-3, x1.005 5.0e-3
+fp32    max_bias               1e-6        benign at most 1.3e-7 on tensors of >= 16
+                                           elements (8.3e-6 on one-element LSEs, which the
+                                           significance keeps from failing). x1.002: 2.0e-3
+fp64    max_bias               unchecked   |bias| <= rel_l2, and max_rel_l2 is 1e-13
+float   bias_z                 4           a bias also fails only this many standard errors
+                                           from 0 (a tensor under 16 elements never does);
+                                           benign |z| reaches 15, but only at magnitudes
+                                           10-100x under max_bias; faults: z 9-52
 ======  =====================  ==========  ================================================
 
 What the defaults do not catch: an error as small as the benign ones, e.g. 40 rows of one head
-scaled by 1.05 (rel_l2 4.2e-3, element errors within 7e-2 RMS). Layers whose benign error is far
+scaled by 1.05 (rel_l2 4.2e-3, element errors within 7e-2 RMS), or a bf16 output scaled by 1.002
+(it tips only some elements over a rounding boundary: bias 1.2e-4, under benign ports' 8.4e-4). Layers whose benign error is far
 below the default (a single op) can be held tighter with a ``[[layers]]`` entry.
 
 Config file (``parity.toml``, or the same tables under ``[tool.parity]`` in ``pyproject.toml``)::
@@ -165,10 +190,10 @@ Config file (``parity.toml``, or the same tables under ``[tool.parity]`` in ``py
                                 # (missing-here), not "fused here"
 
 Fields: ``atol atol_rms rtol max_mismatch_fraction outlier_factor min_cosine max_abs max_rel_l2
-max_ulp nan_policy budget_k budget_ulps budget_floor``. Precedence, lowest first: built-in
+max_ulp nan_policy budget_k budget_ulps budget_floor max_bias bias_z``. Precedence, lowest first: built-in
 default of the dtype, ``[budget]`` and the fields of ``[defaults]``, ``[defaults.<dtype>]``, then
-each matching ``[[layers]]``. ``max_abs``, ``max_ulp``, ``outlier_factor`` and ``budget_k``
-accept ``"off"`` to unset them. Unknown keys, wrong types, out-of-range or non-finite values and
+each matching ``[[layers]]``. ``max_abs``, ``max_ulp``, ``outlier_factor``, ``budget_k`` and
+``max_bias`` accept ``"off"`` to unset them. Unknown keys, wrong types, out-of-range or non-finite values and
 unknown dtype names raise ``UsageError`` naming the file and the key.
 """
 from __future__ import annotations
@@ -283,6 +308,8 @@ _FIELD_CHECKS = {
     "budget_k": _optional(_nonnegative),
     "budget_ulps": _nonnegative,
     "budget_floor": _nonnegative,
+    "max_bias": _optional(_nonnegative),
+    "bias_z": _nonnegative,
 }
 
 
@@ -303,6 +330,8 @@ class Tolerance:
     budget_floor: float = 0.0
     outlier_factor: float | None = None
     budget_ulps: float = 64.0
+    max_bias: float | None = None
+    bias_z: float = 0.0
 
     def __post_init__(self):
         for name, check in _FIELD_CHECKS.items():
@@ -322,18 +351,24 @@ _EXACT = Tolerance(atol=0.0, rtol=0.0, max_mismatch_fraction=0.0, min_cosine=1.0
 DEFAULT_OUTLIER_FACTOR = 4.0
 # The flash-attention rule (parity/NUMERICS.md): at most twice the capture host's own error.
 DEFAULT_BUDGET_K = 2.0
+# A bias fails only this many standard errors away from 0 (module docstring): a tensor of fewer
+# than BIAS_Z**2 elements can never reach it, so a small tensor's chance bias never fails.
+DEFAULT_BIAS_Z = 4.0
 
 # The numbers behind each value are in the module docstring's table.
 DEFAULT_TOLERANCES: Mapping[str, Tolerance] = MappingProxyType({
     "bf16": Tolerance(atol=1e-5, atol_rms=0.1, rtol=1.6e-2, max_mismatch_fraction=5e-5,
                       min_cosine=0.9997, max_rel_l2=2.5e-2, budget_k=DEFAULT_BUDGET_K,
-                      outlier_factor=DEFAULT_OUTLIER_FACTOR),
+                      outlier_factor=DEFAULT_OUTLIER_FACTOR,
+                      max_bias=2.5e-3, bias_z=DEFAULT_BIAS_Z),
     "fp16": Tolerance(atol=1e-5, atol_rms=1.2e-2, rtol=2e-3, max_mismatch_fraction=5e-5,
                       min_cosine=0.999995, max_rel_l2=3e-3, budget_k=DEFAULT_BUDGET_K,
-                      outlier_factor=DEFAULT_OUTLIER_FACTOR),
+                      outlier_factor=DEFAULT_OUTLIER_FACTOR,
+                      max_bias=5e-4, bias_z=DEFAULT_BIAS_Z),
     "fp32": Tolerance(atol=1e-5, atol_rms=8e-5, rtol=1.3e-6, max_mismatch_fraction=5e-5,
                       min_cosine=1 - 2e-10, max_rel_l2=2e-5, budget_k=DEFAULT_BUDGET_K,
-                      outlier_factor=DEFAULT_OUTLIER_FACTOR),
+                      outlier_factor=DEFAULT_OUTLIER_FACTOR,
+                      max_bias=1e-6, bias_z=DEFAULT_BIAS_Z),
     "fp64": Tolerance(atol=1e-13, atol_rms=4e-13, rtol=1e-13, max_mismatch_fraction=5e-5,
                       min_cosine=1 - 1e-14, max_rel_l2=1e-13, budget_k=DEFAULT_BUDGET_K,
                       outlier_factor=DEFAULT_OUTLIER_FACTOR),
@@ -570,7 +605,7 @@ class _PolicyReader:
             if isinstance(value, float) and not math.isfinite(value):
                 # An infinite limit in a file is a check silently switched off; say "off" instead.
                 raise self.fail(f"{key}.{name}", f"must be finite, got {value!r} (use \"off\" where a check "
-                                "can be turned off: max_abs, max_ulp, outlier_factor, budget_k)")
+                                "can be turned off: max_abs, max_ulp, outlier_factor, budget_k, max_bias)")
         return changes
 
     def read(self, data: Mapping[str, Any]) -> Policy:

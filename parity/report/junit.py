@@ -26,7 +26,8 @@ def _metrics_text(result: TensorResult) -> str:
     metrics = result.metrics
     if metrics is not None:
         lines += [f"cosine: {metrics.cosine!r}", f"max_abs: {metrics.max_abs!r}", f"mean_abs: {metrics.mean_abs!r}",
-                  f"rel_l2: {metrics.rel_l2!r}", f"mismatch_fraction: {metrics.mismatch_fraction!r}",
+                  f"rel_l2: {metrics.rel_l2!r}", f"bias: {metrics.bias!r} (z {metrics.bias_z!r})",
+                  f"mismatch_fraction: {metrics.mismatch_fraction!r}",
                   f"worst_index: {metrics.worst_index}"]
     if result.budget is not None and result.budget.host_vs_reference is not None:
         lines += [f"rel_l2_vs_reference_here: {result.budget.host_rel_l2!r}",

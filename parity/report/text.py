@@ -76,6 +76,7 @@ CHECK_LABELS = {
     "max_rel_l2": "rel_l2",
     "max_abs": "max_abs",
     "max_ulp": "ulp",
+    "max_bias": "biased",
     "budget_k": "budget",
     "replay": "replay",
 }

@@ -58,7 +58,6 @@ import contextlib
 import dataclasses
 import importlib
 import importlib.machinery
-import importlib.util
 import inspect
 import json
 import os
@@ -74,6 +73,7 @@ from torch import nn
 from parity.base import dtypes
 from parity.base.errors import ParityError, SubjectError, UsageError
 from parity.base.text import printable
+from parity.run.subjects.loading import UnresolvedModule, module_locations
 
 # Short name -> torch dtype for the floating dtypes a subject may use (parity.base.dtypes' names).
 DTYPES: dict[str, torch.dtype] = {name: dtypes.torch_dtype(name) for name in dtypes.FLOATING}
@@ -301,20 +301,38 @@ def _module_location(module: Any) -> list[Path]:
 
 @contextlib.contextmanager
 def _bundle_free_import(module_name: str, spec: str, exclude_dirs: Iterable[str | os.PathLike]) -> Iterator[None]:
-    """Import ``module_name`` with no ``sys.path`` entry inside ``exclude_dirs`` (bundle
-    directories), refusing up front a top-level module that would come from one of them."""
+    """Import ``module_name`` with no ``sys.path`` entry inside ``exclude_dirs`` (bundle or
+    rank-set directories), refusing before anything is imported when the module or any parent
+    package (its ``__init__``, a namespace package's directories) would come from one of them.
+
+    Where each level would be loaded from is worked out without importing any of them
+    (:func:`parity.run.subjects.loading.module_locations`); the check after the import stays, for
+    a level whose finder could not be asked without importing."""
     roots = [Path(directory).resolve() for directory in exclude_dirs]
     top = module_name.partition(".")[0]
+    removed_entries: dict[Path, list[str]] = {}
     for root in roots:
-        removed = remove_from_sys_path(root)
+        removed_entries[root] = remove_from_sys_path(root)
         loaded = sys.modules.get(top)
         if loaded is not None and any(_is_inside(place, root) for place in _module_location(loaded)):
             raise UsageError(f"subject {printable(spec)!r}: module {top!r} was loaded from inside the bundle "
                              f"directory {printable(str(root))}; parity never runs code from a bundle")
+    try:
+        locations = module_locations(module_name)
+    except UnresolvedModule:
+        locations = None  # the check after the import judges what was loaded
+    for root in roots:
+        for location in locations or []:
+            inside = next((place for place in location.places if _is_inside(place, root)), None)
+            if inside is not None:
+                what = "module" if location.name == module_name else "parent package"
+                raise UsageError(f"subject {printable(spec)!r}: {what} {location.name!r} would be loaded from "
+                                 f"{printable(str(inside))}, inside the bundle directory {printable(str(root))}; "
+                                 "parity never runs code from a bundle")
         # A module the bundle ships, and that nothing else on the path provides: say so, rather
         # than "no module named". Finding a top-level module's spec runs none of its code.
-        if loaded is None and importlib.machinery.PathFinder.find_spec(top, [str(root), *removed]) is not None \
-                and importlib.util.find_spec(top) is None:
+        if locations == [] and importlib.machinery.PathFinder.find_spec(
+                top, [str(root), *removed_entries[root]]) is not None:
             raise UsageError(f"subject {printable(spec)!r}: module {top!r} is inside the bundle directory "
                              f"{printable(str(root))}; parity never imports code from a bundle (keep the "
                              f"subject's code outside the bundle and run from another directory)")
