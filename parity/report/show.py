@@ -143,7 +143,7 @@ def _table(rows: list[list[Any]], headers: list[str]) -> str:
 
 def render_show(description: dict[str, Any]) -> str:
     """The description as text: a bundle's (:func:`describe_bundle`) or a rank set's
-    (:func:`parity.dist.show.describe_rank_set`)."""
+    (:func:`parity.distributed.show.describe_rank_set`)."""
     return _render_rank_set(description) if "rank_set" in description else _render_bundle(description)
 
 
