@@ -56,7 +56,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_shape
+from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_ratio, format_shape
 from parity.base.text import printable
 from parity.judge.policy import MISMATCH_ALTERNATIVES
 from parity.judge.results import CompareReport, TensorResult, unrelaxable_checks, verdict_line, would_pass_text
@@ -413,19 +413,15 @@ def growth_line(report: CompareReport) -> str:
             f"{format_number(last[1])} at {printable(last[0])}")
     ratio = growth.last_over_first
     if ratio is not None and math.isfinite(ratio) and first[1] != 0:
-        text += f" ({_ratio_text(ratio)})"
+        text += f" ({format_ratio(ratio)})"
     if peak is not None and peak[0] != last[0]:
         text += f"; peak {format_number(peak[1])} at {printable(peak[0])}"
     jump = growth.largest_jump
     if jump is not None:
         name, before, after = jump
-        factor = "from 0" if before == 0 else _ratio_text(after / before)
+        factor = "from 0" if before == 0 else format_ratio(after / before)
         text += f"; largest jump at {printable(name)} ({format_number(before)} -> {format_number(after)}, {factor})"
     return text
-
-
-def _ratio_text(ratio: float) -> str:
-    return f"{ratio:.3g}x" if 0.01 <= ratio < 1000 else f"{format_number(ratio)}x"
 
 
 def failure_lines(report: CompareReport, limit: int | None = FAILURE_LIMIT) -> list[str]:
