@@ -321,6 +321,50 @@ def test_the_example_subjects_ported_activation_is_the_first_failing_layer(bundl
     assert report.first_failing_layer == "block"  # the tanh GELU approximation is the change
 
 
+def test_progress_lines_give_the_total_and_count_in_words(bundles, monkeypatch):
+    from parity.judge import compare as compare_module
+    from parity.run.runtime import Progress
+
+    # every tick emitted (the real interval is 2 s), so that the running line can be read
+    monkeypatch.setattr(compare_module, "Progress", lambda emit: Progress(emit, every_s=0.0))
+    lines: list[str] = []
+    report = compare_bundle(bundles / "example", impl="tanh", device="cpu", progress=lines.append)
+    total = len(report.layers)
+    ticks = [line for line in lines if line.startswith("compared ") and " of " in line]
+    assert ticks[0] == "compared 1 of 10 tensors (0 failing)" and total == 10
+    assert ticks[-1] == f"compared 10 of 10 tensors ({len(report.failing)} failing)"
+    assert re.fullmatch(rf"compared 10 tensors in \d+\.\d s: {len(report.failing)} failing", lines[-1])
+
+
+def test_progress_is_written_one_line_per_write():
+    # torchrun's ranks share stderr unbuffered: a line and its newline must be one write.
+    import io
+
+    from parity.base.text import plural, write_line
+    from parity.cli.commands._output import stderr_progress
+
+    class Recording(io.StringIO):
+        writes: list[str] = []
+
+        def write(self, text):
+            self.writes.append(text)
+            return super().write(text)
+
+    stream = Recording()
+    write_line(stream, "parity capture [rank 1]: recorded 28 tensors")
+    assert stream.writes == ["parity capture [rank 1]: recorded 28 tensors\n"]
+    stderr = Recording()
+    stderr.writes = []
+    original = sys.stderr
+    sys.stderr = stderr
+    try:
+        stderr_progress("compare")("compared 1 tensor")
+    finally:
+        sys.stderr = original
+    assert stderr.writes == ["parity compare: compared 1 tensor\n"]
+    assert (plural(1, "tensor"), plural(0, "tensor"), plural(19, "tensor")) == ("1 tensor", "0 tensors", "19 tensors")
+
+
 # ---- fingerprint ----------------------------------------------------------------------------------
 
 
@@ -545,7 +589,7 @@ def test_cli_long_tables_collapse_passing_runs(bundles, cli):
     rows = [line for line in out.splitlines() if line.startswith("| ")]
     assert any("passing ..." in row for row in rows)
     assert len(rows) - 1 <= 8  # minus the header row
-    assert rows[1].startswith("| embed ") and rows[-1].startswith("| \\<root\\> ")  # Markdown-safe
+    assert rows[1].startswith("| embed ") and rows[-1].startswith("| <root> ")  # a terminal table: no Markdown escapes
 
 
 def test_budget_numbers_are_in_golden_order_and_finite(bundles):

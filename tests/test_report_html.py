@@ -298,3 +298,23 @@ def test_write_html_bad_path(failing_report, tmp_path, where, fragment):
     with pytest.raises(UsageError, match=fragment):
         write_html(failing_report[0], path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_wide_table_scrolls_in_its_box_and_names_wrap_only_at_dots_and_slashes(failing_report):
+    report = copy.deepcopy(failing_report[0])
+    report["layers"][0]["name"] = "model.layers.0.mlp.gate_proj/out"
+    page = render_html(report)
+    assert '<div class="table-scroll"><table id="results"' in page and ".table-scroll{overflow-x:auto" in page
+    assert "<td class=\"name\">model.<wbr>layers.<wbr>0.<wbr>mlp.<wbr>gate_proj/<wbr>out</td>" in page
+    assert "overflow-wrap:anywhere;min-width" not in page  # no break inside gate_proj
+    dom = parse(page)
+    assert dom.find("table", id="results")[0].find("tbody")[0].find("tr")[0].find("td")[1].text() == \
+        "model.layers.0.mlp.gate_proj/out"
+
+
+def test_a_diff_page_calls_the_candidates_host_candidate_host(failing_report):
+    report = copy.deepcopy(failing_report[0])
+    assert "this host" in render_html(report)
+    report["candidate"] = "bundles/candidate"
+    page = render_html(report)
+    assert "<th>candidate host</th>" in page or ">candidate host<" in page

@@ -209,3 +209,10 @@ def test_header_counts_what_the_run_did_not_read():
     line = next(line for line in header_lines(report) if line.startswith("  bundle:"))
     assert line == ("  bundle: checksums verified for the 3 of 6 stored tensors this run read; not read: 2 module "
                     "inputs, 1 reference (python -m parity verify checks every one)")
+
+
+def test_ratios_have_one_formatter_and_never_read_7_3e0x():
+    from parity.base.numbers import format_ratio
+
+    assert [format_ratio(value) for value in (7.3, 1.0, 0.5, 123.4, 2.1e4, 0.001, None)] == [
+        "7.3x", "1x", "0.5x", "123x", "2.1e4x", "1.0e-3x", "-"]

@@ -335,3 +335,25 @@ def test_a_device_speedup_above_10x_is_warned(monkeypatch):
     assert [row["device_time"].get("speedup") for row in rows] == [None, pytest.approx(20.0), pytest.approx(2.0)]
     assert warnings == ["skip: device speedup 20.0x > 10x: re-verify that it computes the same thing (a speedup "
                         "this large is more often a skipped computation than a faster one)"]
+
+
+def test_a_slower_row_is_never_called_valid():
+    from parity.speed.bench import _validity
+
+    holds = {"base": outcome("holds"), "port": outcome("holds")}
+    assert _validity(holds, "port", "base", "SLOWER") == "parity holds; slower"
+    assert _validity(holds, "port", "base", "FASTER") == "valid: parity holds"
+    fails = {"base": outcome("holds"), "port": outcome("fails", ["layers.0"])}
+    assert _validity(fails, "port", "base", "SLOWER") == "not valid: parity fails at layers.0"
+
+
+def test_bench_page_shows_the_spread_and_a_slower_row_as_slower(tmp_path, virtual_clock):
+    from parity.speed.pages import render_bench
+
+    status, document = bench(tmp_path, "--subject", MATMUL_SPEC, "--impls", "reference,slow", "--reps", "16")
+    slow = by_impl(document)["slow"]
+    assert slow["vs_baseline"]["verdict"] == "SLOWER" and slow["validity"] == "parity holds; slower"
+    page = render_bench(document)
+    assert "min\u2013max" in page and "valid: parity holds" not in page
+    low, high = min(slow["times_s"]), max(slow["times_s"])
+    assert low < high  # the virtual clock's jitter: a spread to show

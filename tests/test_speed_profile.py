@@ -2,6 +2,7 @@
 importers on files written in the vendors' documented formats, and the side-by-side view."""
 from __future__ import annotations
 
+import sys
 import json
 import re
 import warnings
@@ -508,3 +509,23 @@ def test_profile_with_warmup_0_warns_nothing_of_torch(capsys, monkeypatch):
         warnings.simplefilter("always")
         profile._schedule(0, 0, 1)
     assert [str(w.message) for w in caught] == ["some other problem of the schedule"]
+
+
+def test_the_profilers_usdt_lines_stay_off_the_terminal(capfd):
+    # Kineto writes "USDT:... profiler_start/stop" to descriptor 2 from C++ at each profiler run.
+    import os
+
+    from parity.speed.quiet import profiler_chatter_filtered
+
+    with profiler_chatter_filtered():
+        os.write(2, b"USDT:2026-01-01 00:00:00 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a line of the run's own\n")
+        print("parity profile: python's stderr too", file=sys.stderr)
+    # (in order on a real stderr; under capfd Python's stderr is captured apart from descriptor 2)
+    assert sorted(capfd.readouterr().err.splitlines()) == ["a line of the run's own",
+                                                           "parity profile: python's stderr too"]
+    status = main(["profile", "--subject", MATMUL_SPEC, "--impl", "reference", "--skip", "0", "--warmup", "1",
+                   "--active", "1"])
+    err = capfd.readouterr().err
+    assert status == 0 and "USDT" not in err and "profiler_start" not in err
+    assert "parity profile: " in err  # the command's own progress still comes through

@@ -73,47 +73,71 @@ def test_passing_checks_and_the_summary(suite):
     _golden(suite, "single", torch.linspace(-1, 1, 1000).reshape(10, 100).to(torch.bfloat16))
     result = suite.runpytest("--strict-markers", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines([
-        "*parity summary*",
+    # Passing tensors are folded into the count: the summary is the section and one line.
+    result.stdout.fnmatch_lines(["*parity summary*", "", "parity: 3 tensors checked: 3 pass (-v lists them)"],
+                                consecutive=True)
+    assert "| tensor" not in result.stdout.str()
+    assert "PytestUnknownMarkWarning" not in _text(result)
+    verbose = suite.runpytest("-v", "-p", "no:cacheprovider")
+    verbose.stdout.fnmatch_lines([
         "| test*| tensor*| dtype*| cosine*| max abs*| rel L2*| verdict*|",
+        "|--*",
         "| test_suite.py::test_dict*| pair/lse*| fp32*| 1*| 0*| 0*| pass*|",
         "| test_suite.py::test_dict*| pair/out*| fp32*| 1*| 0*| 0*| pass*|",
         "| test_suite.py::test_single*| single*| bf16*| 1*| 0*| 0*| pass*|",
         "parity: 3 tensors checked: 3 pass",
-    ])
-    assert "PytestUnknownMarkWarning" not in _text(result)
+    ], consecutive=True)
 
 
 def test_failure_message_and_the_obtained_bundle(suite, monkeypatch):
     golden = _golden(suite)
     monkeypatch.setenv("BREAK", "1")
     monkeypatch.setenv("BREAK_NAN", "1")
-    result = suite.runpytest("-k", "test_dict", "-p", "no:cacheprovider")
+    result = suite.runpytest("-k", "test_dict", "-p", "no:cacheprovider", "--basetemp", str(suite.path / "tmp"))
     result.assert_outcomes(failed=1)
+    obtained = suite.path / "tmp" / "parity-obtained" / "pair.obtained"
+    # The failing tensor in four lines (what failed; by how much against which bound; the worst
+    # element once, with the failing aggregates; what would pass), the passing one only counted.
     result.stdout.fnmatch_lines([
-        f"*parity: 1 of 2 tensors differ from golden {golden} (policy: built-in defaults)",
-        "*pair/out: FAIL nan/inf,mismatch,outliers,cosine,rel_l2  float32 [[]10, 100[]]",
-        "*mismatched: 1 of 999 finite elements (0.1%) outside atol 1.0e-5 + atol_rms 8.0e-5 x golden rms * "
-        "+ rtol 1.3e-6 x |golden|",
-        "*worst element at [[]3, 7[]]: obtained 0.1146146*, golden -0.3853853* (|diff| 5.0e-1)",
-        "*NaN/Inf positions DISAGREE at 1 of 1000 elements (0.1%), first at [[]1, 1[]] "
-        "(obtained 1 NaN, 0 Inf; golden 0 NaN, 0 Inf)",
-        "*smallest tolerance that would have passed: nan_policy = \"ignore\", (mismatch, any one of) "
-        "max_mismatch_fraction = 1.1e-3 or atol = 5.0e-1*",
-        "*pair/lse: pass  float32 [[]10[]]  cosine 1*",
-        f"*obtained tensors saved beside the golden: {golden}.obtained*",
-        "*| test_suite.py::test_dict*| pair/out*| fp32*| 1-3.8e-4*| 5.0e-1*| 2.7e-2*"
+        f"E  *ParityFailure: parity: 1 of 2 tensors differ from golden {golden} (policy: built-in defaults)",
+        "E       pair/out: FAIL nan/inf,mismatch,outliers,cosine,rel_l2  float32 [[]10, 100[]]",
+        "E         mismatched elements: 1 / 999 finite (0.1%, allowed 0.005%) outside atol 1.0e-5 + atol_rms 8.0e-5 x "
+        "golden rms 5.8e-1 + rtol 1.3e-6 x |golden|; 1 beyond 4x that bound",
+        "E         greatest |difference|: 5.0e-1 at [[]3, 7[]] (obtained 0.11461461, golden -0.38538539); cosine 1-3.8e-4 "
+        "(min 1-2.0e-10); rel L2 2.7e-2 (max 2.0e-5); NaN/Inf positions differ at 1 of 1000 (0.1%), first at [[]1, 1[]]",
+        "E         would pass with: nan_policy = \"ignore\", (mismatch, any one of) max_mismatch_fraction = 1.1e-3 or "
+        "atol = 5.0e-1 or atol_rms = 8.7e-1 or rtol = 1.3e0, outlier_factor = 8.9e3, min_cosine = 0.99962, "
+        "max_rel_l2 = 2.8e-2",
+        f"E       obtained tensors kept in {obtained} (a parity bundle: python -m parity diff {golden} {obtained} "
+        "compares them; --parity-regen accepts this run as the golden)",
+    ], consecutive=True)
+    assert "pair/lse" not in result.stdout.str()  # passing: counted in the head line, nowhere else
+    result.stdout.fnmatch_lines([
+        "| test*| tensor*| dtype*| cosine*| max abs*| rel L2*| verdict*|",
+        "|--*",
+        "| test_suite.py::test_dict*| pair/out*| fp32*| 1-3.8e-4*| 5.0e-1*| 2.7e-2*"
         "| FAIL nan/inf,mismatch,outliers,cosine,rel_l2*|",
-        "parity: 2 tensors checked: 1 pass, 1 fail",
-    ])
-    with open_bundle(f"{golden}.obtained") as bundle:
+        "parity: 2 tensors checked: 1 pass, 1 fail (1 passing not shown: -v lists them)",
+    ], consecutive=True)
+    # Nothing is written into the source tree: the obtained bundle is under pytest's basetemp.
+    assert not (golden.parent / "pair.obtained").exists()
+    with open_bundle(obtained) as bundle:
         out = bundle.load("out")
         assert out.isnan().sum() == 1 and out[3, 7].item() == pytest.approx(0.5 + (-1 + 2 * 307 / 999))
-    # Fixed again: the check passes and the stale obtained bundle goes away.
+    # -v: failures first, then the passing tensors.
+    verbose = suite.runpytest("-v", "-k", "test_dict", "-p", "no:cacheprovider")
+    verbose.stdout.fnmatch_lines(["| test_suite.py::test_dict*| pair/out*| FAIL*|",
+                                  "| test_suite.py::test_dict*| pair/lse*| pass*|"], consecutive=True)
+    # --parity-obtained-dir: the bundle goes there; fixed again, the check passes and the stale
+    # obtained bundle goes away.
+    mine = suite.path / "mine"
+    suite.runpytest("-k", "test_dict", "-p", "no:cacheprovider", "--parity-obtained-dir", "mine").stdout.fnmatch_lines(
+        [f"E       obtained tensors kept in {mine / 'pair.obtained'} *"])
     monkeypatch.delenv("BREAK")
     monkeypatch.delenv("BREAK_NAN")
-    suite.runpytest("-k", "test_dict", "-p", "no:cacheprovider").assert_outcomes(passed=1)
-    assert not (golden.parent / "pair.obtained").exists()
+    suite.runpytest("-k", "test_dict", "-p", "no:cacheprovider", "--parity-obtained-dir", "mine").assert_outcomes(
+        passed=1)
+    assert not (mine / "pair.obtained").exists()
 
 
 def test_a_missing_golden_is_written_and_the_test_still_fails(suite):
@@ -142,7 +166,7 @@ def test_regen_rewrites_only_failing_goldens_and_fails_saying_so(suite, monkeypa
     single_manifest = (suite.path / "goldens" / "single" / "manifest.json").read_text()
     monkeypatch.setenv("BREAK", "1")
     suite.runpytest("-p", "no:cacheprovider").assert_outcomes(failed=1, passed=1)
-    assert (golden.parent / "pair.obtained").is_dir()
+    assert not (golden.parent / "pair.obtained").exists()  # under pytest's basetemp, not beside the golden
 
     result = suite.runpytest("--parity-regen", "-p", "no:cacheprovider")
     result.assert_outcomes(failed=1, passed=1)
@@ -150,7 +174,6 @@ def test_regen_rewrites_only_failing_goldens_and_fails_saying_so(suite, monkeypa
         f"*--parity-regen: golden {golden} has been rewritten from this run*",
         "*| pair/out*| FAIL mismatch,outliers,cosine,rel_l2 (regenerated)*|",
     ])
-    assert not (golden.parent / "pair.obtained").exists()
     # The passing golden was not rewritten (no churn); the failing one now holds this run.
     assert (suite.path / "goldens" / "single" / "manifest.json").read_text() == single_manifest
     suite.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
@@ -246,8 +269,8 @@ def test_xdist_summary_and_json_report(suite):
     _golden(suite, "single", torch.linspace(-1, 1, 1000).reshape(10, 100).to(torch.bfloat16))
     report = suite.path / "parity-report.json"
     # Hypothesis' plugin is left out only to save each process importing it (seconds without .pyc files).
-    result = suite.runpytest_subprocess("-n", "2", "-p", "xdist", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
-                                        "--parity-report", str(report))
+    result = suite.runpytest_subprocess("-n", "2", "-v", "-p", "xdist", "-p", "no:cacheprovider",
+                                        "-p", "no:hypothesispytest", "--parity-report", str(report))
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines_random([
         "*parity summary*",
@@ -411,3 +434,47 @@ def test_fifo(parity_check):
     result = pytester.runpytest("-p", "no:cacheprovider")  # before the check existed, this hung
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*parity: tolerance file */fifo.toml: is a FIFO, not a regular file*"])
+
+
+# ---- a user's own subject, as the README writes one, with no flags -------------------------------
+
+def test_a_user_subject_runs_its_own_reference_impl_without_flags(pytester, monkeypatch):
+    from pathlib import Path
+
+    # The README's example subject: impls ("reference", "tanh"), no reference_impl (so "reference").
+    pytester.makepyfile(mysubject=(Path(__file__).parent / "user_subject_example.py").read_text())
+    pytester.makepyfile(test_user='''
+def test_tiny(parity_check):
+    parity_check.subject("mysubject:make_subject", {"dim": 8}, name="tiny")
+''')
+    options = ("-p", "no:cacheprovider", "--parity-device", "cpu")
+    first = pytester.runpytest(*options)
+    first.assert_outcomes(failed=1)
+    first.stdout.fnmatch_lines(["*golden */goldens/tiny was missing and has been captured (subject tiny-gated-mlp, "
+                                "impl reference)*"])
+    pytester.runpytest(*options).assert_outcomes(passed=1)  # the reference impl, run by default
+    ported = pytester.runpytest(*options, "--parity-impl", "tanh", "--basetemp", str(pytester.path / "tmp"))
+    ported.assert_outcomes(failed=1)
+    obtained = pytester.path / "tmp" / "parity-obtained" / "tiny.obtained"
+    ported.stdout.fnmatch_lines([f"E       this run (impl tanh) kept in {obtained} *"])
+    assert obtained.is_dir() and not (pytester.path / "goldens" / "tiny.obtained").exists()
+    # An impl the subject lacks names the option it came from, not the CLI's --impl.
+    wrong = pytester.runpytest(*options, "--parity-impl", "triton")
+    wrong.assert_outcomes(failed=1)
+    wrong.stdout.fnmatch_lines(["*parity: subject tiny-gated-mlp has no implementation 'triton' (--parity-impl); "
+                                "choose from reference, tanh"])
+    assert "--impl " not in wrong.stdout.str()
+
+
+def test_triton_on_a_cpu_without_the_interpreter_names_the_plugin_options(pytester, monkeypatch):
+    pytester.makepyfile(test_triton='''
+def test_attention(parity_check):
+    parity_check.subject("attention", {"cases": "smoke"}, name="attention", impl="triton")
+''')
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--parity-device", "cpu")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*parity: impl triton (impl= of parity_check.subject()) on device cpu (--parity-device) needs the Triton "
+        "interpreter: run with TRITON_INTERPRET=1 in the environment (it must be set before Python starts)"])
+    assert "--impl " not in result.stdout.str() and "--device " not in result.stdout.str()

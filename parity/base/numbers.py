@@ -43,6 +43,17 @@ def format_number(value: float | None, digits: int = 2) -> str:
     return scientific(value, digits - 1)
 
 
+def format_ratio(ratio: float | None) -> str:
+    """A factor: ``7.3x`` (three significant digits) from 0.01 to 1000, else ``2.1e4x``; never
+    ``7.3e0x``."""
+    if ratio is None:
+        return "-"
+    ratio = float(ratio)
+    if math.isfinite(ratio) and 0.01 <= abs(ratio) < 1000:
+        return f"{ratio:.3g}x"
+    return f"{format_number(ratio)}x"
+
+
 def format_cosine(value: float | None) -> str:
     """``1`` exactly, ``1-2.0e-6`` at or above 0.999, else a decimal (``0.9731``)."""
     if value is None:

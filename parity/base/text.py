@@ -7,6 +7,7 @@ newlines that fake extra report lines, so every such string goes through :func:`
 from __future__ import annotations
 
 import unicodedata
+from typing import TextIO
 
 _MAX_LENGTH = 300
 
@@ -28,3 +29,18 @@ def printable(value: object, *, limit: int = _MAX_LENGTH) -> str:
     if len(escaped) > limit:
         escaped = f"{escaped[:limit]}... ({len(escaped) - limit} more characters)"
     return escaped
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 tensor``, ``2 tensors``: a count and its noun, agreeing."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def write_line(stream: TextIO, line: str) -> None:
+    """``line`` and its newline in one ``write`` call, then a flush. ``print`` writes the text and
+    the newline separately, and on an unbuffered stream (``PYTHONUNBUFFERED``, as torchrun's
+    workers often run) those are two system calls, between which another process sharing the
+    stream (another rank) can write: ``...tensorsparity capture [rank 1]: ...``. One write of a
+    whole line below the pipe's atomic size (4 KiB on Linux) is never interleaved."""
+    stream.write(line + "\n")
+    stream.flush()

@@ -18,6 +18,7 @@ Spellings (the old ones stay accepted as deprecated aliases for one release, unt
     --device DEV     -                     capture, compare       --parity-device
     --impl NAME      -                     capture, compare       --parity-impl
     --tolerances F   -                     compare, diff          --parity-tolerances
+    -                -                     -                      --parity-obtained-dir DIR
 
 ``FILE`` ``-`` is standard output in every command (the text report is then not printed); a file
 literally named ``-`` is ``./-``.
@@ -98,8 +99,11 @@ OPTIONS: dict[str, Option] = {
                cli_aliases=("--golden",),
                cli_help=f"the golden bundle directory to compare against (--golden: deprecated alias, until "
                         f"{DEPRECATED_UNTIL})"),
-        Option("impl", "--impl", "--parity-impl", IMPL_HELP + " (default: triton)",
-               (("default", "triton"), ("metavar", "NAME")), cli_help=IMPL_HELP),  # the CLI adds its defaults
+        Option("impl", "--impl", "--parity-impl",
+               IMPL_HELP + " (default: the subject's own reference_impl; a test's impl= or parity marker "
+               "names another)",
+               (("default", None), ("metavar", "NAME")), cli_help=IMPL_HELP,
+               cli_kwargs=(("default", "triton"),)),  # capture and profile set their own default
         Option("device", "--device", "--parity-device",
                DEVICE_HELP + ", or auto (the default): cuda when torch sees a GPU, else cpu",
                (("default", None), ("metavar", "DEV")),
@@ -123,6 +127,10 @@ OPTIONS: dict[str, Option] = {
                "reference host: re-record every golden a test checks from this run (missing goldens are "
                "always recorded; either way the test fails, so a recording is never a pass)",
                (("action", "store_true"), ("default", False))),
+        Option("obtained_dir", None, "--parity-obtained-dir",
+               "where a failing check keeps what it obtained, as <DIR>/<golden name>.obtained bundles "
+               "(default: parity-obtained/ under pytest's temporary directory, never the source tree)",
+               (("metavar", "DIR"), ("default", None))),
         Option("regen", None, "--parity-regen",
                "rewrite the goldens that fail (and record missing ones) from this run; passing goldens are "
                "left as they are, and a rewritten check fails, so a regeneration is never a pass",

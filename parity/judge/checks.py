@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from parity.base import dtypes
-from parity.base.numbers import cosine_pair, format_plain, number_pair, scientific
+from parity.base.numbers import cosine_pair, format_plain, format_ratio, number_pair, scientific
 from parity.judge.metrics import LayerMetrics, compute_metrics, json_value
 from parity.judge.policy import Tolerance, dtype_class
 
@@ -109,7 +109,7 @@ def judge(metrics: LayerMetrics, tol: Tolerance, *, budget: ErrorBudget | None =
             reasons.append(
                 f"outliers: {metrics.outlier_count} element{'s' if metrics.outlier_count != 1 else ''} beyond "
                 f"{format_plain(tol.outlier_factor)}x their bound (worst at {metrics.worst_bound_index}: "
-                f"{scientific(metrics.worst_bound_ratio)}x its bound, out {metrics.worst_bound_out!r}, "
+                f"{format_ratio(metrics.worst_bound_ratio)} its bound, out {metrics.worst_bound_out!r}, "
                 f"ref {metrics.worst_bound_ref!r})"
             )
 
@@ -228,7 +228,7 @@ def _judge_budget(budget: ErrorBudget, tol: Tolerance, reasons: list[str], neede
             observed, limit = number_pair(host, allowed)
             reasons.append(
                 f"error budget: {name} vs reference {observed} > {limit} "
-                f"(= {scientific(k)} x capture host's {scientific(capture)} + floor {scientific(floor)})"
+                f"(= {format_plain(k)} x capture host's {scientific(capture)} + floor {scientific(floor)})"
             )
         excess = host - floor
         if excess > 0:

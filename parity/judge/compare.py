@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from parity.base.errors import UsageError
-from parity.base.text import printable
+from parity.base.text import plural, printable
 from parity.bundle.reader import BundleReader, open_bundle
 from parity.judge.engine import Judge, Obtained, fused_warning, integrity, notes_as_warnings, replayed_layers
 from parity.judge.policy import Policy, as_policy
@@ -94,13 +94,14 @@ def compare_bundle(
 
     # The goldens are read ahead in the order this run will produce them (the golden's own order).
     judge = Judge(bundle, policy, budget, read_ahead=[entry.name for entry in bundle.entries_of("output")])
+    expected = len(bundle.entries_of("output"))  # the total of the progress line
     results: list[TensorResult] = []
 
     def on_tensor(record: RecordedTensor) -> None:
         if record.kind != "output":
             return
         results.append(judge(Obtained(record.name, record.tensor, layer=record.layer, path=record.path)))
-        say.tick(lambda: f"compared {len(results)} tensors ({sum(not r.passed for r in results)} failing)")
+        say.tick(lambda: f"compared {len(results)} of {expected} tensors ({sum(not r.passed for r in results)} failing)")
 
     say(f"run impl {impl} on {device}")
     # copy=False: each output is judged before its hook returns, so the module's own tensor is
@@ -133,7 +134,7 @@ def compare_bundle(
         integrity=integrity(bundle),
         independent_cases=len(runner.case_ids(dict(module.named_children()))),
     )
-    say(f"compared {len(ordered)} tensors in {report.seconds:.1f} s: {len(report.failing)} failing")
+    say(f"compared {plural(len(ordered), 'tensor')} in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from parity.base.errors import ParityError, UsageError
-from parity.base.text import printable
+from parity.base.text import plural, printable
 from parity.bundle import checksums
 from parity.bundle.reader import BundleReader, open_bundle
 from parity.judge.checks import accumulation_eps
@@ -107,7 +107,7 @@ def diff_bundles(
         seconds=time.monotonic() - started, integrity=_integrity(expected, obtained),
         independent_cases=_independent_cases(expected),
     )
-    say(f"compared {len(results)} tensors in {report.seconds:.1f} s: {len(report.failing)} failing")
+    say(f"compared {plural(len(results), 'tensor')} in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
 
 

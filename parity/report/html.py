@@ -310,7 +310,7 @@ def _row(report: dict[str, Any], index: int, layer: dict[str, Any]) -> str:
     verdict = verdict_text(layer)
     cells = [
         _cell(str(index), index),
-        _cell(_esc(layer.get("name"), 500), css="name"),
+        _cell(_breakable(layer.get("name")), css="name"),
         _cell(_esc(dtype)), _cell(_esc(shape)),
         _cell(_esc(format_cosine(_number(metrics.get("cosine")))), metrics.get("cosine")),
         _cell(_esc(format_number(_number(metrics.get("max_abs")))), metrics.get("max_abs")),
@@ -336,10 +336,18 @@ def _row(report: dict[str, Any], index: int, layer: dict[str, Any]) -> str:
             + "".join(cells) + "</tr>")
 
 
+def _breakable(name: Any) -> str:
+    """A tensor name, escaped, that a narrow column wraps only after a ``.`` or ``/`` (never
+    inside a part: ``gate_pr`` / ``oj``)."""
+    return _esc(name, 500).replace(".", ".<wbr>").replace("/", "/<wbr>")
+
+
 def render_table(report: dict[str, Any]) -> str:
     head = "".join(f'<th data-type="{kind}" scope="col">{_esc(name)}</th>' for name, kind in _columns(report))
     rows = "\n".join(_row(report, index, layer) for index, layer in enumerate(report.get("layers") or []))
-    return f'<table id="results" class="results"><thead><tr>{head}</tr></thead><tbody>\n{rows}\n</tbody></table>'
+    # The wide table scrolls sideways inside its own box instead of running off the page.
+    return (f'<div class="table-scroll"><table id="results" class="results"><thead><tr>{head}</tr></thead>'
+            f'<tbody>\n{rows}\n</tbody></table></div>')
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,7 +363,8 @@ table.kv th{color:#555;font-weight:600;white-space:nowrap}
 .warnings li{color:#8a5300}
 table.results{border-collapse:collapse;font:11.5px ui-monospace,SFMono-Regular,Menlo,monospace;width:100%}
 table.results th,table.results td{border:1px solid #ddd;padding:2px 4px;text-align:right;white-space:nowrap}
-table.results td.name{text-align:left;white-space:normal;overflow-wrap:anywhere;min-width:9em}
+.table-scroll{overflow-x:auto;max-width:100%}
+table.results td.name{text-align:left;white-space:normal;overflow-wrap:normal;word-break:normal;min-width:9em}
 table.results th{background:#f4f4f6;position:sticky;top:0;cursor:pointer;white-space:normal;vertical-align:bottom}
 table.results td.verdict,table.results td.iso-verdict{white-space:normal}table.results tr.fail td{background:#fff0ee}table.results tr.fail td.verdict{color:#b3261e;font-weight:bold}
 table.results.failures-only tr.pass{display:none}
@@ -421,7 +430,7 @@ def _summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("golden bundle", printable(report.get("golden"))),
         ("subject", f"{printable(subject.get('name') or subject.get('spec') or '?')} (spec {printable(subject.get('spec'))})"),
         ("golden host", f"{host_text(hosts.get('golden'))}; impl {printable(report.get('golden_impl'))}"),
-        ("this host", f"{host_text(hosts.get('here'))}; impl {printable(report.get('impl'))} on {printable(report.get('device'))}"),
+        ("candidate host" if report.get("candidate") else "this host", f"{host_text(hosts.get('here'))}; impl {printable(report.get('impl'))} on {printable(report.get('device'))}"),
         ("policy", printable(policy.get("source") or "?")
          + ("; layers replayed on golden inputs (--isolate)" if report.get("isolate") else "")),
         ("rules", ", ".join(f"{name}: {count} tensors" for name, count in rules.items()) or "no tensor compared"),

@@ -21,7 +21,7 @@ def format_markdown(report: CompareReport, *, max_rows: int | None = None,
     lines = [verdict, "", markdown_escape(header[0]), ""]
     lines += [f"- {markdown_escape(line.strip())}" for line in header[1:]]
     lines += [f"- warning: {markdown_escape(printable(warning, limit=2000))}" for warning in report.warnings]
-    lines += ["", format_table(report, max_rows=max_rows), "", markdown_escape(growth_line(report))]
+    lines += ["", format_table(report, max_rows=max_rows, markdown=True), "", markdown_escape(growth_line(report))]
     if report.isolate and report.introducing_layers:
         lines += ["", "error introduced by (fails on its golden inputs, innermost modules): "
                   + ", ".join(markdown_escape(printable(name)) for name in report.introducing_layers)]

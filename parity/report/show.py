@@ -20,7 +20,6 @@ from parity.base import jsonformat
 from parity.base.text import printable
 from parity.bundle.manifest import KINDS
 from parity.bundle.reader import open_bundle
-from parity.report.text import markdown_escape
 
 # Called "parity-show" before the JSON outputs shared one naming pattern (parity.base.jsonformat).
 SHOW_FORMAT = jsonformat.SHOW_REPORT
@@ -135,9 +134,8 @@ def _subject_line(subject: dict[str, Any]) -> str:
 
 
 def _table(rows: list[list[Any]], headers: list[str]) -> str:
-    """Rows whose second cell is a name from the bundle, as a Markdown table (``<root>/h`` stays text)."""
-    for row in rows:
-        row[1] = markdown_escape(row[1])
+    """Rows whose second cell is a name from the bundle (already printable), as a terminal table:
+    names as they are, no Markdown escapes."""
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 

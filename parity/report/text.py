@@ -13,9 +13,9 @@ last line that is the verdict::
 A ``parity diff`` report (``report.candidate`` set) has the same parts; its header names both
 bundles and calls the candidate's host "candidate host" instead of "this host".
 
-Table (:func:`format_table`): tabulate's ``github`` format (pasteable into Markdown: in names,
-``| < > & * ` ] ~ $`` and a ``_`` that is not between two letters are backslash-escaped, so
-``<root>/h`` renders as text). One row per recorded tensor in execution order; columns layer,
+Table (:func:`format_table`): tabulate's ``github`` format. On a terminal names are as they are
+(control characters escaped); in Markdown output (``markdown=True``) ``| < > & * ` ] ~ $`` and a
+``_`` that is not between two letters are backslash-escaped, so ``<root>/h`` renders as text. One row per recorded tensor in execution order; columns layer,
 dtype, shape, cosine, max abs, rel L2, mismatch %, rule, verdict; with ``--isolate`` also the replayed layer's rel L2,
 max abs and verdict and whether the layer *introduces* error (fails on golden inputs too) or
 *inherits* it (fails end to end only); in budget mode also rel L2 against the high-precision
@@ -56,7 +56,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_shape
+from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_ratio, format_shape
 from parity.base.text import printable
 from parity.judge.policy import MISMATCH_ALTERNATIVES
 from parity.judge.results import CompareReport, TensorResult, unrelaxable_checks, verdict_line, would_pass_text
@@ -143,31 +143,34 @@ def markdown_escape(text: str) -> str:
     return "".join(out)
 
 
-def _escape_cell(text: str) -> str:
-    """A name from a bundle as a Markdown table cell: control characters escaped (a manifest's
-    layer name must not be able to drive the terminal), Markdown's special characters escaped."""
-    return markdown_escape(printable(text))
+def _escape_cell(text: str, markdown: bool = False) -> str:
+    """A name from a bundle as a table cell: control characters escaped (a manifest's layer name
+    must not be able to drive the terminal) and ``|`` (it would split the cell); with
+    ``markdown``, Markdown's other special characters too."""
+    return markdown_escape(printable(text)) if markdown else printable(text).replace("|", "\\|")
 
 
-def _cut(part: str, length: int) -> str:
-    """``part`` in ``length`` characters or so, the middle replaced by ``…`` (escaped for Markdown)."""
+def _cut(part: str, length: int, markdown: bool = False) -> str:
+    """``part`` in ``length`` characters or so, the middle replaced by ``…`` (escaped as the cell is)."""
     if length >= len(part):
-        return _escape_cell(part)
+        return _escape_cell(part, markdown)
     head = (length - 1) // 2
-    return _escape_cell(part[:head]) + ELLIPSIS + _escape_cell(part[len(part) - (length - 1 - head):])
+    return (_escape_cell(part[:head], markdown) + ELLIPSIS
+            + _escape_cell(part[len(part) - (length - 1 - head):], markdown))
 
 
 LONG_NAME = 8  # names longer than this many cell widths are cut to their ends before shortening
 
 
-def shorten_name(name: str, width: int) -> str:
+def shorten_name(name: str, width: int, *, markdown: bool = False) -> str:
     """``name`` as a table cell of at most ``width`` characters. The longest dotted parts are cut
     in the middle first (``…`` in place of what was cut), so that the module indices and the ends
     of the names stay (``transfor…blocks.1.attenti…ve_name``); if that is not enough, the whole
     name is cut in the middle, more of its end kept than of its start. A name longer than
     ``LONG_NAME`` widths (an imported kernel name may run to megabytes) is first cut to its two
-    ends: the search below costs the square of the length it starts from."""
-    cell = _escape_cell(name)
+    ends: the search below costs the square of the length it starts from. ``markdown``: the cell
+    is for Markdown output (special characters escaped, :func:`markdown_escape`)."""
+    cell = _escape_cell(name, markdown)
     if len(cell) <= width:
         return cell
     keep = LONG_NAME * max(width, 1) // 2
@@ -176,7 +179,7 @@ def shorten_name(name: str, width: int) -> str:
     parts = name.split(".")
     lengths = [len(part) for part in parts]
     while True:
-        candidate = ".".join(_cut(part, length) for part, length in zip(parts, lengths))
+        candidate = ".".join(_cut(part, length, markdown) for part, length in zip(parts, lengths))
         if len(candidate) <= width:
             return candidate
         longest = max(range(len(parts)), key=lambda index: lengths[index])
@@ -185,7 +188,8 @@ def shorten_name(name: str, width: int) -> str:
         lengths[longest] -= 1
     for kept in range(min(len(name), width) - 1, 0, -1):
         head = kept * 2 // 5
-        candidate = _escape_cell(name[:head]) + ELLIPSIS + _escape_cell(name[len(name) - (kept - head):])
+        candidate = _escape_cell(name[:head], markdown) + ELLIPSIS + _escape_cell(name[len(name) - (kept - head):],
+                                                                                markdown)
         if len(candidate) <= width:
             return candidate
     return ELLIPSIS
@@ -306,10 +310,11 @@ def _fit(columns: list[str], rows: list[list[str]], names: list[str | None], wid
 
 
 def format_table(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows: int | None = None,
-                 width: int | None = None) -> str:
+                 width: int | None = None, markdown: bool = False) -> str:
     """The per-tensor table (module docstring); ``max_rows`` collapses long runs of passing rows.
     ``width``: at most that many characters a line (columns left out, names shortened in the
-    middle); None: every column, names in full."""
+    middle); None: every column, names in full. ``markdown``: names escaped for Markdown output
+    (never on a terminal, where ``\\<root\\>`` would be noise)."""
     columns = _columns(report)
     rows: list[list[str]] = []
     names: list[str | None] = []  # None: a collapsed run, not a name
@@ -328,7 +333,8 @@ def format_table(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_row
     cells = []
     for row, name in zip(rows, names):
         if name is not None:
-            row = [_escape_cell(name) if name_width is None else shorten_name(name, name_width)] + row[1:]
+            row = [_escape_cell(name, markdown) if name_width is None
+                   else shorten_name(name, name_width, markdown=markdown)] + row[1:]
         cells.append([row[columns.index(column)] for column in kept])
     return tabulate(cells, headers=kept, tablefmt=tablefmt, disable_numparse=True)
 
@@ -408,19 +414,15 @@ def growth_line(report: CompareReport) -> str:
             f"{format_number(last[1])} at {printable(last[0])}")
     ratio = growth.last_over_first
     if ratio is not None and math.isfinite(ratio) and first[1] != 0:
-        text += f" ({_ratio_text(ratio)})"
+        text += f" ({format_ratio(ratio)})"
     if peak is not None and peak[0] != last[0]:
         text += f"; peak {format_number(peak[1])} at {printable(peak[0])}"
     jump = growth.largest_jump
     if jump is not None:
         name, before, after = jump
-        factor = "from 0" if before == 0 else _ratio_text(after / before)
+        factor = "from 0" if before == 0 else format_ratio(after / before)
         text += f"; largest jump at {printable(name)} ({format_number(before)} -> {format_number(after)}, {factor})"
     return text
-
-
-def _ratio_text(ratio: float) -> str:
-    return f"{ratio:.3g}x" if 0.01 <= ratio < 1000 else f"{format_number(ratio)}x"
 
 
 def failure_lines(report: CompareReport, limit: int | None = FAILURE_LIMIT) -> list[str]:

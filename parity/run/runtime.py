@@ -60,12 +60,13 @@ def cores_left_for(threads: int) -> Iterator[int]:
             torch.set_num_threads(before)
 
 
-def check_triton_mode(impl: str, device: torch.device) -> None:
-    """The Triton kernel on CPU tensors needs the interpreter, chosen before Triton is imported."""
+def check_triton_mode(impl: str, device: torch.device, *, what: str = "--impl triton on --device cpu") -> None:
+    """The Triton kernel on CPU tensors needs the interpreter, chosen before Triton is imported.
+    ``what`` names the run in the caller's own options (the pytest plugin's are ``--parity-impl``...)."""
     if impl == "triton" and device.type == "cpu" and not platform.triton_interpreter_enabled():
         raise UsageError(
-            "--impl triton on --device cpu needs the Triton interpreter: run with TRITON_INTERPRET=1 in the "
-            "environment (it must be set before Python starts)"
+            f"{what} needs the Triton interpreter: run with TRITON_INTERPRET=1 in the environment (it must be "
+            f"set before Python starts)"
         )
 
 

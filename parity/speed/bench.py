@@ -354,7 +354,7 @@ def impl_rows(times: Mapping[str, Sequence[float]], outcomes: Mapping[str, Parit
             warnings.extend(comparison.warnings)
             row["vs_baseline"] = comparison.to_dict()
             row["valid"] = outcomes[impl].holds and outcomes[baseline].holds
-            row["validity"] = _validity(outcomes, impl, baseline)
+            row["validity"] = _validity(outcomes, impl, baseline, comparison.verdict)
         rows.append(row)
     return rows, warnings
 
@@ -382,12 +382,16 @@ def _add_device_times(rows: list[dict[str, Any]], prepared: Prepared, impls: Seq
             warnings.append(suspicious)
 
 
-def _validity(outcomes: Mapping[str, ParityOutcome], impl: str, baseline: str) -> str:
+def _validity(outcomes: Mapping[str, ParityOutcome], impl: str, baseline: str, verdict: str) -> str:
+    """Whether the row's speed claim stands on parity; a SLOWER row makes no speedup claim, so it
+    is never called valid."""
     outcome = outcomes[impl]
     if not outcome.holds:
         return f"not valid: parity fails at {outcome.failing[0]}"
     if not outcomes[baseline].holds:
         return f"not valid: the baseline {baseline} fails parity at {outcomes[baseline].failing[0]} (unverified)"
+    if verdict == "SLOWER":
+        return "parity holds; slower"
     return "valid: parity holds"
 
 

@@ -222,7 +222,7 @@ def render_bench(document: Mapping[str, Any]) -> str:
     unit, scale = time_unit([_num(r["summary"]["median"]) for r in rows])
     device = any("device_time" in r for r in rows)
     head = "".join(f"<th{' class=name' if i == 0 else ''}>{_esc(h)}</th>" for i, h in enumerate(
-        ["impl", f"median {unit}", f"IQR {unit}", f"p20\u2013p80 {unit}", "n"]
+        ["impl", f"median {unit}", f"IQR {unit}", f"p20\u2013p80 {unit}", f"min\u2013max {unit}", "n"]
         + ([f"device {unit} (speedup)"] if device else [])
         + ["speedup [95% CI]", "verdict", "parity", "speedup valid?"]))
     body = []
@@ -234,6 +234,9 @@ def render_bench(document: Mapping[str, Any]) -> str:
         cells = [f'<td class="name">{_esc(r["impl"])}</td>'] + [
             f"<td>{_esc(fmt_time(s[key], scale))}</td>" for key in ("median", "iqr")]
         cells.append(f"<td>{_esc(fmt_time(s['p20'], scale))}\u2013{_esc(fmt_time(s['p80'], scale))}</td>")
+        times = [value for value in (_num(t) for t in r.get("times_s") or []) if value is not None]
+        cells.append(f"<td>{_esc(fmt_time(min(times), scale))}\u2013{_esc(fmt_time(max(times), scale))}</td>"
+                     if times else "<td>-</td>")
         cells.append(f"<td>{_esc(s['n'])}</td>")
         if device:
             measured = r.get("device_time") or {}

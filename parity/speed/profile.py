@@ -60,6 +60,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 from parity.run.runtime import check_device, check_triton_mode
 from parity.run.subjects import load_subject
 from parity.run import platform
+from .quiet import profiler_chatter_filtered
 from .tables import fmt_time, time_unit
 
 RANGE_PREFIX = "parity/"
@@ -470,8 +471,8 @@ def profile_subject(subject: str, *, subject_args: Mapping[str, Any] | None = No
         f"active {active})")
     started = time.monotonic()
     try:
-        with profile(activities=activities,
-                     schedule=_schedule(skip_first, warmup, active), on_trace_ready=ready) as prof:
+        with profiler_chatter_filtered(), profile(
+                activities=activities, schedule=_schedule(skip_first, warmup, active), on_trace_ready=ready) as prof:
             for _ in range(steps):
                 with torch.no_grad():
                     output = runner.call(module, inputs)
@@ -512,7 +513,8 @@ def device_time_per_call(call: Callable[[], Any], device: Any, *, warmup: int = 
     def ready(prof) -> None:
         captured["events"] = kineto_events(prof.profiler.kineto_results)
 
-    with profile(activities=activities, schedule=_schedule(0, warmup, active), on_trace_ready=ready) as prof:
+    with profiler_chatter_filtered(), profile(activities=activities, schedule=_schedule(0, warmup, active),
+                                              on_trace_ready=ready) as prof:
         for _ in range(warmup + active):
             with torch.no_grad():
                 output = call()

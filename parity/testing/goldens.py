@@ -9,8 +9,10 @@ judge is :class:`parity.judge.engine.Judge`, the same as ``compare``'s.
   fails, saying so (a recording is never a pass);
 - ``regen`` rewrites the goldens that fail (and the missing ones), and those checks fail saying
   what was regenerated; goldens that pass are left as they are, so committed binaries do not churn;
-- on a failure the obtained tensors are written beside the golden, as the bundle
-  ``<golden>.obtained``, for diffing (``python -m parity diff``); a later pass removes it.
+- on a failure the obtained tensors are kept as the bundle ``<name>.obtained`` in ``obtained_dir``
+  (the plugin: pytest's temporary directory or ``--parity-obtained-dir``, so a failing run never
+  writes into the source tree; without one, beside the golden), for diffing (``python -m parity
+  diff``); its path is in the failure message, and a later pass removes it.
 
 torch is imported inside the functions: the plugin imports this module when pytest loads it.
 """
@@ -133,14 +135,21 @@ class Judged:
     hint: str | None = None
 
 
-def perform_check(path: Path, *, record: bool, regen: bool, base: Mapping[str, Any], verb: str, recorded_what: str,
-                  unjudged: list[CheckedTensor], write_golden: Callable[[Path, bool], None],
+def obtained_path(golden: Path, name: str, obtained_dir: str | os.PathLike | None) -> Path:
+    """Where a failing check keeps this run: ``<obtained_dir>/<name>.obtained``, or beside the golden
+    without an ``obtained_dir``."""
+    if obtained_dir is None:
+        return golden.with_name(golden.name + OBTAINED_SUFFIX)
+    return Path(obtained_dir) / (name + OBTAINED_SUFFIX)
+
+
+def perform_check(path: Path, *, obtained_path: Path, record: bool, regen: bool, base: Mapping[str, Any], verb: str,
+                  recorded_what: str, unjudged: list[CheckedTensor], write_golden: Callable[[Path, bool], None],
                   judge: Callable[[], Judged], write_obtained: Callable[[Path], str], regenerated: str) -> ParityResult:
     """The lifecycle (module docstring). ``write_golden(path, force)`` records the golden ``verb``
     (recorded, captured) from this run; ``judge()`` compares this run with it;
-    ``write_obtained(path)`` keeps this run there and returns the sentence saying so;
+    ``write_obtained(obtained_path)`` keeps this run there and returns the sentence saying so;
     ``regenerated`` says how a failing golden was rewritten."""
-    obtained_path = path.with_name(path.name + OBTAINED_SUFFIX)
     exists = _is_bundle(path)
     if not exists or record:
         write_golden(path, exists)
@@ -171,9 +180,10 @@ def perform_check(path: Path, *, record: bool, regen: bool, base: Mapping[str, A
 
 def check_parity(name: str, obtained: Any, *, golden_dir: str | os.PathLike, policy: Any = None, record: bool = False,
                  regen: bool = False, rootdir: str | os.PathLike | None = None,
-                 test_id: str | None = None) -> ParityResult:
+                 test_id: str | None = None, obtained_dir: str | os.PathLike | None = None) -> ParityResult:
     """Compare ``obtained`` (a tensor or a mapping of names to tensors) with the golden bundle
-    ``golden_dir/name`` through the lifecycle; never raises for a parity failure (see
+    ``golden_dir/name`` through the lifecycle (a failure keeps this run in ``obtained_dir``, default
+    beside the golden); never raises for a parity failure (see
     :func:`assert_parity`). Bad arguments, a bad policy file or a damaged golden raise
     ``parity.base.errors.UsageError`` (one line)."""
     name = check_name(name)
@@ -191,8 +201,7 @@ def check_parity(name: str, obtained: Any, *, golden_dir: str | os.PathLike, pol
 
     def write_obtained(target: Path) -> str:
         write(target, True)
-        return (f"obtained tensors saved beside the golden: {target} (a parity bundle; rerun with --parity-regen "
-                f"to accept them as the golden)")
+        return _kept_text("obtained tensors", target, path)
 
     def judge() -> Judged:
         from parity.bundle.reader import open_bundle
@@ -213,7 +222,8 @@ def check_parity(name: str, obtained: Any, *, golden_dir: str | os.PathLike, pol
 
     unjudged = [CheckedTensor(label(key), dtypes.dtype_text(t.dtype), tuple(t.shape)) for key, t in tensors.items()]
     return perform_check(
-        path, record=record, regen=regen, verb="recorded", recorded_what=f" from this run ({_describe(kind, tensors)})",
+        path, obtained_path=obtained_path(path, name, obtained_dir), record=record, regen=regen, verb="recorded",
+        recorded_what=f" from this run ({_describe(kind, tensors)})",
         base=dict(name=name, golden=path, policy_source=resolved.source, test_id=test_id), unjudged=unjudged,
         write_golden=write, judge=judge, write_obtained=write_obtained,
         regenerated="rewritten from this run; the test fails so that a regeneration is never a pass: rerun to check")
@@ -221,11 +231,11 @@ def check_parity(name: str, obtained: Any, *, golden_dir: str | os.PathLike, pol
 
 def assert_parity(name: str, obtained: Any, *, golden_dir: str | os.PathLike, policy: Any = None,
                   record: bool = False, regen: bool = False, rootdir: str | os.PathLike | None = None,
-                  test_id: str | None = None) -> ParityResult:
+                  test_id: str | None = None, obtained_dir: str | os.PathLike | None = None) -> ParityResult:
     """:func:`check_parity`, raising :class:`ParityFailure` (an AssertionError) unless it passed."""
     __tracebackhide__ = True
     result = check_parity(name, obtained, golden_dir=golden_dir, policy=policy, record=record, regen=regen,
-                          rootdir=rootdir, test_id=test_id)
+                          rootdir=rootdir, test_id=test_id, obtained_dir=obtained_dir)
     if not result.passed:
         raise ParityFailure(result)
     return result
@@ -236,16 +246,25 @@ def assert_parity(name: str, obtained: Any, *, golden_dir: str | os.PathLike, po
 
 
 def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden: str | os.PathLike,
-                  impl: str = "triton", device: Any = None, policy: Any = None, record: bool = False,
+                  impl: str | None = None, device: Any = None, policy: Any = None, record: bool = False,
                   regen: bool = False, record_impl: str | None = None, rootdir: str | os.PathLike | None = None,
-                  test_id: str | None = None) -> ParityResult:
-    """Run ``subject`` (a built-in name or ``package.module:factory``) with ``impl`` and compare it
-    with the golden bundle ``golden`` through ``parity.judge.compare.compare_bundle``, with the same
-    lifecycle as tensor goldens. A missing golden is captured with ``record_impl`` (default: the
-    subject's reference implementation, the original one, as a capture host would). A golden
-    captured from other subject arguments is a failure (re-captured with ``regen``). On failure
-    this run is captured into ``<golden>.obtained``.
+                  test_id: str | None = None, obtained_dir: str | os.PathLike | None = None, name: str | None = None,
+                  impl_flag: str = "impl", device_flag: str = "device") -> ParityResult:
+    """Run ``subject`` (a built-in name or ``package.module:factory``) with ``impl`` (default: the
+    subject's ``reference_impl``) and compare it with the golden bundle ``golden`` through
+    ``parity.judge.compare.compare_bundle``, with the same lifecycle as tensor goldens. A missing
+    golden is captured with ``record_impl`` (default: the subject's reference implementation, the
+    original one, as a capture host would). A golden captured from other subject arguments is a
+    failure (re-captured with ``regen``). On failure this run is captured into
+    ``<obtained_dir>/<name>.obtained`` (``name``: the golden's name, default the last part of its
+    path; without ``obtained_dir``, beside the golden).
+
+    ``impl_flag`` and ``device_flag`` are how the caller's user names ``impl`` and ``device`` (the
+    plugin: ``--parity-impl``, ``--parity-device``), so that an unknown implementation or a Triton
+    run on a CPU without the interpreter is reported in the user's own terms.
     """
+    import torch
+
     from parity.run import platform
     from parity.run.capture import capture
     from parity.run.subjects import load_subject
@@ -258,15 +277,25 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
 
     resolved = as_policy(policy, rootdir=rootdir)
     recorder_impl = record_impl or runner.reference_impl
+    impl = impl or runner.reference_impl
     run_device = device if device is not None else platform.default_device()
+    for chosen, flag in ((impl, impl_flag), (recorder_impl, "record_impl")):
+        if runner.impls is not None and chosen not in runner.impls:
+            raise UsageError(f"subject {runner.name} has no implementation {chosen!r} ({flag}); choose from "
+                             f"{', '.join(runner.impls)}")
+    from parity.run.runtime import check_triton_mode
+
+    check_triton_mode(impl, torch.device(run_device),
+                      what=f"impl triton ({impl_flag}) on device cpu ({device_flag})")
 
     def write(target: Path, force: bool) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         capture(runner, target, impl=recorder_impl, device=run_device, force=force)
 
     def write_obtained(target: Path) -> str:
+        target.parent.mkdir(parents=True, exist_ok=True)
         capture(runner, target, impl=impl, device=run_device, reference="none", force=True)
-        return f"this run (impl {impl}) captured beside the golden: {target}"
+        return _kept_text(f"this run (impl {impl})", target, path)
 
     def judge() -> Judged:
         from parity.bundle.reader import open_bundle
@@ -293,7 +322,8 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
         return Judged(checked, False, text)
 
     return perform_check(
-        path, record=record, regen=regen, verb="captured", recorded_what=f" (subject {runner.name}, impl {recorder_impl})",
+        path, obtained_path=obtained_path(path, name or path.name, obtained_dir), record=record, regen=regen,
+        verb="captured", recorded_what=f" (subject {runner.name}, impl {recorder_impl})",
         base=dict(name=path.name, golden=path, policy_source=resolved.source, test_id=test_id), unjudged=[],
         write_golden=write, judge=judge, write_obtained=write_obtained,
         regenerated=f"re-captured with impl {recorder_impl}")
@@ -394,11 +424,19 @@ def _pct(count: int, total: int) -> str:
     return f"{100.0 * count / total:.3g}%" if total else "0%"
 
 
+def _kept_text(what: str, target: Path, golden: Path) -> str:
+    return (f"{what} kept in {target} (a parity bundle: python -m parity diff {golden} {target} compares them; "
+            f"--parity-regen accepts this run as the golden)")
+
+
 def describe_tensor(tensor: CheckedTensor) -> list[str]:
-    """Lines describing one tensor's comparison: verdict and reasons; on failure the mismatch count
-    and percentage, the worst element with its index and both values, NaN/Inf agreement, and the
-    smallest tolerance that would have passed (compare's "would pass with", TOML-ready)."""
-    from parity.base.numbers import format_cosine, format_number
+    """At most four lines on one tensor's comparison, in the spirit of ``torch.testing.assert_close``:
+    what failed (the verdict), by how much against which tolerance (the mismatch count and
+    percentage against the element bound, then each failing aggregate against its limit), the
+    worst element once (index and both values), and the smallest tolerance that would have passed.
+    A passing tensor is one line. A tensor that was not compared (shape, dtype, missing) is its
+    verdict and the reason."""
+    from parity.base.numbers import cosine_pair, format_cosine, format_number, format_plain, number_pair
     from parity.judge.results import would_pass_text
     from parity.report.text import verdict_text
 
@@ -406,49 +444,65 @@ def describe_tensor(tensor: CheckedTensor) -> list[str]:
     shape = list(tensor.shape) if tensor.shape is not None else "?"
     head = f"{tensor.label}: {verdict_text(result)}  {tensor.dtype} {shape}"
     metrics = result.metrics
-    summary = "" if metrics is None else (
-        f"cosine {format_cosine(metrics.cosine)}, max abs {format_number(metrics.max_abs)}, "
-        f"mean abs {format_number(metrics.mean_abs)}, rel L2 {format_number(metrics.rel_l2)}")
     if result.passed:
-        return [f"{head}  {summary}"]
-    lines = [head] + [f"  {reason}" for reason in result.verdict.reasons]
-    if metrics is not None:
-        tol = result.tolerance
-        bound = f"atol {format_number(tol.atol)}"
-        if tol.atol_rms:
-            bound += f" + atol_rms {format_number(tol.atol_rms)} x golden rms {format_number(metrics.ref_rms)}"
-        lines.append(
-            f"  mismatched: {metrics.mismatch_count} of {metrics.finite_count} finite elements "
-            f"({_pct(metrics.mismatch_count, metrics.finite_count)}) outside {bound} + rtol "
-            f"{format_number(tol.rtol)} x |golden|")
-        if metrics.worst_index is not None:
-            lines.append(
-                f"  worst element at {list(metrics.worst_index)}: obtained {metrics.worst_out!r}, golden "
-                f"{metrics.worst_ref!r} (|diff| {format_number(abs(metrics.worst_out - metrics.worst_ref))})")
-        counts = (f"(obtained {metrics.nan_out} NaN, {metrics.inf_out} Inf; golden {metrics.nan_ref} NaN, "
-                  f"{metrics.inf_ref} Inf)")
-        if metrics.nonfinite_positions_agree:
-            lines.append(f"  NaN/Inf positions agree {counts}")
-        else:
-            lines.append(
-                f"  NaN/Inf positions DISAGREE at {metrics.nonfinite_mismatch_count} of {metrics.numel} elements "
-                f"({_pct(metrics.nonfinite_mismatch_count, metrics.numel)}), first at "
-                f"{list(metrics.first_nonfinite_mismatch_index)} {counts}")
-        lines.append(f"  {summary}")
+        return [f"{head}  cosine {format_cosine(metrics.cosine)}, max abs {format_number(metrics.max_abs)}, "
+                f"rel L2 {format_number(metrics.rel_l2)}" if metrics is not None else head]
+    if metrics is None or result.status == "dtype-mismatch":  # not compared, or refused before the numbers
+        return [head] + [f"  {reason}" for reason in result.verdict.reasons]
+    tol = result.tolerance
+    failed = set(result.verdict.failed)
+    bound = f"atol {format_number(tol.atol)}"
+    if tol.atol_rms:
+        bound += f" + atol_rms {format_number(tol.atol_rms)} x golden rms {format_number(metrics.ref_rms)}"
+    mismatched = (f"  mismatched elements: {metrics.mismatch_count} / {metrics.finite_count} finite "
+                  f"({_pct(metrics.mismatch_count, metrics.finite_count)}, allowed "
+                  f"{_pct(tol.max_mismatch_fraction, 1)}) outside {bound} + rtol {format_number(tol.rtol)} x |golden|")
+    if metrics.outlier_count and tol.outlier_factor is not None:
+        mismatched += f"; {metrics.outlier_count} beyond {format_plain(tol.outlier_factor)}x that bound"
+    aggregates = []
+    if "min_cosine" in failed:
+        aggregates.append("cosine {} (min {})".format(*cosine_pair(metrics.cosine, tol.min_cosine)))
+    if "max_rel_l2" in failed:
+        aggregates.append("rel L2 {} (max {})".format(*number_pair(metrics.rel_l2, tol.max_rel_l2)))
+    if "max_abs" in failed and tol.max_abs is not None:
+        aggregates.append("max abs {} (max {})".format(*number_pair(metrics.max_abs, tol.max_abs)))
+    if "max_ulp" in failed:
+        aggregates.append(f"{metrics.ulp_max} ULP (max {tol.max_ulp})")
+    if not metrics.nonfinite_positions_agree:
+        aggregates.append(
+            f"NaN/Inf positions differ at {metrics.nonfinite_mismatch_count} of {metrics.numel} "
+            f"({_pct(metrics.nonfinite_mismatch_count, metrics.numel)}), first at "
+            f"{list(metrics.first_nonfinite_mismatch_index)}")
+    worst = ""
+    if metrics.worst_index is not None:
+        worst = (f"  greatest |difference|: {format_number(abs(metrics.worst_out - metrics.worst_ref))} at "
+                 f"{list(metrics.worst_index)} (obtained {metrics.worst_out:.8g}, golden {metrics.worst_ref:.8g})")
+    third = "; ".join(part for part in [worst.strip()] + aggregates if part)
+    lines = [head, mismatched] + ([f"  {third}"] if third else [])
     would_pass = would_pass_text(result)
     if would_pass:
-        lines.append(f"  smallest tolerance that would have passed: {would_pass}")
+        last = f"  would pass with: {would_pass}"
     elif result.status != "dtype-mismatch":
-        lines.append("  no tolerance makes this pass")
-    lines += [f"  note: {note}" for note in result.verdict.notes]
-    return lines
+        last = "  no tolerance makes this pass"
+    else:
+        last = ""
+    # The error budget has no metric of its own above: its reasons (the last ones, as the budget
+    # is judged last, possibly several) say it.
+    verdict = result.verdict
+    others = list(verdict.reasons[list(verdict.failed).index("budget_k"):]) if "budget_k" in verdict.failed else []
+    extra = "; ".join(others + [f"note: {note}" for note in result.verdict.notes])
+    if extra:
+        last = f"{last}; {extra}" if last else f"  {extra}"
+    return lines + ([last] if last else [])
 
 
 def _failure_report(path: Path, tensors: list[CheckedTensor], problems: list[str], policy_source: str) -> str:
+    """The failure message: one head line, then each failing tensor (:func:`describe_tensor`);
+    the passing ones are only counted in the head."""
     failing = [tensor for tensor in tensors if not tensor.passed]
     head = (f"parity: {len(failing)} of {len(tensors)} tensors differ from golden {path} (policy: {policy_source})"
             if tensors else f"parity: this run does not match golden {path} (policy: {policy_source})")
     lines = [head] + problems
-    for tensor in tensors:
+    for tensor in failing:
         lines += describe_tensor(tensor)
     return "\n".join(lines)

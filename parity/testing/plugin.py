@@ -12,6 +12,13 @@ In a test::
 
 Without the fixture: ``assert_parity(name, tensor_or_dict, golden_dir=..., policy=...)``.
 
+A subject check runs the subject's own ``reference_impl`` unless ``impl=``, the marker or
+``--parity-impl`` names another, so a user's subject works without flags; messages name the
+plugin's options (``--parity-impl``, ``--parity-device``), never the CLI's. A failing check keeps
+what it obtained under pytest's temporary directory (or ``--parity-obtained-dir``), never in the
+source tree, and prints the path. The end-of-run summary lists the tensors that did not pass;
+passing ones are counted, and listed with ``-v``.
+
 This module is options (:mod:`parity.cli.options`, the ``--parity-`` group), the ``parity`` marker,
 the ``parity_check`` fixture and the summary hooks; the golden lifecycle behind every check
 (record, judge, regenerate, keep the obtained tensors) is :mod:`parity.testing.goldens`, and the judge
@@ -83,13 +90,15 @@ MARKER_HELP = (
 @dataclasses.dataclass
 class _State:
     golden_dir: Path | None
-    impl: str
+    impl: str | None
     device: str | None
     tolerances: str | None
     report: Path | None
     record: bool
     regen: bool
     rootdir: Path
+    obtained_dir: Path | None
+    verbose: bool
     records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     is_worker: bool = False
 
@@ -125,6 +134,8 @@ def pytest_configure(config):
         record=config.getoption("parity_record"),
         regen=config.getoption("parity_regen"),
         rootdir=config.rootpath,
+        obtained_dir=absolute(config.getoption("parity_obtained_dir")),
+        verbose=config.getoption("verbose") > 0,
         is_worker=hasattr(config, "workerinput"),
     )
     config.pluginmanager.register(_Aggregator(config.stash[STATE]), "parity-aggregator")
@@ -155,6 +166,16 @@ class ParityChecker:
         if name is not None:
             return name
         return self._marker.get("golden") or default_golden_name(self._request.node.nodeid)
+
+    @property
+    def obtained_dir(self) -> Path:
+        """Where a failing check keeps what it obtained: ``--parity-obtained-dir``, else
+        ``parity-obtained/`` under pytest's temporary directory (kept for the last few runs, like
+        ``tmp_path``), so that a failing run never writes into the source tree."""
+        if self._state.obtained_dir is not None:
+            return self._state.obtained_dir
+        factory = self._request.getfixturevalue("tmp_path_factory")
+        return factory.getbasetemp() / "parity-obtained"
 
     def _policy(self, policy: Any):
         if policy is not None:
@@ -196,14 +217,17 @@ class ParityChecker:
         state = self._state
         return self._run(golden, lambda: check_parity(
             golden, obtained, golden_dir=self.golden_dir, policy=self._policy(policy), record=state.record,
-            regen=state.regen, rootdir=state.rootdir, test_id=self._request.node.nodeid))
+            regen=state.regen, rootdir=state.rootdir, test_id=self._request.node.nodeid,
+            obtained_dir=self.obtained_dir))
 
     check = __call__
 
     def subject(self, subject: str | None = None, args: Mapping[str, Any] | None = None, *,
                 name: str | None = None, policy: Any = None, impl: str | None = None,
                 record_impl: str | None = None) -> ParityResult:
-        """Assert that a whole subject run (``--parity-impl`` on ``--parity-device``) matches its golden bundle."""
+        """Assert that a whole subject run matches its golden bundle. The implementation run is, most
+        specific first: ``impl=``, the ``parity`` marker's ``impl``, ``--parity-impl``, the subject's
+        own ``reference_impl``; on ``--parity-device``."""
         __tracebackhide__ = True
         subject = subject or self._marker.get("subject")
         if subject is None:
@@ -212,12 +236,15 @@ class ParityChecker:
         args = args if args is not None else self._marker.get("args")
         golden = self.golden_name(name)
         state = self._state
-        run_impl = impl or self._marker.get("impl") or state.impl
+        run_impl, impl_flag = next(((value, flag) for value, flag in (
+            (impl, "impl= of parity_check.subject()"), (self._marker.get("impl"), "impl= of the parity marker"),
+            (state.impl, "--parity-impl")) if value), (None, "the subject's reference_impl"))
         record_impl = record_impl or self._marker.get("record_impl")
         return self._run(golden, lambda: check_subject(
             subject, args, golden=self.golden_dir / check_name(golden), impl=run_impl, device=state.device,
             policy=self._policy(policy), record=state.record, regen=state.regen, record_impl=record_impl,
-            rootdir=state.rootdir, test_id=self._request.node.nodeid))
+            rootdir=state.rootdir, test_id=self._request.node.nodeid, obtained_dir=self.obtained_dir,
+            name=golden, impl_flag=impl_flag, device_flag="--parity-device"))
 
 
 def _marker_kwargs(node) -> dict[str, Any]:
@@ -275,25 +302,35 @@ def _sorted_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The tensors that did not pass first (failed, recorded, regenerated), then the counts; the
+    passing tensors are folded into the count unless ``-v`` lists them too (after the others)."""
     state = config.stash.get(STATE, None)
     if state is None or not state.records:
         return
 
-    from parity.report.text import markdown_escape
-
-    rows = _sorted_rows(state.records)
-    table = []
-    for row in rows:
-        text = row.get("text") or {}
-        table.append([markdown_escape(printable(row.get("test") or "-")), markdown_escape(printable(row.get("tensor"))),
-                      text.get("dtype", "-"), text.get("cosine", "-"),
-                      text.get("max_abs", "-"), text.get("rel_l2", "-"), row.get("verdict")])
+    rows = sorted(_sorted_rows(state.records), key=lambda row: row.get("status") == "pass")  # stable
+    shown = rows if state.verbose else [row for row in rows if row.get("status") != "pass"]
     passed = sum(1 for row in rows if row.get("status") == "pass")
     terminalreporter.section("parity summary")
-    for line in tabulate(table, headers=["test", "tensor", "dtype", "cosine", "max abs", "rel L2", "verdict"],
-                         tablefmt="github", disable_numparse=True).splitlines():
-        terminalreporter.write_line(line)
-    terminalreporter.write_line(f"parity: {len(rows)} tensors checked: {_status_counts(rows, passed)}")
+    if shown:
+        table = []
+        for row in shown:
+            text = row.get("text") or {}
+            # A terminal table: names as they are (printable), no Markdown escapes.
+            table.append([printable(row.get("test") or "-"), printable(row.get("tensor")), text.get("dtype", "-"),
+                          text.get("cosine", "-"), text.get("max_abs", "-"), text.get("rel_l2", "-"),
+                          row.get("verdict")])
+        for line in tabulate(table, headers=["test", "tensor", "dtype", "cosine", "max abs", "rel L2", "verdict"],
+                             tablefmt="github", disable_numparse=True).splitlines():
+            terminalreporter.write_line(line)
+    folded = len(rows) - len(shown)
+    tail = f" ({folded} passing not shown: -v lists them)" if folded and shown else (
+        " (-v lists them)" if folded else "")
+    terminalreporter.write_line(f"parity: {_count(len(rows), 'tensor')} checked: {_status_counts(rows, passed)}{tail}")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _status_counts(rows, passed: int) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from parity.base.errors import ParityError, UsageError, check_readable_file
 from parity.base.files import check_distinct, check_writable, shown, write_atomically
 from parity.base.jsonformat import COMPARE_REPORT
+from parity.base.text import write_line
 from parity.cli.options import STDOUT
 from parity.report.error_report import error_reports
 
@@ -198,5 +199,5 @@ def check_judging_args(args: argparse.Namespace) -> None:
 def stderr_progress(command: str) -> Callable[[str], None]:
     """Progress lines on stderr, ``parity <command>: ...``."""
     def say(message: str) -> None:
-        print(f"parity {command}: {message}", file=sys.stderr, flush=True)
+        write_line(sys.stderr, f"parity {command}: {message}")
     return say
