@@ -234,7 +234,7 @@ def test_readme_multi_gpu_commands_run_as_written(tmp_path):
             assert f"wrote rank set {out}: {world} ranks, 28 recorded tensors per rank" in done.stdout
             for rank in range(world):  # each rank's true count, once its run is recorded
                 for kind in ("output", "reference"):
-                    assert f"[rank {rank}]: rank {rank}/{world}: recorded 28 {kind} tensors" in done.stderr
+                    assert f"[rank {rank}/{world}]: recorded 28 {kind} tensors" in done.stderr
             rank_set = open_rank_set(tmp_path / out)
             assert (rank_set.world_size, rank_set.backend) == (world, "gloo")
         else:

@@ -38,6 +38,7 @@ from torch import nn
 from parity.run import platform
 from parity.bundle.writer import DEFAULT_SHARD_BYTES, BundleWriter
 from parity.base.errors import ParityError, SubjectError, UsageError
+from parity.base.text import write_line
 from parity.bundle.manifest import DIGEST_FIELD
 from parity.bundle.reader import open_bundle
 from parity.run.recorder import RecordedTensor, Recorder, flatten
@@ -107,11 +108,10 @@ def _first_difference(off: list[tuple[str, torch.Tensor]], on: list[tuple[str, t
 class _Store:
     """The recorder's callback: unwraps DTensors, places plain tensors, writes to this rank's bundle."""
 
-    def __init__(self, writer: BundleWriter, rules: PlacementMap, say: Progress, label: str):
+    def __init__(self, writer: BundleWriter, rules: PlacementMap, say: Progress):
         self.writer = writer
         self.rules = rules
         self.say = say
-        self.label = label  # "rank R/N", heading this rank's progress lines
         self.placements: dict[str, Placement] = {}
         self.counts: dict[str, int] = {}  # tensors recorded so far, by kind
 
@@ -134,7 +134,7 @@ class _Store:
     def recorded(self, kind: str) -> str:
         """The progress line of how many ``kind`` tensors (output, reference) this rank recorded so far."""
         count = self.counts.get(kind, 0)
-        return f"{self.label}: recorded {count} {kind} tensor{'' if count == 1 else 's'}"
+        return f"recorded {count} {kind} tensor{'' if count == 1 else 's'}"
 
 
 def record_ranks(
@@ -185,7 +185,7 @@ def record_ranks(
                       durable=durable) as writer:
         error = None
         hooks_check: dict[str, Any] = {}
-        store = _Store(writer, PlacementMap(), say, f"rank {rank}/{world}")
+        store = _Store(writer, PlacementMap(), say)
         try:
             writer.open()
             module = runner.build(impl, state=state, device=device)
@@ -344,8 +344,9 @@ def capture_rank_set(
                         shard_bytes=shard_bytes, durable=durable, progress=progress)
 
 
-def stderr_progress(rank: int) -> Callable[[str], None]:
+def stderr_progress(rank: int, world: int) -> Callable[[str], None]:
+    """Progress lines on stderr headed by the rank, each written in one call (ranks share the stream)."""
     def say(message: str) -> None:
-        print(f"parity capture [rank {rank}]: {message}", file=sys.stderr, flush=True)
+        write_line(sys.stderr, f"parity capture [rank {rank}/{world}]: {message}")
 
     return say

@@ -60,7 +60,7 @@ def capture(args: argparse.Namespace, *, subject_args: dict, shard_bytes: int, d
         result = capture_rank_set(args.subject, args.out, subject_args=subject_args, impl=args.impl,
                                   layers=args.layers, reference=args.reference, placements=rules, force=args.force,
                                   shard_bytes=shard_bytes, durable=args.durable, group=group,
-                                  progress=None if args.quiet else stderr_progress(group.rank))
+                                  progress=None if args.quiet else stderr_progress(group.rank, group.world_size))
         finished = True
     finally:  # after an error another rank may be gone: no barrier then
         group.close(synchronize=finished)
