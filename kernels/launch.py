@@ -105,9 +105,6 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         "DOT_PRECISION": "ieee",
         "USE_TMA": use_tma,
         "ONE_LOOP": config.one_loop,
-        "LAZY_RESCALE": config.lazy_rescale,
-        "PV_BEHIND": config.pv_behind,
-        "PV_STAGES": config.num_stages,
         "SELECT_LOADED": amd,
         "HOST_TMA": use_tma and descriptors[0] is not None,
     }
