@@ -47,6 +47,7 @@ SLOW_FILES = {
     "test_dist.py": "rank processes (2 and 4) importing torch and DTensor",
     "test_report_html_layout.py": "a headless Chromium renders every page",
     "test_judge_fault_matrix.py": "a fault-injected model compared per case",
+    "test_kernels_op.py": "opcheck and torch.compile of the operator through the Triton interpreter",
     "test_kernels_host_tma.py": "the host_tma option's loads through the Triton interpreter",
 }
 # Markers whose tests are slow too: the full mutation run of the bundle reader.
