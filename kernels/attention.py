@@ -159,7 +159,7 @@ def _plan_key(q, k, v, tensors, meta, sm_scale, return_lse) -> tuple:
     cache's key), so two calls with equal keys get the same launches but for q, k, v, out, lse
     (tests/test_kernels_launch_cache.py)."""
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-            q.device, k.device, v.device, q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0,
+            q.device, k.get_device(), v.get_device(), q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0,
             tuple(map(id, tensors)), meta, sm_scale, return_lse)
 
 

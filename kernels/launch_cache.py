@@ -44,11 +44,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from .targets import arch_spec, triton_interpreter_enabled
 
@@ -211,9 +211,10 @@ class LaunchCache:
         self._state = state
         self._version = version
         self._max = max_per_layout
-        # by identity: an anchor may be a tensor (whose == is elementwise, so no WeakKeyDictionary)
-        self._by_layout: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._lock = threading.Lock()  # the bookkeeping and the counts only; launches are not serialized
+        # id(layout) -> (weak reference to it, its entries): by identity, since a layout may be a
+        # tensor (whose == is elementwise); the reference's callback drops the entries with it
+        self._by_layout: dict[int, tuple[weakref.ref, collections.OrderedDict]] = {}
+        self._lock = threading.RLock()  # the bookkeeping and the counts only (re-entered by a weak reference's callback run by a collection inside); launches are not serialized
         self.hits = 0
         self.misses = 0
 
@@ -249,9 +250,10 @@ class LaunchCache:
             steps.append(self._bind(step, compiled if direct_launch_supported(compiled) else None, tensors, fresh))
         entry = Entry(tuple(steps), {name: spec for name, (spec, _) in fresh.items()}, version, extra, tuple(keep))
         with self._lock:
-            entries = self._by_layout.get(layout)
+            entries = self._entries(layout)
             if entries is None:
-                entries = self._by_layout.setdefault(layout, collections.OrderedDict())
+                entries = collections.OrderedDict()
+                self._by_layout[id(layout)] = (weakref.ref(layout, self._forget(id(layout))), entries)
             entries[key] = entry
             while len(entries) > self._max:
                 entries.popitem(last=False)
@@ -262,7 +264,7 @@ class LaunchCache:
         edited since, or a global the kernels were compiled with has changed (Triton's dispatch
         then raises its error)."""
         with self._lock:
-            entries = self._by_layout.get(layout)
+            entries = self._entries(layout)
             entry = entries.get(key) if entries is not None else None
             if entry is None or entry.version != version:
                 return None  # an edited layout's entry is replaced when the call is built again
@@ -287,6 +289,18 @@ class LaunchCache:
                 bound.kernel[bound.grid](**dict(zip(bound.names, values)), **bound.options)
             else:
                 self._issue(bound.compiled, bound.grid, values, state)
+
+    def _entries(self, layout: Any) -> collections.OrderedDict | None:
+        slot = self._by_layout.get(id(layout))
+        return slot[1] if slot is not None and slot[0]() is layout else None
+
+    def _forget(self, ident: int) -> Callable[[weakref.ref], None]:
+        def forget(ref: weakref.ref) -> None:  # the layout is gone: its entries with it
+            with self._lock:
+                slot = self._by_layout.get(ident)
+                if slot is not None and slot[0] is ref:
+                    del self._by_layout[ident]
+        return forget
 
     def _count(self, *, hit: bool) -> None:
         with self._lock:

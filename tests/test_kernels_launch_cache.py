@@ -521,7 +521,7 @@ def test_a_layout_edited_in_place_is_built_again():
     call()
     assert (cache.hits, cache.misses, len(kernel.dispatched)) == (1, 2, 2)
     call()  # the rebuilt entry, under the new version
-    assert (cache.hits, cache.misses, len(kernel.dispatched)) == (2, 2, 2) and len(cache._by_layout[layout]) == 1
+    assert (cache.hits, cache.misses, len(kernel.dispatched)) == (2, 2, 2) and len(cache._entries(layout)) == 1
     version[0] = None  # not known: dispatched, never cached
     call()
     call()
