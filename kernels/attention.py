@@ -17,7 +17,7 @@ from .decode import MAX_ROWS, WORKSPACE, build_decode_launch, decode_eligible, d
 from .inputs import check_inputs
 from .launch import DESCRIPTORS, PER_CALL, build_launch, element_mask_arguments, kv_descriptors, launch_key, tma_fits
 from .launch_cache import LaunchCache, LaunchStep
-from .layout import BlockLayout
+from .layout import BlockLayout, MaskSpec
 
 __all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_config", "element_mask_arguments",
            "install_tma_allocator"]
@@ -128,8 +128,6 @@ def attention_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, te
     found = _planned(q, k, v, tensors, meta, sm_scale, return_lse) if LAUNCH_CACHE_DEFAULT else None
     if found is not None:
         return found
-    from .layout import MaskSpec
-
     kv_num, kv_idx, full_num, full_idx, q_doc, k_doc, k_start, k_end, bits = tensors
     layout = BlockLayout(seq_q=q.shape[2], seq_k=k.shape[2], block_m=block_m, block_n=block_n, kv_num_blocks=kv_num,
                          kv_indices=kv_idx, full_kv_num_blocks=full_num, full_kv_indices=full_idx,

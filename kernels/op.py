@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from .attention import attention_from_tensors, block_sparse_attention
 from .layout import BlockLayout
 
 __all__ = ["sparse_attention", "OP_NAME", "op_arguments"]
@@ -49,8 +50,6 @@ _LIBRARY.define(_SCHEMA)
 def _implementation(q, k, v, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, q_doc, k_doc,
                     k_start, k_end, mask_bits, block_m, block_n, causal, window, sink_tokens, offset, sm_scale,
                     return_lse):
-    from .attention import attention_from_tensors
-
     out, lse = attention_from_tensors(
         q, k, v, (kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, q_doc, k_doc, k_start, k_end,
                   mask_bits), (block_m, block_n, causal, window, sink_tokens, offset), sm_scale, return_lse)
@@ -112,6 +111,4 @@ def sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: 
     if _tracing(q):
         out, lse = torch.ops.parity.block_sparse_attention.default(*op_arguments(q, k, v, layout, scale, return_lse))
         return (out, lse) if return_lse else out
-    from .attention import block_sparse_attention
-
     return block_sparse_attention(q, k, v, layout, sm_scale=scale, return_lse=return_lse)
