@@ -20,7 +20,8 @@ Why ``torch.library.Library`` (a schema, one implementation, ``register_fake``) 
   call. An attention kernel has no neighbour Inductor could fuse into it.
 * eager dispatch cost, measured on the 2-core CPU of this project (torch 2.13.0, an op returning
   two new tensors, 20,000 calls): ``custom_op`` 38.6 us per call, a ``Library`` op 13.6 us, the
-  plain function 5.0 us (``python bench/op_dispatch.py``). So eager calls of ``sparse_attention``
+  plain function 5.0 us; a second run with the machine's two cores busy: 79.4, 19.1 and 7.9 us
+  (``python bench/op_dispatch.py``). So eager calls of ``sparse_attention``
   call the launcher directly, and the operator is called where something traces (torch.compile,
   export, FakeTensor or other tensor subclasses): the same launcher either way.
 
