@@ -73,9 +73,8 @@ fi
 # this call) (bench/benchmark_table.py; each JSON is rewritten after every case). The default
 # variants are the spill-free ones of `parity inspect --target sm_90` with Triton 3.6 (BENCHMARK.md).
 SWEEP_CASES=${SWEEP_CASES:-d64-s4k-causal,d64-s16k-window1024,d64-s4k-random25,d128-s4k-causal,d128-s16k-causal,d128-s16k-random25}
-SWEEP_ARGS=${SWEEP_ARGS:-"--config d64:tma=1 --config d64:block_n=128,num_warps=4,tma=1,lazy_rescale=1 \
---config d64:num_warps=4,tma=1 --config d64:block_n=128,tma=1 --config d64:block_n=128,one_loop=1 \
---config lazy_rescale=1 --config d128:tma=1 --config d128:block_n=128,tma=1"}
+SWEEP_ARGS=${SWEEP_ARGS:-"--config d64:tma=1 --config d64:num_warps=4,tma=1 --config d64:block_n=128,tma=1 \
+--config d64:block_n=128,one_loop=1 --config d128:tma=1 --config d128:block_n=128,tma=1"}
 # shellcheck disable=SC2086  # word splitting of the argument strings is intended
 step table-sweep "${SWEEP_LIMIT:-540}" "$PY" -m bench.benchmark_table --json "$R/sweep.json" --repeats 3 \
     --cases "$SWEEP_CASES" $SWEEP_ARGS

@@ -6,6 +6,7 @@ arguments. Autotuning runs only when asked for (``config="autotune"``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -16,7 +17,7 @@ from .decode import MAX_ROWS, WORKSPACE, build_decode_launch, decode_eligible, d
 from .inputs import check_inputs
 from .launch import DESCRIPTORS, PER_CALL, build_launch, element_mask_arguments, kv_descriptors, launch_key, tma_fits
 from .launch_cache import LaunchCache, LaunchStep
-from .layout import BlockLayout
+from .layout import BlockLayout, MaskSpec
 
 __all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_config", "element_mask_arguments",
            "install_tma_allocator"]
@@ -98,6 +99,115 @@ def block_sparse_attention(
     Returns out [B, Hq, Sq, D] in q's dtype, and with ``return_lse`` the natural-log LSE
     [B, Hq, Sq] in fp32. A row that sees no key gives 0 and LSE -inf, never NaN.
     """
+    plain = (LAUNCH_CACHE_DEFAULT if launch_cache is None else launch_cache) and config is None and out is None \
+        and lse_out is None and decode is None and num_splits is None and isinstance(layout, BlockLayout) \
+        and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    if plain:  # a model's call: its plan, when an equal call has built one
+        mask = layout.mask
+        tensors = (layout.kv_num_blocks, layout.kv_indices, layout.full_kv_num_blocks, layout.full_kv_indices,
+                   layout.q_doc, layout.k_doc, layout.k_start, layout.k_end, layout.mask_bits)
+        meta = (layout.seq_q, layout.seq_k, layout.block_m, layout.block_n, mask.causal, mask.window,
+                mask.sink_tokens, mask.offset)
+        found = _planned(q, k, v, tensors, meta, sm_scale, return_lse)
+        if found is not None:
+            return found if return_lse else found[0]
+        return _launch(q, k, v, layout, sm_scale=sm_scale, return_lse=return_lse, plan=(tensors, meta))
+    return _launch(q, k, v, layout, sm_scale=sm_scale, return_lse=return_lse, config=config, out=out,
+                   lse_out=lse_out, decode=decode, num_splits=num_splits, launch_cache=launch_cache)
+
+
+def attention_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: tuple, meta: tuple,
+                           sm_scale: float | None, return_lse: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``block_sparse_attention`` for a layout given as its tensors and metadata (the operator's
+    arguments, ``kernels.op``): ``tensors`` = (kv_num_blocks, kv_indices, full_kv_num_blocks,
+    full_kv_indices, q_doc, k_doc, k_start, k_end, mask_bits), absent masks None; ``meta`` =
+    (block_m, block_n, causal, window, sink_tokens, offset). The layout object is made (and
+    checked) only where no plan matches. Returns (out, lse or None)."""
+    block_m, block_n, causal, window, sink_tokens, offset = meta
+    meta = (q.shape[2], k.shape[2], block_m, block_n, causal, window, sink_tokens, offset)
+    found = _planned(q, k, v, tensors, meta, sm_scale, return_lse) if LAUNCH_CACHE_DEFAULT else None
+    if found is not None:
+        return found
+    kv_num, kv_idx, full_num, full_idx, q_doc, k_doc, k_start, k_end, bits = tensors
+    layout = BlockLayout(seq_q=q.shape[2], seq_k=k.shape[2], block_m=block_m, block_n=block_n, kv_num_blocks=kv_num,
+                         kv_indices=kv_idx, full_kv_num_blocks=full_num, full_kv_indices=full_idx,
+                         mask=MaskSpec(causal=causal, window=window, sink_tokens=sink_tokens, offset=offset),
+                         q_doc=q_doc, k_doc=k_doc, k_start=k_start, k_end=k_end, mask_bits=bits)
+    result = _launch(q, k, v, layout, sm_scale=sm_scale, return_lse=return_lse,
+                     plan=(tensors, meta) if LAUNCH_CACHE_DEFAULT else None, launch_cache=LAUNCH_CACHE_DEFAULT)
+    return result if return_lse else (result, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recipe:
+    """What a plan's hit makes per call besides the output: the fp32 staging buffer (interpreter
+    and bf16), the host-made K/V descriptors (``descriptors`` is the config they follow, or None)."""
+
+    staging: bool
+    descriptors: configs.LaunchConfig | None
+
+
+def _plan_key(q, k, v, tensors, meta, sm_scale, return_lse) -> tuple:
+    """Everything a plain call's launches depend on besides the per-call tensors' addresses: the
+    shapes, strides, dtypes and device of q, k, v, whether each base is 16-byte aligned (Triton
+    specializes pointers on it; the TMA check reads it), the identity of the layout's tensors
+    (the plan keeps them, so an identity is never reused while it lives), its metadata, the scale
+    and whether the LSE is wanted. The config, the path, the split count, whether TMA applies and
+    the output's allocation all follow from these and the device (the dispatch state, in the
+    cache's key), so two calls with equal keys get the same launches but for q, k, v, out, lse
+    (tests/test_kernels_launch_cache.py)."""
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+            q.device, k.get_device(), v.get_device(), q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0,
+            tuple(map(id, tensors)), meta, sm_scale, return_lse)
+
+
+def _plan_path(seq_q: int, block_m: int) -> str:
+    """The path a plain call takes: decode where ``decode_eligible`` holds (1..DECODE_MAX_SEQ_Q rows,
+    all in the first query block), else prefill: from integers only."""
+    return "decode" if 1 <= seq_q <= configs.DECODE_MAX_SEQ_Q and seq_q <= block_m else "prefill"
+
+
+def _layout_version(tensors: tuple) -> tuple | None:
+    """``BlockLayout.version`` of a layout given as its tensors (None where not known)."""
+    try:
+        return tuple(t._version for t in tensors if t is not None)
+    except RuntimeError:  # "Inference tensors do not track version counter"
+        return None
+
+
+def _planned(q, k, v, tensors, meta, sm_scale, return_lse):
+    """The plain call's (out, lse or None) through its plan; None where no plan matches (the call
+    then takes ``_launch``, which builds one). The whole host path of a model's call."""
+    shape = q.shape
+    if len(shape) != 4:
+        return None  # the full path names the problem
+    cache = _launch_cache(_plan_path(shape[2], meta[2]))
+    state = cache.state()
+    if state is None:
+        return None
+    version = _layout_version(tensors)
+    if version is None:
+        return None
+    entry = cache.find(tensors[0], (state, _plan_key(q, k, v, tensors, meta, sm_scale, return_lse)), version)
+    if entry is None:
+        return None
+    recipe = entry.extra
+    result = torch.empty_like(q)
+    staging = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device) if recipe.staging else result
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
+    descriptors = (kv_descriptors(k, v, recipe.descriptors, True) if recipe.descriptors is not None
+                   else (None, None))
+    cache.issue(entry, (q, k, v, staging, lse, *descriptors), state)
+    if recipe.staging:
+        result.copy_(staging)
+    return result, lse
+
+
+def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, out=None, lse_out=None, decode=None,
+            num_splits=None, launch_cache=None, plan=None):
+    """The launcher's full path: checks, config, path, build, and the launch (through the cache
+    where it applies). ``plan``: (layout tensors, metadata) of a plain call, whose entry is then
+    stored under the plain call's key (``_plan_key``) for ``_planned`` to find."""
     from .triton_attention import block_sparse_attn_fwd
 
     check_inputs(q, k, v, layout)
@@ -135,8 +245,7 @@ def block_sparse_attention(
            else torch.empty(batch, heads_q, seq_q, dtype=torch.float32, device=q.device) if return_lse
            else None)
 
-    cached = (LAUNCH_CACHE_DEFAULT if launch_cache is None else launch_cache) and q.device.type == "cuda" \
-        and not interpreter
+    cached = LAUNCH_CACHE_DEFAULT if launch_cache is None else launch_cache
     if use_decode:
         cfg = config if isinstance(config, configs.DecodeConfig) else decode_config(q.device, head_dim, q.dtype)
         cfg = cfg.clamp(layout.block_n)
@@ -147,7 +256,7 @@ def block_sparse_attention(
                                                     emulate_bf16=emulate_bf16, amd=_amd(q.device, interpreter)))
         cache, descriptors = "decode", ()
         key = decode_key(q, k, v, staging, lse, cfg, sm_scale=scale, num_splits=num_splits,
-                         emulate_bf16=emulate_bf16) if cached else None
+                         emulate_bf16=emulate_bf16) if cached and plan is None else None
     else:
         cfg = _resolve_config(config, q, k, v, layout, scale).clamp(layout.block_m, layout.block_n)
         use_tma = _tma_usable(cfg, q, k, v)
@@ -159,8 +268,15 @@ def block_sparse_attention(
             return [LaunchStep(block_sparse_attn_fwd, launch.grid, launch.args, launch.constexprs, launch.options)]
         cache = "prefill"
         key = launch_key(q, k, v, staging, lse, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
-                         use_tma=use_tma) if cached else None
-    if cached:  # one cache per path, so the two paths' keys never meet
+                         use_tma=use_tma) if cached and plan is None else None
+    if cached and plan is not None:  # a plain call: stored under the key its next call finds (``_planned``)
+        layout_tensors, meta = plan
+        recipe = _Recipe(staging=emulate_bf16, descriptors=cfg if descriptors and descriptors[0] is not None else None)
+        _launch_cache(cache).launch(
+            layout_tensors[0], _plan_key(q, k, v, layout_tensors, meta, sm_scale, return_lse),
+            (q, k, v, staging, lse, *descriptors), build, version=_layout_version(layout_tensors), extra=recipe,
+            keep=tuple(t for t in layout_tensors[1:] if t is not None))
+    elif cached:  # one cache per path, so the two paths' keys never meet
         _launch_cache(cache).launch(layout, key, (q, k, v, staging, lse, *descriptors), build)
     else:
         for step in build():

@@ -32,13 +32,6 @@ class LaunchConfig:
     tma: bool = False
     # Full and partial key blocks in one loop (a runtime mask flag) instead of two loops.
     one_loop: bool = False
-    # Rescale the accumulator only when a row's maximum grows by more than 2**8 (FlashAttention-4's
-    # conditional rescaling; kernels/triton_attention.py). Same function, other rounding.
-    lazy_rescale: bool = False
-    # The one loop with P @ V one tile behind the scores (FlashAttention-3's intra-warpgroup
-    # overlap; kernels/triton_attention.py): the same function and rounding, another program
-    # order. Needs one_loop; not combined with lazy_rescale.
-    pv_behind: bool = False
     # With tma: the two K/V descriptors made on the host, once per call, and passed to the kernel,
     # instead of built in every program (Triton's TensorDescriptor arguments). Same tiles, same
     # loads, same values; used where the launcher can describe K and V as one [B * Hkv * Sk, D]
@@ -49,10 +42,6 @@ class LaunchConfig:
     def __post_init__(self):
         if self.host_tma and not self.tma:
             raise ValueError("host_tma makes the TMA descriptors on the host: it needs tma=1")
-        if self.pv_behind and not self.one_loop:
-            raise ValueError("pv_behind reorders the one loop: it needs one_loop=1")
-        if self.pv_behind and self.lazy_rescale:
-            raise ValueError("pv_behind and lazy_rescale cannot be combined")
 
     def launch_kwargs(self) -> dict[str, Any]:
         """Compiler options for the kernel launch (``kernel[grid](..., **cfg.launch_kwargs())``)."""
@@ -74,7 +63,7 @@ class LaunchConfig:
 
 
 # The boolean options of LaunchConfig, in the order labels and dicts list them.
-FLAGS = ("tma", "one_loop", "lazy_rescale", "pv_behind", "host_tma")
+FLAGS = ("tma", "one_loop", "host_tma")
 
 
 def _amd(block_m, block_n, num_warps, num_stages, *, waves_per_eu=2, nonkdim=16, kpack=1):

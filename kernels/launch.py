@@ -19,7 +19,7 @@ from .configs import LaunchConfig
 from .layout import BlockLayout
 
 __all__ = ["KernelLaunch", "build_launch", "launch_key", "PER_CALL", "element_mask_arguments", "named_strides",
-           "next_power_of_2", "tma_fits", "host_tma_fits", "kv_descriptors", "DESCRIPTORS", "MAX_PROGRAMS"]
+           "next_power_of_2", "tma_fits", "tile_order_on_device", "host_tma_fits", "kv_descriptors", "DESCRIPTORS", "MAX_PROGRAMS"]
 
 # One launch's 1-D grid is at most 2**31 - 1 programs.
 MAX_PROGRAMS = 2**31 - 1
@@ -66,7 +66,7 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     full_counts, full_indices = _broadcast(layout.full_kv_num_blocks, layout.full_kv_indices, batch, heads_q)
     mask = layout.mask
     # Where work is not monotone in the query tile (element masks), heaviest tiles first.
-    tile_order = layout.tile_order(config.block_m) if (layout.has_doc or layout.has_bits) else None
+    tile_order = tile_order_on_device(layout, config.block_m) if (layout.has_doc or layout.has_bits) else None
     q_doc, k_doc, stride_qdb, stride_kdb, k_start, k_end, stride_pb, mask_bits, *bits_strides = (
         element_mask_arguments(layout, batch, heads_q))
     args = {
@@ -105,9 +105,6 @@ def build_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         "DOT_PRECISION": "ieee",
         "USE_TMA": use_tma,
         "ONE_LOOP": config.one_loop,
-        "LAZY_RESCALE": config.lazy_rescale,
-        "PV_BEHIND": config.pv_behind,
-        "PV_STAGES": config.num_stages,
         "SELECT_LOADED": amd,
         "HOST_TMA": use_tma and descriptors[0] is not None,
     }
@@ -180,6 +177,17 @@ def kv_descriptors(k: torch.Tensor, v: torch.Tensor, config: LaunchConfig, use_t
     head_dim = k.shape[-1]
     return tuple(TensorDescriptor(t, [t.shape[0] * t.shape[1] * t.shape[2], head_dim], [t.stride(2), 1],
                                   [config.block_n, next_power_of_2(head_dim)]) for t in (k, v))
+
+
+def tile_order_on_device(layout: BlockLayout, block_m: int) -> torch.Tensor:
+    """``BlockLayout.tile_order`` (query tiles of ``block_m`` rows, heaviest first, ties later tile
+    first) computed where the layout lives, with no copy to the host: a launch then never waits
+    for the device, and can be captured in a CUDA graph. A stable descending sort of the work
+    listed last tile first keeps equal tiles later-first, the order ``tile_order`` sorts to."""
+    work = (layout.kv_num_blocks.to(torch.int64) + layout.full_kv_num_blocks).sum(dim=(0, 1))
+    work = work.repeat_interleave(layout.block_m // block_m)[: -(-layout.seq_q // block_m)]
+    last_first = torch.sort(work.flip(0), descending=True, stable=True).indices
+    return (work.numel() - 1 - last_first).to(torch.int32)
 
 
 def element_mask_arguments(layout: BlockLayout, batch: int, heads: int) -> tuple:

@@ -32,9 +32,12 @@ is built again when that has moved, so an edited layout is launched as a new one
 version is not known (a layout made under ``torch.inference_mode``, whose tensors count no edits),
 Triton dispatches every call. A layout on another device than q is copied on every call, so such
 calls never hit. As in Triton's dispatch, a hit first checks that the globals the kernel was
-compiled with are unchanged. Triton dispatches the call itself under the interpreter, with a
-Triton whose compiled kernels lack the launch interface used here, where the kernel has pre-run
-hooks or a stages-inspection hook is set, and while the stream is capturing a CUDA graph.
+compiled with are unchanged. Triton dispatches the call itself where the kernel has pre-run hooks
+or a stages-inspection hook is set, and while the stream is capturing a CUDA graph. Under the
+interpreter (and with a Triton whose compiled kernels lack the launch interface used here) an
+entry is kept all the same and a hit dispatches the kernel from the entry's bound arguments: the
+interpreter then computes what the cached path passes, so the CPU test suite checks the bound
+arguments of every launch it makes twice.
 """
 from __future__ import annotations
 
@@ -47,9 +50,9 @@ from typing import Any
 
 import torch
 
-from .targets import arch_spec
+from .targets import arch_spec, triton_interpreter_enabled
 
-__all__ = ["LaunchCache", "LaunchStep", "MAX_PER_LAYOUT", "issue_compiled", "direct_launch_supported",
+__all__ = ["LaunchCache", "LaunchStep", "Entry", "MAX_PER_LAYOUT", "issue_compiled", "direct_launch_supported",
            "dispatch_state", "triton_binder"]
 
 MAX_PER_LAYOUT = 16
@@ -75,18 +78,25 @@ class LaunchStep:
 
 @dataclasses.dataclass
 class _Bound:
-    compiled: Any  # Triton's CompiledKernel
+    kernel: Any  # the @triton.jit function (dispatched from ``values`` where ``compiled`` is None)
+    compiled: Any  # Triton's CompiledKernel, or None (the interpreter, or no launch interface)
     grid: tuple[int, ...]
     values: list[Any]  # every parameter's value, in the kernel's order (runtime and constexpr)
     slots: tuple[tuple[int, int], ...]  # (position in values, index in the per-call tensors)
     fresh: tuple[tuple[int, str], ...]  # (position in values, name of a tensor made anew per call)
+    names: tuple[str, ...]  # the kernel's parameter names (the order of ``values``)
+    options: dict[str, Any]  # compiler options, for a dispatch from ``values``
 
 
 @dataclasses.dataclass
-class _Entry:
+class Entry:
+    """One plan: the launches of one call, bound, for every later call with an equal key."""
+
     steps: tuple[_Bound, ...]
     fresh: dict[str, tuple[tuple, tuple, Any, Any]]  # name -> shape, strides, dtype, device
     version: Any  # the layout's version when the entry was built (``LaunchCache``'s ``version``)
+    extra: Any = None  # what the caller needs to prepare a hit's per-call tensors (its own data)
+    keep: tuple = ()  # objects whose identity the key holds (kept alive with the entry)
 
 
 def direct_launch_supported(compiled: Any) -> bool:
@@ -103,6 +113,8 @@ def dispatch_state(kernels: Sequence[Any]) -> tuple | None:
     stages-inspection hook is set (3.9), or the stream is capturing a CUDA graph (a graph would
     hold the entry's buffers, which an eviction frees; and capture is not where host time
     matters)."""
+    if triton_interpreter_enabled():  # no device, no stream, no compiled kernel: dispatched from the entry
+        return ("interpreter",)
     from triton import knobs
     from triton.runtime import driver
 
@@ -151,6 +163,16 @@ def _globals_unchanged(kernel: Any) -> bool:
                for (name, _), (value, scope) in getattr(kernel, "used_global_vals", {}).items())
 
 
+def _unlinked(value: Any) -> Any:
+    """A tensor the entry keeps, as a tensor over the same memory that is not a view of its base
+    (a view holds its base alive: an entry would keep a layout tensor, maybe its own anchor, alive
+    for ever). Anything else as it is."""
+    if not isinstance(value, torch.Tensor) or value._base is None:
+        return value
+    alias = torch.empty(0, dtype=value.dtype, device=value.device)
+    return alias.set_(value.untyped_storage(), value.storage_offset(), value.size(), value.stride())
+
+
 class LaunchCache:
     """Launches of a fixed sequence of Triton kernels, bound once per (layout, key) and issued
     again with new tensors.
@@ -167,6 +189,15 @@ class LaunchCache:
     known) is never cached.
     ``issue`` and ``state``: how a cached launch is issued and what dispatch state it is keyed on
     (``issue_compiled``, ``dispatch_state``; tests pass stand-ins).
+
+    Where a launch returns no compiled kernel with the launch interface (the interpreter), its
+    entry still binds the arguments and a hit dispatches the kernel from them: the same bound
+    arguments a GPU's hit issues, so the interpreter's tests run through the cached path too.
+
+    ``launch`` is one call; the launcher's fast path uses its parts: ``find`` (the entry for a key,
+    or None), ``issue`` (a found entry with this call's tensors), and ``launch`` on a miss, which
+    builds, dispatches and stores the entry under the same key (with ``extra``, the caller's
+    recipe for a hit's tensors, and ``keep``, objects whose identity the key holds).
     """
 
     def __init__(self, kernels: Sequence[Any], per_call: Sequence[str], *, fresh: Sequence[str] = (),
@@ -180,59 +211,96 @@ class LaunchCache:
         self._state = state
         self._version = version
         self._max = max_per_layout
-        self._by_layout: weakref.WeakKeyDictionary[Any, collections.OrderedDict] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()  # the bookkeeping and the counts only; launches are not serialized
+        # id(layout) -> (weak reference to it, its entries): by identity, since a layout may be a
+        # tensor (whose == is elementwise); the reference's callback drops the entries with it
+        self._by_layout: dict[int, tuple[weakref.ref, collections.OrderedDict]] = {}
+        self._lock = threading.RLock()  # the bookkeeping and the counts only (re-entered by a weak reference's callback run by a collection inside); launches are not serialized
         self.hits = 0
         self.misses = 0
 
-    def launch(self, layout: Any, key: tuple, tensors: Sequence[Any], build: Callable[[], Sequence[LaunchStep]]) -> None:
+    def state(self) -> tuple | None:
+        """This call's dispatch state (``dispatch_state``), None where Triton must dispatch."""
+        return self._state(self.kernels)
+
+    def launch(self, layout: Any, key: tuple, tensors: Sequence[Any], build: Callable[[], Sequence[LaunchStep]],
+               *, version: Any = dataclasses.MISSING, state: Any = dataclasses.MISSING, extra: Any = None,
+               keep: tuple = ()) -> None:
         """Launch this call's kernels. ``tensors``: the per-call tensors, in ``per_call`` order,
         None where the launch builds a stand-in (whether each is None must be part of ``key``);
         ``build``: makes the call's launches, in order, when no entry matches, from the same
-        ``tensors``."""
-        state = self._state(self.kernels)
-        version = self._version(layout) if state is not None else None
-        if version is None:  # Triton must dispatch this call itself
+        ``tensors``. ``version`` and ``state``: the caller's, where it has read them already."""
+        if state is dataclasses.MISSING:
+            state = self._state(self.kernels)
+        if version is dataclasses.MISSING:
+            version = self._version(layout) if state is not None else None
+        if state is None or version is None:  # Triton must dispatch this call itself
             self._count(hit=False)
             for step in build():
                 step.dispatch()
             return
         key = (state, key)
-        with self._lock:
-            entries = self._by_layout.get(layout)
-            entry = entries.get(key) if entries is not None else None
-            if entry is not None and entry.version != version:
-                entry = None  # the layout was edited in place: built again below, replacing the entry
-            if entry is not None:
-                entries.move_to_end(key)
-        if entry is not None and all(_globals_unchanged(kernel) for kernel in self.kernels):
-            self._count(hit=True)
-            # one new workspace per call, shared by its steps as the build shared it
-            made = {name: torch.empty_strided(shape, strides, dtype=dtype, device=device)
-                    for name, (shape, strides, dtype, device) in entry.fresh.items()}
-            for bound in entry.steps:
-                values = list(bound.values)
-                for position, index in bound.slots:
-                    values[position] = tensors[index]
-                for position, name in bound.fresh:
-                    values[position] = made[name]
-                self._issue(bound.compiled, bound.grid, values, state)
+        entry = self.find(layout, key, version)
+        if entry is not None:
+            self.issue(entry, tensors, state)
             return
         self._count(hit=False)
         steps, fresh = [], {}
         for step in build():
             compiled = step.dispatch()
-            steps.append(self._bind(step, compiled, tensors, fresh) if direct_launch_supported(compiled) else None)
-        if any(bound is None for bound in steps):
-            return  # the interpreter, or a Triton without the interface: no entry, dispatch each time
-        entry = _Entry(tuple(steps), {name: spec for name, (spec, _) in fresh.items()}, version)
+            steps.append(self._bind(step, compiled if direct_launch_supported(compiled) else None, tensors, fresh))
+        entry = Entry(tuple(steps), {name: spec for name, (spec, _) in fresh.items()}, version, extra, tuple(keep))
         with self._lock:
-            entries = self._by_layout.get(layout)
+            entries = self._entries(layout)
             if entries is None:
-                entries = self._by_layout.setdefault(layout, collections.OrderedDict())
+                entries = collections.OrderedDict()
+                self._by_layout[id(layout)] = (weakref.ref(layout, self._forget(id(layout))), entries)
             entries[key] = entry
             while len(entries) > self._max:
                 entries.popitem(last=False)
+
+    def find(self, layout: Any, key: tuple, version: Any) -> Entry | None:
+        """The entry of ``layout`` under ``key`` (which holds the dispatch state) built under
+        ``version``, counted as a hit; None (nothing counted) where there is none, the layout was
+        edited since, or a global the kernels were compiled with has changed (Triton's dispatch
+        then raises its error)."""
+        with self._lock:
+            entries = self._entries(layout)
+            entry = entries.get(key) if entries is not None else None
+            if entry is None or entry.version != version:
+                return None  # an edited layout's entry is replaced when the call is built again
+            entries.move_to_end(key)
+        if not all(_globals_unchanged(kernel) for kernel in self.kernels):
+            return None
+        self._count(hit=True)
+        return entry
+
+    def issue(self, entry: Entry, tensors: Sequence[Any], state: tuple) -> None:
+        """Issue a found entry's launches, in order, with this call's ``tensors`` and one new
+        workspace shared by its steps (as the build shared it)."""
+        made = {name: torch.empty_strided(shape, strides, dtype=dtype, device=device)
+                for name, (shape, strides, dtype, device) in entry.fresh.items()} if entry.fresh else None
+        for bound in entry.steps:
+            values = list(bound.values)
+            for position, index in bound.slots:
+                values[position] = tensors[index]
+            for position, name in bound.fresh:
+                values[position] = made[name]
+            if bound.compiled is None:
+                bound.kernel[bound.grid](**dict(zip(bound.names, values)), **bound.options)
+            else:
+                self._issue(bound.compiled, bound.grid, values, state)
+
+    def _entries(self, layout: Any) -> collections.OrderedDict | None:
+        slot = self._by_layout.get(id(layout))
+        return slot[1] if slot is not None and slot[0]() is layout else None
+
+    def _forget(self, ident: int) -> Callable[[weakref.ref], None]:
+        def forget(ref: weakref.ref) -> None:  # the layout is gone: its entries with it
+            with self._lock:
+                slot = self._by_layout.get(ident)
+                if slot is not None and slot[0] is ref:
+                    del self._by_layout[ident]
+        return forget
 
     def _count(self, *, hit: bool) -> None:
         with self._lock:
@@ -252,7 +320,7 @@ class LaunchCache:
                 or any(given[names[position]] is not tensors[index] for position, index in slots)):
             raise RuntimeError("LaunchCache: the launch's arguments do not match the kernel's parameters "
                                f"and the per-call tensors {self._per_call}")
-        values = [given[name] for name in names]
+        values = [_unlinked(given[name]) for name in names]
         for position, _ in slots:
             values[position] = None  # the entry does not keep this call's tensors alive
         made = []
@@ -265,4 +333,5 @@ class LaunchCache:
                     raise RuntimeError(f"LaunchCache: the steps of one launch pass different {name} tensors")
                 made.append((names.index(name), name))
                 values[names.index(name)] = None
-        return _Bound(compiled, tuple(step.grid), values, slots, tuple(made))
+        return _Bound(step.kernel, compiled, tuple(step.grid), values, slots, tuple(made), tuple(names),
+                      dict(step.options))

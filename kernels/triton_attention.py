@@ -6,10 +6,6 @@ MaskSpec predicate is evaluated in registers, ANDed with the layout's element ma
 ids, key padding range, bit-packed mask), in two loops or, with ONE_LOOP, in one. Each element
 mask is behind a constexpr flag (HAS_DOC, HAS_PAD, HAS_BITS) and its tensors are passed as None
 when absent, so a layout without them compiles to the same code as before they existed. With
-LAZY_RESCALE the running maximum moves only when a block raises it by more than 2**8
-(FlashAttention-4); off, the kernel compiles to the code it had before the option existed. With
-PV_BEHIND the one loop issues each tile's P @ V after the next tile's scores, so that on Hopper
-the softmax runs while the product does (FlashAttention-3's intra-warpgroup overlap; same bits).
 SELECT_LOADED (set on AMD) reads a tile's block index from both block lists and selects the
 value, where Triton 3.6's AMD backend aborts on a load through a selected pointer. Launch it
 through ``kernels.attention``.
@@ -19,9 +15,6 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
-# LAZY_RESCALE: how far (log2 units of the scaled scores) a row's block max may exceed the running
-# max before the running max moves; FlashAttention-4 uses 8 (p stays below 2**8 = 256).
-RESCALE_LOG2 = tl.constexpr(8.0)
 
 
 @triton.jit
@@ -79,19 +72,6 @@ def _load_kv_tiles(k_ptrs0, v_ptrs0, k_desc, v_desc, kv_row0, start_n, cols, off
         k = k.to(tl.float32)
         v = v.to(tl.float32)
     return k, v
-
-
-@triton.jit
-def _load_kv_tile(ptrs0, desc, kv_row0, start_n, cols, offs_d, stride_n, seq_k,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, EMULATE_BF16: tl.constexpr, USE_TMA: tl.constexpr):
-    # One K or V tile alone, bounds-masked (PV_BEHIND loads a tile's K and V at different steps).
-    if USE_TMA:
-        tile = desc.load([kv_row0 + start_n, 0])
-    else:
-        tile = _load_rows(ptrs0 + start_n.to(tl.int64) * stride_n, cols, offs_d, seq_k, HEAD_DIM, BLOCK_D, True)
-    if EMULATE_BF16:
-        tile = tile.to(tl.float32)
-    return tile
 
 
 @triton.jit
@@ -192,7 +172,6 @@ def _attend_block(
     RUNTIME_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
     EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
-    LAZY_RESCALE: tl.constexpr,
 ):
     # MASKED (constexpr): this block is partial. RUNTIME_MASK (constexpr): the caller's single
     # loop visits full and partial blocks alike and ``partial`` (a runtime scalar) says which;
@@ -209,29 +188,8 @@ def _attend_block(
     qk = _mask_scores(qk, partial, start_n, cols, offs_m, seq_q, seq_k, causal_offset, window, sink_tokens,
                       q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, MASKED, RUNTIME_MASK,
                       IS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PAD, HAS_BITS)
-    if LAZY_RESCALE:
-        # FlashAttention-4's conditional rescaling: the running max moves, and acc and l are
-        # rescaled, only when some row's block max exceeds it by more than RESCALE_LOG2;
-        # otherwise p = exp2(s - m) <= 2**RESCALE_LOG2, which the fp32 acc and l and the 16-bit
-        # p hold with the same relative rounding. One scalar test per block instead of a
-        # [BLOCK_M, BLOCK_D] multiply. A row that saw no key stays at -inf (-inf > -inf is False).
-        m_blk = tl.max(qk, 1) * qk_scale  # [BLOCK_M]
-        if tl.max((m_blk > m_i + RESCALE_LOG2).to(tl.int32), 0) > 0:
-            m_up = tl.maximum(m_i, m_blk)  # [BLOCK_M]
-            alpha = tl.math.exp2(m_i - tl.where(m_up == float("-inf"), 0.0, m_up))  # [BLOCK_M]
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_up
-        m_new = m_i
-        if MASKED or RUNTIME_MASK:
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_sub = m_new
-        p = tl.math.exp2(qk * qk_scale - m_sub[:, None])  # [BLOCK_M, BLOCK_N]
-        l_i = l_i + tl.sum(p, 1)  # [BLOCK_M]
-    else:
-        p, alpha, l_i, m_new = _eager_update(qk, m_i, l_i, qk_scale, MASKED or RUNTIME_MASK)
-        acc = acc * alpha[:, None]  # [BLOCK_M, BLOCK_D]
+    p, alpha, l_i, m_new = _eager_update(qk, m_i, l_i, qk_scale, MASKED or RUNTIME_MASK)
+    acc = acc * alpha[:, None]  # [BLOCK_M, BLOCK_D]
     p = _p_operand(p, v.dtype, EMULATE_BF16)
     # acc += p @ v: [BLOCK_M, BLOCK_N] @ [BLOCK_N, BLOCK_D] -> [BLOCK_M, BLOCK_D]
     acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)
@@ -311,8 +269,7 @@ def block_sparse_attn_fwd(
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr, HAS_ORDER: tl.constexpr,
     RETURN_LSE: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr, LAZY_RESCALE: tl.constexpr, PV_BEHIND: tl.constexpr,
-    PV_STAGES: tl.constexpr, SELECT_LOADED: tl.constexpr, HOST_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, ONE_LOOP: tl.constexpr, SELECT_LOADED: tl.constexpr, HOST_TMA: tl.constexpr,
 ):
     # 1-D grid of B * Hq * num_m_tiles programs. The query tiles of one (batch, head) are
     # adjacent, so the programs resident at once share a few heads' K/V, which stay in L2 (on the
@@ -390,50 +347,7 @@ def block_sparse_attn_fwd(
     full_idx_base = FULL_IDX + off_b * stride_fib + off_h * stride_fih + q_block * stride_fim
     part_count = tl.load(KV_NUM + off_b * stride_cb + off_h * stride_ch + q_block * stride_cm)
     part_idx_base = KV_IDX + off_b * stride_ib + off_h * stride_ih + q_block * stride_im
-    if PV_BEHIND:
-        # The one loop below with P @ V one tile behind (FlashAttention-3's intra-warpgroup
-        # overlap): step t asks for tile t's scores, then for tile t - 1's P @ V, then computes
-        # tile t's softmax. The softmax does not read that product, so on Hopper the product runs
-        # while the exponentials do (kernels/BENCHMARK.md, read from the compiled code). The
-        # accumulator's rescale by tile t - 1's alpha is the product's own accumulator input,
-        # so only the next product reads its result. Same tiles, same order of the sums, same
-        # rounding of p; only the program order differs. (Lazy rescaling is not combined with it:
-        # its accumulator update sits between two products.) The loop is given the config's
-        # pipeline depth (PV_STAGES = num_stages) explicitly: left to the kernel-wide option, this
-        # loop gets one K/V buffer fewer (compile-only, sm_90, Triton 3.6 and 3.9).
-        total = (full_count + part_count) * SUB
-        if total > 0:
-            start_n, partial = _tile_at(0, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N, BLOCK_N,
-                                        SELECT_LOADED)
-            cols = start_n + offs_n
-            k = _load_kv_tile(k_ptrs0, k_desc, kv_row0, start_n, cols, offs_d, stride_kn, seq_k, HEAD_DIM, BLOCK_D,
-                              EMULATE_BF16, USE_TMA)
-            qk = _mask_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), partial, start_n, cols, offs_m,
-                              seq_q, seq_k, causal_offset, window, sink_tokens, q_doc, k_doc_ptr, k_lo, k_hi,
-                              bits_ptrs, False, True, IS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PAD, HAS_BITS)
-            p, alpha, l_i, m_i = _eager_update(qk, m_i, l_i, qk_scale, True)  # p, alpha: tile 0's
-            for t in tl.range(1, total, num_stages=PV_STAGES):
-                next_n, partial = _tile_at(t, full_count, full_idx_base, part_idx_base, SUB, SPARSE_BLOCK_N,
-                                           BLOCK_N, SELECT_LOADED)
-                next_cols = next_n + offs_n
-                k = _load_kv_tile(k_ptrs0, k_desc, kv_row0, next_n, next_cols, offs_d, stride_kn, seq_k, HEAD_DIM,
-                                  BLOCK_D, EMULATE_BF16, USE_TMA)
-                qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # tile t's raw scores
-                v = _load_kv_tile(v_ptrs0, v_desc, kv_row0, start_n, start_n + offs_n, offs_d, stride_vn, seq_k,
-                                  HEAD_DIM, BLOCK_D, EMULATE_BF16, USE_TMA)
-                # acc: tiles < t - 1 at tile t - 2's max -> tiles <= t - 1 at tile t - 1's. p is
-                # carried in fp32 and converted here: carried as the 16-bit operand, the next
-                # step would overwrite the operand's registers and Triton waits for the product.
-                acc = tl.dot(_p_operand(p, v.dtype, EMULATE_BF16), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-                qk = _mask_scores(qk, partial, next_n, next_cols, offs_m, seq_q, seq_k, causal_offset, window,
-                                  sink_tokens, q_doc, k_doc_ptr, k_lo, k_hi, bits_ptrs, False, True,
-                                  IS_CAUSAL, HAS_WINDOW, HAS_DOC, HAS_PAD, HAS_BITS)
-                p, alpha, l_i, m_i = _eager_update(qk, m_i, l_i, qk_scale, True)
-                start_n = next_n
-            v = _load_kv_tile(v_ptrs0, v_desc, kv_row0, start_n, start_n + offs_n, offs_d, stride_vn, seq_k,
-                              HEAD_DIM, BLOCK_D, EMULATE_BF16, USE_TMA)
-            acc = tl.dot(_p_operand(p, v.dtype, EMULATE_BF16), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-    elif ONE_LOOP:
+    if ONE_LOOP:
         # Full blocks then partial blocks (the same order as the two loops below) in one loop:
         # one pipeline prologue and drain per query tile instead of two.
         for t in range((full_count + part_count) * SUB):
@@ -448,7 +362,6 @@ def block_sparse_attn_fwd(
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                 IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
                 EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-                LAZY_RESCALE=LAZY_RESCALE,
             )
     else:
         for t in range(full_count * SUB):
@@ -462,7 +375,6 @@ def block_sparse_attn_fwd(
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                 IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
                 EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-                LAZY_RESCALE=LAZY_RESCALE,
             )
         for t in range(part_count * SUB):
             start_n = tl.load(part_idx_base + t // SUB) * SPARSE_BLOCK_N + (t % SUB) * BLOCK_N
@@ -475,7 +387,6 @@ def block_sparse_attn_fwd(
                 HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
                 IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
                 EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=USE_TMA,
-                LAZY_RESCALE=LAZY_RESCALE,
             )
 
     # Rows that saw no key have l = 0 and acc = 0: output 0, LSE -inf (the project's convention).
@@ -585,7 +496,7 @@ def block_sparse_decode_fwd(
             partial=partial, MASKED=False, RUNTIME_MASK=True,
             HEAD_DIM=HEAD_DIM, BLOCK_D=BLOCK_D,
             IS_CAUSAL=IS_CAUSAL, HAS_WINDOW=HAS_WINDOW, HAS_DOC=HAS_DOC, HAS_PAD=HAS_PAD, HAS_BITS=HAS_BITS,
-            EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=False, LAZY_RESCALE=False,
+            EMULATE_BF16=EMULATE_BF16, DOT_PRECISION=DOT_PRECISION, USE_TMA=False,
         )
 
     # A split (or a whole row) that saw no key: output 0, LSE -inf (the project's convention).

@@ -61,11 +61,11 @@ def test_the_lab_runs_from_the_checkout_wherever_the_script_is_called(tmp_path):
 
 def test_decode_and_gpu_tests_steps(tmp_path):
     calls, status = _dry_run(tmp_path, {"STEPS": "decode gpu-tests", "DECODE_ARGS": "--threshold",
-                                        "GPU_TESTS": "tests/test_kernels_decode.py tests/test_kernels_rescale.py"})
+                                        "GPU_TESTS": "tests/test_kernels_decode.py tests/test_kernels_op.py"})
     decode = next(c for c in calls if "benchmark_decode" in c)
     assert decode.endswith("decode.json --threshold")
     tests = next(c for c in calls if c.startswith("-m pytest -m gpu"))
-    assert tests.endswith("tests/test_kernels_decode.py tests/test_kernels_rescale.py")
+    assert tests.endswith("tests/test_kernels_decode.py tests/test_kernels_op.py")
     assert not [c for c in calls if "benchmark_table" in c]
     assert [line.split()[0] for line in status.splitlines()] == ["install", "decode", "gpu-tests"]
 

@@ -55,7 +55,7 @@ def test_cases_cover_the_issue_table():
 
 @pytest.mark.parametrize("spec, expected", [
     ("d64:block_n=128,num_warps=8", (64, {"block_n": 128, "num_warps": 8})),
-    ("lazy_rescale=1", (None, {"lazy_rescale": True})),
+    ("one_loop=1", (None, {"one_loop": True})),
 ])
 def test_variant_prefixes(spec, expected):
     assert benchmark_table.parse_variant(spec) == expected
@@ -168,7 +168,7 @@ def _sweep(rows, variants):
 def test_pick_takes_the_best_checked_variant_per_head_dim(capsys, tmp_path):
     w8 = {"block_n": 128, "num_warps": 8}
     tma = {"block_n": 128, "tma": True}
-    lazy = {"lazy_rescale": True}
+    two_stages = {"num_stages": 2}
     rows = [
         # D=64: the w8 variant wins on the geometric mean (300 x 300 vs pinned 200 x 220); the tma
         # one is faster in one case but failed its check in the other, so it is not a candidate
@@ -179,15 +179,15 @@ def test_pick_takes_the_best_checked_variant_per_head_dim(capsys, tmp_path):
         _row("d64-s16k-causal", "parity 128x128 w8 s3", 0.7, 300.0, head_dim=64, config_changes=w8),
         _row("d64-s16k-causal", "parity 128x128 w8 s3 +tma", 0.5, 410.0, head_dim=64, config_changes=tma,
              check="FAILED"),
-        # D=128: the lazy variant is slower than the pinned config: nothing is picked
+        # D=128: the two-stage variant is slower than the pinned config: nothing is picked
         _row("d128-s4k-causal", "parity triton", 1.0, 400.0, head_dim=128),
-        _row("d128-s4k-causal", "parity 128x64 w8 s3 +one_loop +lazy_rescale", 1.1, 390.0, head_dim=128,
-             config_changes=lazy),
+        _row("d128-s4k-causal", "parity 128x64 w8 s2 +one_loop", 1.1, 390.0, head_dim=128,
+             config_changes=two_stages),
         # the pinned config without the launch cache is faster here, but it is not a variant to pin
         _row("d128-s4k-causal", benchmark_table.UNCACHED, 0.9, 440.0, head_dim=128),
     ]
     result = _sweep(rows, [{"head_dim": 64, "changes": w8}, {"head_dim": 64, "changes": tma},
-                           {"head_dim": None, "changes": lazy}])
+                           {"head_dim": None, "changes": two_stages}])
     best = benchmark_table.pick(result)
     assert list(best) == [64]
     assert best[64]["impl"] == "parity 128x128 w8 s3" and best[64]["changes"] == w8

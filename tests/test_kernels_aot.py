@@ -110,21 +110,6 @@ def test_sm90_exp2_overlap_is_read_from_the_machine_code(compiled):
     Draft202012Validator({"$ref": "#/$defs/result", "$defs": schema["$defs"]}).validate(r.to_dict())
 
 
-def test_pv_behind_lets_the_loops_exponentials_overlap_its_product():
-    """The kernel with ``pv_behind`` (D=64, the pinned sm_90 tiles): every exponential in the
-    loop can issue while the previous tile's P @ V runs, and those of the first tile, peeled out
-    of the loop, cannot (half of the count); the code stays spill-free. The same reading of the
-    pinned kernel gives 0 (the test above)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "1")
-        (r,) = aot.inspect_cases([("sm_90", "bf16", 64)], overrides={"pv_behind": 1})
-    assert r.error is None and r.config["pv_behind"] is True, describe(r)
-    overlap = r.exp2_overlap
-    assert overlap["exp2"] >= 2 * 128 * 64 // 256, overlap
-    assert overlap["loop_exp2_while_mma"] == overlap["loop_exp2"] == overlap["exp2_while_mma"] == overlap["exp2"] // 2
-    assert r.spills == 0 and r.passed, describe(r)
-
-
 def test_pipelining_probe_sees_the_overlap_where_the_order_allows_it():
     """``python -m bench.probe_pipelining`` at D=64: the usual order lets no exponential
     issue while a product runs; folding the rescale into the lagged P @ V lets every one in the

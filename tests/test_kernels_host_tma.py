@@ -21,8 +21,7 @@ from parity.kernels.launch_cache import LaunchCache, LaunchStep
 from parity.kernels.layout import BlockLayout
 from parity.kernels.testing import check_kernel_output, random_qkv
 
-TILES = {"one_loop": dict(one_loop=True), "two_loops": dict(one_loop=False),
-         "pv_behind": dict(one_loop=True, pv_behind=True)}
+TILES = {"one_loop": dict(one_loop=True), "two_loops": dict(one_loop=False)}
 
 
 def _tma_device(device):

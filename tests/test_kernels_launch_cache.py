@@ -23,6 +23,7 @@ from parity.kernels.launch import PER_CALL, build_launch, launch_key
 from parity.kernels.decode import WORKSPACE
 from parity.kernels.launch_cache import LaunchCache, LaunchStep
 from parity.kernels.testing import random_qkv
+from parity.testing.strategies import attention_cases, case_bounds, note_case, parity_settings
 
 
 # ---- Triton's own specialization ---------------------------------------------------------------
@@ -520,7 +521,7 @@ def test_a_layout_edited_in_place_is_built_again():
     call()
     assert (cache.hits, cache.misses, len(kernel.dispatched)) == (1, 2, 2)
     call()  # the rebuilt entry, under the new version
-    assert (cache.hits, cache.misses, len(kernel.dispatched)) == (2, 2, 2) and len(cache._by_layout[layout]) == 1
+    assert (cache.hits, cache.misses, len(kernel.dispatched)) == (2, 2, 2) and len(cache._entries(layout)) == 1
     version[0] = None  # not known: dispatched, never cached
     call()
     call()
@@ -585,13 +586,17 @@ def test_a_replaced_kernel_gets_its_own_cache(monkeypatch):
     assert attention._launch_cache("prefill").kernels == (spy,)
 
 
-def test_without_a_compiled_kernel_every_call_is_dispatched():
+def test_without_a_compiled_kernel_a_hit_dispatches_the_bound_arguments():
+    """The interpreter (no compiled kernel): the entry is kept, and a hit dispatches the kernel from
+    its bound arguments with the call's tensors swapped in."""
     kernel, issued = _Kernel(compiled=False), []
     cache, layout = _cache(kernel, issued), _Layout()
     for _ in range(3):
         tensors = _tensors()
         cache.launch(layout, "k", tensors, lambda tensors=tensors: _steps(kernel, tensors, 3))
-    assert len(kernel.dispatched) == 3 and not issued
+    assert len(kernel.dispatched) == 3 and not issued and (cache.hits, cache.misses) == (2, 1)
+    assert kernel.dispatched[1] == kernel.dispatched[0] == ((3,), sorted(["Q", "K", "V", "Out", "Lse", "seq", "BLOCK",
+                                                                          "num_warps"]))
 
 
 def test_a_launch_built_from_other_tensors_is_refused():
@@ -601,18 +606,148 @@ def test_a_launch_built_from_other_tensors_is_refused():
         cache.launch(_Layout(), "k", _tensors(), lambda: _steps(kernel, _tensors(), 3))
 
 
-def test_the_interpreter_ignores_the_option(device):
-    """On CPU (the interpreter) launch_cache=True computes what the default call does."""
+def test_the_interpreter_runs_the_cached_path(device):
+    """On CPU (the interpreter) launch_cache=True keeps entries too and a repeated call (new
+    tensors) computes the bits of an uncached call, on both paths."""
+    from parity.kernels import attention
+
     if device.type != "cpu":
         pytest.skip("the interpreter's case; test_gpu_cached_launch_gives_the_dispatched_bits is the GPU's")
     layout = causal_layout(64, 64, block_m=32, block_n=32)
-    q, k, v = random_qkv(1, 2, 2, 64, 64, 32, torch.float32, 0, device)
-    assert torch.equal(block_sparse_attention(q, k, v, layout, launch_cache=True),
-                       block_sparse_attention(q, k, v, layout, launch_cache=False))
     decode = causal_layout(2, 64, block_m=32, block_n=32)  # two query rows: the decode path
-    q = q[:, :, :2]
-    assert torch.equal(block_sparse_attention(q, k, v, decode, launch_cache=True, num_splits=2),
-                       block_sparse_attention(q, k, v, decode, launch_cache=False, num_splits=2))
+    for path, lay, options in (("prefill", layout, {}), ("decode", decode, {"num_splits": 2})):
+        cache = attention._launch_cache(path)
+        hits = cache.hits
+        for seed in range(2):
+            q, k, v = random_qkv(1, 2, 2, lay.seq_q, 64, 32, torch.float32, seed, device)
+            assert torch.equal(block_sparse_attention(q, k, v, lay, launch_cache=True, **options),
+                               block_sparse_attention(q, k, v, lay, launch_cache=False, **options))
+        assert cache.hits == hits + 1, path
+
+
+# ---- the plain call's plan (what a model's call takes) ------------------------------------------
+def _moved(t: torch.Tensor, seed: int) -> torch.Tensor:
+    """Other values at another address (8 elements on: still 16-byte aligned, as the first)."""
+    storage = torch.empty(8 + t.numel(), dtype=t.dtype, device=t.device)
+    moved = storage[8:].view(t.shape)
+    moved.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(seed)).to(t.dtype))
+    return moved
+
+
+def _hit_gives_the_uncached_bits(case, device):
+    """One case through the plain call's plan: a warm-up call on other inputs builds it, the
+    case's own call must hit it and give exactly the bits (out and LSE) of an uncached call, and
+    hold against the fp64 reference."""
+    from parity.kernels import attention
+    from parity.kernels.testing import check_kernel_output
+
+    q, k, v = (t.to(device) for t in case.make_qkv())
+    layout = case.make_layout().to(device)
+    block_sparse_attention(*(_moved(t, seed) for seed, t in enumerate((q, k, v))), layout, return_lse=True)
+    path = attention._plan_path(q.shape[2], layout.block_m)
+    cache = attention._launch_cache(path)
+    hits = cache.hits
+    got, got_lse = block_sparse_attention(q, k, v, layout, return_lse=True)
+    assert cache.hits == hits + 1, f"{case.case_id}: the plain call did not take its plan ({path})"
+    want, want_lse = block_sparse_attention(q, k, v, layout, return_lse=True, launch_cache=False)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse), case.case_id
+    check = check_kernel_output(got, got_lse, q, k, v, layout)
+    assert check.passed, (case.case_id, check)
+
+
+@parity_settings()
+@given(case=attention_cases(case_bounds()))
+def test_a_plans_hit_gives_the_uncached_bits_on_drawn_cases(case):
+    """The property tests' cases (every layout kind, dtype, GQA ratio, odd lengths, decode-sized
+    queries) through the plan's hit."""
+    from parity.run import platform
+
+    device = platform.default_device()
+    note_case(case, None if device.type == "cpu" else device.type)
+    _hit_gives_the_uncached_bits(case, device)
+
+
+@pytest.mark.slow
+def test_a_plans_hit_gives_the_uncached_bits_on_the_fuzz_corpus(device):
+    """The 150 cases of the committed H200 fuzz corpus (golden/h200-fuzz) through the plan's hit."""
+    from pathlib import Path
+
+    from parity.bundle.reader import open_bundle
+    from parity.run.subjects.attention import AttentionCase
+
+    bundle = open_bundle(Path(__file__).resolve().parent.parent / "golden" / "h200-fuzz")
+    cases = [AttentionCase(**case) for case in bundle.subject["args"]["cases"]]
+    assert len(cases) >= 150
+    for case in cases:
+        _hit_gives_the_uncached_bits(case, device)
+
+
+def _plain_key(q, k, v, layout, sm_scale=None, return_lse=False):
+    from parity.kernels import attention
+
+    mask = layout.mask
+    tensors = (layout.kv_num_blocks, layout.kv_indices, layout.full_kv_num_blocks, layout.full_kv_indices,
+               layout.q_doc, layout.k_doc, layout.k_start, layout.k_end, layout.mask_bits)
+    meta = (layout.seq_q, layout.seq_k, layout.block_m, layout.block_n, mask.causal, mask.window,
+            mask.sink_tokens, mask.offset)
+    return attention._plan_key(q, k, v, tensors, meta, sm_scale, return_lse)
+
+
+def test_the_plain_key_holds_what_the_resolved_launch_reads():
+    """Equal plain keys on one layout give equal launch keys once the launcher has resolved the
+    call (config, path, TMA, output allocation), so the launch ``test_equal_keys_mean_the_same_launch_and_the_same_specialization``
+    proves equal; and each change a launch can see changes the plain key."""
+    layout = LAYOUTS[("window", 200)]
+    q, k, v = random_qkv(2, 4, 2, 200, 200, 64, torch.bfloat16, 0, "cpu")
+    base = _plain_key(q, k, v, layout)
+    other = [_moved(t, 3) for t in (q, k, v)]
+    assert _plain_key(*other, layout) == base
+    cfg = configs.config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_m, layout.block_n)
+    keys = {launch_key(a, b, c, torch.empty_like(a), None, cfg, sm_scale=64 ** -0.5, use_tma=True)
+            for a, b, c in ((q, k, v), tuple(other))}
+    assert len(keys) == 1
+    changes = {
+        "q misaligned": (_place(q, 3, False), k, v, layout),
+        "k heads last": (q, _place(k, 0, True), v, layout),
+        "v dtype": (q, k, v.half(), layout),
+        "batch": (q[:1], k[:1], v[:1], layout),
+        "a layout with the same values": (q, k, v, dataclasses.replace(layout, kv_indices=layout.kv_indices.clone())),
+        "another mask": (q, k, v, dataclasses.replace(layout, mask=dataclasses.replace(layout.mask, window=99))),
+    }
+    for name, args in changes.items():
+        assert _plain_key(*args) != base, name
+    assert _plain_key(q, k, v, layout, sm_scale=0.1) != base and _plain_key(q, k, v, layout, return_lse=True) != base
+
+
+def test_a_plan_does_not_keep_its_layout_alive(device):
+    """A plan is stored under its layout's first tensor, weakly; the bound views of the layout's
+    tensors must not hold it (a view holds its base): once the layout is gone, so is its plan."""
+    from parity.kernels import attention
+
+    layout = sliding_window_layout(64, 64, 20, block_m=32, block_n=32)
+    q, k, v = random_qkv(1, 2, 1, 64, 64, 32, torch.float16, 0, device)
+    block_sparse_attention(q, k, v, layout.to(device))
+    cache = attention._launch_cache("prefill")
+    anchors = len(cache._by_layout)
+    anchor = weakref.ref(layout.kv_num_blocks)
+    del layout
+    gc.collect()
+    assert anchor() is None and len(cache._by_layout) == anchors - 1
+
+
+def test_the_device_tile_order_is_the_layouts():
+    """``tile_order_on_device`` (no copy to the host, so a launch can be captured) equals
+    ``BlockLayout.tile_order``, ties included."""
+    from parity.kernels import document_layout, layout_from_dense_mask
+    from parity.kernels.launch import tile_order_on_device
+
+    dense = torch.rand(2, 3, 200, 256, generator=torch.Generator().manual_seed(1)) < 0.3
+    for layout in (document_layout([100, 60, 96], block_m=64, block_n=64),
+                   document_layout([10, 300, 7, 50], block_m=32, block_n=32),
+                   layout_from_dense_mask(dense, block_m=64, block_n=32)):
+        for rows in (16, 32):
+            got, want = tile_order_on_device(layout, rows), layout.tile_order(rows)
+            assert got.dtype == want.dtype and got.tolist() == want.tolist()
 
 
 @pytest.mark.gpu

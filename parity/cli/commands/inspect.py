@@ -47,7 +47,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="head dimension; repeatable (default: 64 and 128)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                         help="override a field of the pinned config (block_m, block_n, num_warps, "
-                             "num_stages, the flags tma, one_loop, lazy_rescale, pv_behind, host_tma as 0/1, and on AMD "
+                             "num_stages, the flags tma, one_loop, host_tma as 0/1, and on AMD "
                              "waves_per_eu, matrix_instr_nonkdim, kpack); repeatable")
     parser.add_argument("--kernel", choices=("prefill", "decode"), default="prefill",
                         help="which kernel: the prefill kernel (default) or the decode path's split-KV kernel "

@@ -1,0 +1,186 @@
+"""Host time per call of the kernel's launcher, per prefill-table row and decode row, as JSON lines.
+
+    python bench/launch_overhead.py                       # CPU: the launcher with the launch stubbed
+    python bench/launch_overhead.py --device cuda         # GPU: call time minus CUDA-graph time
+    python bench/launch_overhead.py --rows d64-s4k-causal,decode-b8-4k
+
+Two paths per row, in one run: ``plan`` is a model's call (``block_sparse_attention(q, k, v,
+layout)``, a hit of its launch plan, kernels/attention.py ``_planned``); ``full`` is the same call
+through the launcher's full path (checks, config, ``launch_key``, the launch cache's hit), which
+every call took before plans (forced here by passing the path explicitly, ``decode=``).
+
+CPU (``--device cpu``, the default without a GPU; needs no GPU): Triton's part is stubbed, so what
+is timed is exactly the launcher's Python: a build returns a stand-in compiled kernel, the issue
+of a compiled kernel is a no-op and the dispatch state is a constant (on a GPU: the device and
+stream reads and the C launch, ``kernels.launch_cache.issue_compiled``). Runs under the
+interpreter's config rows; bf16 rows run in fp16 (under the interpreter bf16 adds an fp32 staging
+buffer that a GPU never makes); q, k, v are allocated, never written (the kernel never runs), and
+each call's output is allocated as on a GPU (here by the CPU allocator). Median of 5 rounds of
+``--calls`` calls, microseconds per call.
+
+GPU (``--device cuda``): ``call_us`` (``triton.testing.do_bench``, mean), ``graph_us``
+(``do_bench_cudagraph``: the same call replayed from a CUDA graph, no host), ``host_us`` = call
+minus graph, and ``queued_us`` (wall time of 50 calls issued without waiting, per call).
+Each line records the device, Python, torch and Triton versions.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+import torch  # noqa: E402
+
+# The decode rows of the issue's targets (kernels/BENCHMARK.md's decode table: Hq=32, Hkv=8,
+# D=128, one token, bf16): name -> (batch, cache length).
+DECODE_ROWS = {"decode-b8-4k": (8, 4096), "decode-b1-128k": (1, 131072)}
+DEFAULT_PREFILL = ("d128-s4k-causal", "d128-s4k-window1024", "d128-s4k-random25", "d128-s4k-dense",
+                   "d64-s4k-causal", "d64-s4k-window1024", "d64-s4k-random25", "d64-s4k-dense",
+                   "gqa32:8-d128-s8k-causal", "gqa32:8-d128-s8k-window1024", "fp16-d128-s8k-causal")
+
+
+class _StandInCompiled:
+    """Has the interface ``launch_cache.direct_launch_supported`` looks for; never launched."""
+    run = function = packed_metadata = launch_metadata = None
+
+
+@contextlib.contextmanager
+def _stubbed_launches():
+    """Triton's part replaced (CPU timing): builds return a stand-in compiled kernel, issues do
+    nothing, the dispatch state is a constant."""
+    from parity.kernels import attention
+    from parity.kernels.launch_cache import LaunchStep
+
+    original = LaunchStep.dispatch
+    LaunchStep.dispatch = lambda self: _StandInCompiled()
+    saved = dict(attention._LAUNCH_CACHES)
+    attention._LAUNCH_CACHES.clear()
+    try:
+        for path in ("prefill", "decode"):
+            cache = attention._launch_cache(path)
+            cache._issue = lambda compiled, grid, values, state: None
+            cache._state = lambda kernels: ("device", "stream")
+        yield
+    finally:
+        LaunchStep.dispatch = original
+        attention._LAUNCH_CACHES.clear()
+        attention._LAUNCH_CACHES.update(saved)
+
+
+def _problem(name: str, device: torch.device, cpu: bool):
+    """(layout, q, k, v, decode) for a row; on the CPU q, k, v are allocated and never written."""
+    from parity.kernels import causal_layout
+    from parity.kernels import benchmark_table as table
+    from parity.kernels.testing import random_qkv
+
+    def tensors(batch, hq, hkv, sq, sk, d, dtype):
+        if cpu:
+            return (torch.empty(batch, hq, sq, d, dtype=dtype), torch.empty(batch, hkv, sk, d, dtype=dtype),
+                    torch.empty(batch, hkv, sk, d, dtype=dtype))
+        return random_qkv(batch, hq, hkv, sq, sk, d, dtype, 0, device)
+
+    if name in DECODE_ROWS:
+        batch, seq_k = DECODE_ROWS[name]
+        dtype = torch.float16 if cpu else torch.bfloat16
+        return (causal_layout(1, seq_k, block_m=128, block_n=128).to(device),
+                *tensors(batch, 32, 8, 1, seq_k, 128, dtype), True)
+    (case,) = table.cases_named(name)
+    dtype = torch.float16 if cpu else table.DTYPES[case.dtype]
+    if case.layout in ("document", "padding"):
+        mc = table.mask_case(case.layout, case.seq, device)
+        layout, batch = mc.layout.to(device), mc.batch
+    else:
+        layout, batch = table.plain_layout(case.seq, case.layout, 128).to(device), case.batch
+    return (layout, *tensors(batch, case.heads_q, case.heads_kv, case.seq, case.seq, case.head_dim, dtype), False)
+
+
+def _per_call_us(fn, calls: int, rounds: int = 5) -> float:
+    for _ in range(min(calls, 50)):
+        fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return round(statistics.median(times), 2)
+
+
+def _gpu_us(fn) -> dict[str, float]:
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    fn()
+    torch.cuda.synchronize()
+    call = do_bench(fn, warmup=25, rep=100) * 1e3
+    graph = do_bench_cudagraph(fn, rep=100) * 1e3
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(50):
+        fn()
+    queued = (time.perf_counter() - start) / 50 * 1e6
+    torch.cuda.synchronize()
+    return {"call_us": round(call, 2), "graph_us": round(graph, 2), "host_us": round(call - graph, 2),
+            "queued_us": round(queued, 2)}
+
+
+def measure(rows: list[str], device: torch.device, calls: int) -> list[dict]:
+    from parity.kernels import block_sparse_attention, targets
+
+    cpu = device.type == "cpu"
+    env = {"device": targets.environment(device)["device"], "python": platform.python_version(),
+           "torch": torch.__version__}
+    import triton
+
+    env["triton"] = triton.__version__
+    out = []
+    with _stubbed_launches() if cpu else contextlib.nullcontext():
+        for name in rows:
+            layout, q, k, v, decode = _problem(name, device, cpu)
+            paths = {"plan": lambda: block_sparse_attention(q, k, v, layout),
+                     "full": lambda: block_sparse_attention(q, k, v, layout, decode=decode)}
+            row = {"row": name, "shape": {"q": list(q.shape), "k": list(k.shape), "dtype": str(q.dtype)}, **env}
+            for path, fn in paths.items():
+                row[path] = {"us_per_call": _per_call_us(fn, calls)} if cpu else _gpu_us(fn)
+            out.append(row)
+            print(json.dumps(row), flush=True)
+            del layout, q, k, v
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", help="comma-separated prefill-table case names and decode rows "
+                                       f"({', '.join(DECODE_ROWS)}); default: the 4k and 8k table rows and both decode rows")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    parser.add_argument("--calls", type=int, default=2000, help="calls per round on the CPU (default 2000)")
+    args = parser.parse_args(argv)
+    from parity.kernels import benchmark_table as table
+
+    rows = [r.strip() for r in (args.rows or ",".join(DEFAULT_PREFILL + tuple(DECODE_ROWS))).split(",") if r.strip()]
+    known = {case.name for case in table.CASES} | set(DECODE_ROWS)
+    unknown = [r for r in rows if r not in known]
+    if unknown or not rows or args.calls < 1:
+        print(f"launch_overhead: unknown rows {', '.join(unknown)}" if unknown else "launch_overhead: bad --rows/--calls",
+              file=sys.stderr)
+        return 2
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("launch_overhead: --device cuda: no GPU here", file=sys.stderr)
+        return 2
+    if device.type == "cpu":
+        import os
+
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: the launcher's CPU mode
+    measure(rows, device, args.calls)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
