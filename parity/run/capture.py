@@ -213,6 +213,7 @@ def capture(
         if module_reference is not None:
             reference_calls = [call.to_json() for call in module_reference.calls]
             reference_info = _reference_info(reference, "module", runner.reference_impl, device, plan[1], writer)
+            reference_info["peak_copy_bytes"] = module_reference.peak_copy_bytes
             del module_reference
         if plan is None or reference_scope == "module":
             del state

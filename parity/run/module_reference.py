@@ -66,6 +66,8 @@ class HighPrecisionCast:
     def __init__(self, root: nn.Module, dtype: torch.dtype):
         self.dtype = dtype
         self.active = False
+        self.held_bytes = 0  # of high-precision copies alive now
+        self.peak_bytes = 0  # the most alive at once: the largest owning module's copy, nested owners summed
         self._swapped: list[tuple[nn.Module, dict[str, Any], dict[str, Any]]] = []
         self._handles = []
         for module in _owners(root):
@@ -84,6 +86,12 @@ class HighPrecisionCast:
             module._parameters[name] = value.detach().to(self.dtype)
         for name, value in buffers.items():
             module._buffers[name] = value.to(self.dtype)
+        self.held_bytes += self._copy_bytes(params, buffers)
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+
+    def _copy_bytes(self, params: dict[str, Any], buffers: dict[str, Any]) -> int:
+        size = torch.empty(0, dtype=self.dtype).element_size()
+        return sum(value.numel() * size for value in (*params.values(), *buffers.values()))
 
     def _uncast(self, module: nn.Module, args: Any, output: Any) -> None:
         if not self.active:
@@ -93,10 +101,10 @@ class HighPrecisionCast:
                 self._put_back(*self._swapped.pop(index))
                 return
 
-    @staticmethod
-    def _put_back(module: nn.Module, params: dict[str, Any], buffers: dict[str, Any]) -> None:
+    def _put_back(self, module: nn.Module, params: dict[str, Any], buffers: dict[str, Any]) -> None:
         module._parameters.update(params)
         module._buffers.update(buffers)
+        self.held_bytes -= self._copy_bytes(params, buffers)
 
     def restore(self) -> None:
         while self._swapped:
@@ -138,6 +146,7 @@ class ModuleReference:
         self._cast: HighPrecisionCast | None = None
         self._error: BaseException | None = None
         self._error_layer: str | None = None
+        self.peak_copy_bytes = 0  # the most bytes of high-precision weight copies alive at once
 
     def __enter__(self) -> "ModuleReference":
         self._cast = HighPrecisionCast(self.reference_model, self.dtype)
@@ -152,6 +161,7 @@ class ModuleReference:
             handle.remove()
         self._handles = []
         if self._cast is not None:
+            self.peak_copy_bytes = self._cast.peak_bytes
             self._cast.remove()
             self._cast = None
 

@@ -166,6 +166,9 @@ class StateSource(Mapping):
             raise KeyError(name)
         return self._load(name)
 
+    def __contains__(self, name: object) -> bool:  # Mapping's default would read the tensor
+        return name in self.meta
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.meta)
 
