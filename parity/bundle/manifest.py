@@ -49,7 +49,12 @@ from parity.bundle.checksums import ALGORITHM_OF_VERSION
 
 FORMAT_NAME = "parity-bundle"
 SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+# A bundle whose weights are named by reference (the manifest's ``weights``, parity.bundle.weights)
+# needs the checkpoint to be loaded: a parity that reads only version 4 would build the model
+# without them, so such a bundle is version 5 (otherwise the same as 4); self-contained bundles
+# stay version 4, readable by older parity.
+WEIGHTS_BY_REFERENCE_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 MANIFEST_NAME = "manifest.json"
 DIGEST_FIELD = "manifest_sha256"
 
@@ -166,6 +171,7 @@ class Manifest:
     reference_layers: list[dict[str, Any]]
     shards: list[Shard]
     entries: list[Entry]
+    weights: dict[str, Any] | None = None  # checkpoint files named instead of stored weights (version 5)
 
     @property
     def checksum(self) -> str:
@@ -403,6 +409,47 @@ def _check_capture(c: _Checker, value: Any) -> dict[str, Any] | None:
         if reference.get("outputs_without_reference") is not None:
             c.str_list(reference["outputs_without_reference"], "capture.reference.outputs_without_reference")
     return info
+
+
+def _check_weights(c: _Checker, value: Any, version: int, entries: list[Entry]) -> dict[str, Any] | None:
+    """``weights`` (version 5): the checkpoint files (plain names, recorded paths, sizes, sha256)
+    and which state tensor each file holds under which key; no state name both stored and named."""
+    if value is None:
+        if version >= WEIGHTS_BY_REFERENCE_VERSION:
+            raise c.fail("weights", f"missing (version {version} bundles name their checkpoint files)")
+        return None
+    if version < WEIGHTS_BY_REFERENCE_VERSION:
+        raise c.fail("weights", f"present in a version {version} manifest (weights by reference are version "
+                                f"{WEIGHTS_BY_REFERENCE_VERSION})")
+    weights = c.obj(value, "weights")
+    files = c.list(weights.get("files"), "weights.files")
+    if not files:
+        raise c.fail("weights.files", "empty")
+    names: set[str] = set()
+    for number, item in enumerate(files):
+        field = f"weights.files[{number}]"
+        item = c.obj(item, field)
+        name = check_plain_file_name(item.get("name"), c.where, "checkpoint")
+        if name in names:
+            raise c.fail(field, f"checkpoint file '{printable(name)}' is listed twice")
+        names.add(name)
+        c.str(item.get("path"), f"{field}.path", nonempty=True, limit=4096)
+        c.int(item.get("bytes"), f"{field}.bytes")
+        if not isinstance(item.get("sha256"), str) or not _HEX64.fullmatch(item["sha256"]):
+            raise c.fail(f"{field}.sha256", f"expected 64 lowercase hex digits, got {_short(item.get('sha256'))}")
+    stored = {entry.name for entry in entries if entry.kind == "state"}
+    seen: set[str] = set()
+    for number, item in enumerate(c.list(weights.get("tensors"), "weights.tensors")):
+        field = f"weights.tensors[{number}]"
+        if not isinstance(item, list) or len(item) != 3:
+            raise c.fail(field, "expected [state name, file index, key]")
+        name = c.str(item[0], f"{field}[0]", nonempty=True)
+        c.int(item[1], f"{field}[1]", maximum=len(files) - 1)
+        c.str(item[2], f"{field}[2]", nonempty=True)
+        if name in seen or name in stored:
+            raise c.fail(field, f"state tensor '{printable(name, limit=120)}' is named twice")
+        seen.add(name)
+    return weights
 
 
 def _check_hooks(c: _Checker, value: Any) -> dict[str, Any] | None:
@@ -689,4 +736,5 @@ def load_manifest(data: bytes, where: str) -> Manifest:
         hooks_check=_check_hooks(c, raw.get("hooks_check")),
         inputs_meta=c.freeform_obj(raw.get("inputs_meta", {}), "inputs_meta"),
         layers=layers, reference_layers=reference_layers, shards=shards, entries=entries,
+        weights=_check_weights(c, raw.get("weights"), version, entries),
     )

@@ -337,6 +337,11 @@ class BundleReader:
         """Whether layer inputs were recorded (``--record-inputs``), so layers can be replayed."""
         return self._manifest.record_inputs
 
+    @property
+    def weights(self) -> dict[str, Any] | None:
+        """The checkpoint files named instead of stored weights (schema 5, :mod:`parity.bundle.weights`)."""
+        return self._manifest.weights
+
     def subject_state(self) -> dict[str, torch.Tensor]:
         """The stored subject state (weights and buffers) by state_dict key."""
         return self.tensors("state")

@@ -10,11 +10,22 @@ How a bundle is compared (:func:`compare_bundle`):
    each tensor as it is produced, on its own device, to the :class:`~parity.judge.engine.Judge`, which
    loads its golden counterpart only then (the engine's module docstring has the statuses, the
    ``fused-here`` rule and the error-budget modes of ``budget``).
+   The stored state is read into the module in bounded chunks (a
+   :class:`~parity.run.subjects.base.StateSource`), never whole; a bundle that names its
+   checkpoint files instead (schema 5, :mod:`parity.bundle.weights`) has them verified by sha256
+   *before* anything is built, and the weights are read from them.
 3. ``isolate=True`` (bundles captured with ``--record-inputs``): every recorded layer call is
    replayed on its *golden* inputs (:func:`~parity.judge.engine.replayed_layers`) and judged again. A
    layer that fails end to end but passes in isolation inherits its error from upstream; one that
    fails in isolation introduces it (``CompareReport.introducing_layers`` keeps the innermost).
    Isolated results are diagnostic: ``report.passed`` is decided by the end-to-end results alone.
+
+Per-module references (capture ``--reference-scope module``). Such a reference is each
+module's exact output on the capture host's own inputs to it, so the capture host's error against
+it is what that module introduces. The end-to-end run's error also holds what the layers before
+inherited, so the budget is not applied to it (the thresholds judge it, and a warning says so);
+the isolated replay, where this host's module runs on the same golden inputs, is judged with the
+budget against the per-module reference: the flash-attention rule, one module at a time.
 
 Platform. Differences between the two hosts' fingerprints in ``platform.NUMERICS_KEYS`` (TF32,
 reduced-precision reductions, deterministic mode, Triton FP fusion and fp32 dot precision) are
@@ -36,6 +47,7 @@ import torch
 
 from parity.base.errors import UsageError
 from parity.base.text import plural, printable
+from parity.bundle import weights as checkpoint_weights
 from parity.bundle.reader import BundleReader, open_bundle
 from parity.judge.engine import Judge, Obtained, fused_warning, integrity, notes_as_warnings, replayed_layers
 from parity.judge.policy import Policy, as_policy
@@ -44,7 +56,7 @@ from parity.run import platform
 from parity.run.recorder import RecordedTensor, Recorder, select_modules
 from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
 from parity.run.subjects import Inputs, runner_from_manifest
-from parity.run.subjects.base import check_trusted
+from parity.run.subjects.base import StateSource, check_trusted
 
 
 def compare_bundle(
@@ -56,6 +68,7 @@ def compare_bundle(
     isolate: bool = False,
     progress: Callable[[str], None] | None = None,
     budget: bool | None = None,
+    weights_dir: str | os.PathLike | None = None,
 ) -> CompareReport:
     """Run the golden bundle's subject here with ``impl`` and compare every recorded tensor.
 
@@ -64,6 +77,8 @@ def compare_bundle(
     defaults (the CLI also reads ``[tool.parity]`` from ``./pyproject.toml``; this function does
     not). ``isolate``: also replay each layer on its golden inputs. ``budget``: the error-budget
     mode (:mod:`parity.judge.engine`). ``progress``: called with progress messages.
+    ``weights_dir``: where this host holds the checkpoint files a bundle names (by file name;
+    default: the paths recorded at capture).
 
     Raises UsageError (BundleError) for an unusable bundle, a subject that cannot be re-created,
     an unknown impl, a bad device, Triton on the CPU without the interpreter, ``isolate`` without
@@ -83,18 +98,34 @@ def compare_bundle(
     if budget is True and not bundle.entries_of("reference"):
         raise UsageError(f"--budget needs high-precision references in the bundle; {bundle.path} was captured "
                          "with --reference none")
+    per_module = reference_scope(bundle) == "module"
+    if budget is True and per_module and not isolate:
+        raise UsageError(f"--budget with {bundle.path}: its references are per module (each module on its own "
+                         "golden inputs), so the budget is checked on the replay: add --isolate")
+    if bundle.weights is not None:
+        say(f"verifying {len(bundle.weights['files'])} checkpoint file(s) the bundle names")
+    elif weights_dir is not None:
+        raise UsageError(f"--weights-dir: {bundle.path} stores its weights; it names no checkpoint files")
+    state = subject_state(bundle, weights_dir)  # a checkpoint that differs is refused here, before the build
 
     warnings: list[str] = []
     say(f"{bundle.path}: subject {runner.name}, {len(bundle.entries_of('output'))} recorded tensors, captured with "
         f"impl {bundle.impl} on {bundle.platform.get('device_name') or bundle.platform.get('arch')}")
-    module = runner.build(impl, state=bundle.subject_state(), device=device)
+    module = runner.build(impl, state=state, device=device)
+    del state
     stored = Inputs.of_bundle(bundle)
     inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in stored.tensors.items()}, stored.meta)
     del stored
 
     # The goldens are read ahead in the order this run will produce them (the golden's own order).
-    judge = Judge(bundle, policy, budget, read_ahead=[entry.name for entry in bundle.entries_of("output")])
+    # A per-module reference does not hold the error the end-to-end run inherits: no budget there.
+    judge = Judge(bundle, policy, budget, read_ahead=[entry.name for entry in bundle.entries_of("output")],
+                  has_reference=(lambda key: False) if per_module else None)
     expected = len(bundle.entries_of("output"))  # the total of the progress line
+    if per_module:
+        warnings.append("the bundle's references are per module: the end-to-end results are judged by the "
+                        "thresholds" + ("; the isolated replay by the error budget" if isolate
+                                        else "; add --isolate for the error budget of each module"))
     results: list[TensorResult] = []
 
     def on_tensor(record: RecordedTensor) -> None:
@@ -136,6 +167,29 @@ def compare_bundle(
     )
     say(f"compared {plural(len(ordered), 'tensor')} in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
+
+
+def reference_scope(bundle: BundleReader) -> str | None:
+    """``"model"`` (a whole-model reference run), ``"module"`` (each module replayed on its own
+    inputs) or None (no references). Bundles from before scopes existed hold whole-model ones."""
+    if not bundle.entries_of("reference"):
+        return None
+    info = (bundle.capture_info or {}).get("reference") or {}
+    return "module" if info.get("scope") == "module" else "model"
+
+
+def subject_state(bundle: BundleReader, weights_dir: str | os.PathLike | None = None) -> StateSource:
+    """The bundle's subject state, read one tensor at a time: its stored tensors and, for a bundle
+    that names checkpoint files, theirs, after every file's size and sha256 are verified
+    (a UsageError names the first that is missing or differs)."""
+    meta = {entry.name: (entry.shape, entry.torch_dtype) for entry in bundle.entries_of("state")}
+    loaders = {name: (lambda name=name: bundle.load(name, "state")) for name in meta}
+    if bundle.weights is not None:
+        files = checkpoint_weights.verify(bundle.weights, weights_dir)
+        file_meta, load = checkpoint_weights.file_state(bundle.weights, files)
+        meta.update(file_meta)
+        loaders.update({name: (lambda name=name: load(name)) for name in file_meta})
+    return StateSource(meta, lambda name: loaders[name]())
 
 
 def _capture_globs(bundle: BundleReader, module: torch.nn.Module, warnings: list[str]) -> list[str] | None:

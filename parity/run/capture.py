@@ -1,14 +1,19 @@
 """Capture: run a subject with hooks, stream every recorded tensor into a golden bundle.
 
-Steps: make the inputs and the state on the CPU; build the module for ``impl`` on ``device``;
-run it once without hooks and once with (the recorded run), and insist that the two final
-outputs are bitwise equal, so recording cannot have changed what it measures; optionally run
-the subject again as a high-precision reference (impl ``reference`` in fp64 on the CPU, or fp32
-on the device) and record it under the same layer names as ``kind="reference"``; write all of it
-shard by shard; commit the bundle atomically.
+Steps: make the inputs on the CPU (and the state, where the subject makes it); build the module
+for ``impl`` on ``device`` (where the subject builds on a device, there); store its weights from
+the module itself, one tensor at a time (or, with ``weights_from``, name the checkpoint files
+that hold them: :mod:`parity.bundle.weights`); run it once without hooks and once with (the
+recorded run), and insist that the two final outputs are bitwise equal, so recording cannot have
+changed what it measures; optionally a high-precision reference, recorded under the same layer
+names as ``kind="reference"``: of the whole model (``reference_scope="model"``: impl
+``reference`` in fp64 on the CPU, or fp32 on the device, a second model) or of each module on its
+own inputs during the recorded run (``"module"``, fp64 or fp32 on the device that ran the forward:
+:mod:`parity.run.module_reference`); write all of it shard by shard; commit the bundle atomically.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -21,13 +26,18 @@ import torch
 from parity.base import dtypes
 from parity.base.errors import UsageError
 from parity.bundle.shards import DEFAULT_SHARD_BYTES
+from parity.bundle import weights as checkpoint_weights
 from parity.bundle.writer import BundleWriter
 from parity.run import platform
+from parity.run.module_reference import ModuleReference
 from parity.run.recorder import RecordedTensor, Recorder, flatten
 from parity.run.runtime import Progress, check_device, check_triton_mode, cores_left_for, launch_configs
 from parity.run.subjects import SubjectRunner, load_subject
 
 REFERENCE_CHOICES = ("fp64", "fp32", "none")
+# Whole-model reference (a second model, from the subject's inputs) or each module's own
+# (replayed on its recorded inputs during the recorded run).
+REFERENCE_SCOPES = ("model", "module")
 
 
 class CaptureError(UsageError):
@@ -44,9 +54,17 @@ class CaptureResult:
     reference: str | None
 
 
-def _reference_plan(reference: str | None, device: torch.device) -> tuple[torch.device, torch.dtype] | None:
+def _reference_plan(reference: str | None, device: torch.device,
+                    scope: str = "model") -> tuple[torch.device, torch.dtype] | None:
+    if scope not in REFERENCE_SCOPES:
+        raise UsageError(f"unknown --reference-scope {scope!r}; choose from {', '.join(REFERENCE_SCOPES)}")
     if reference in (None, "none"):
         return None
+    if reference not in REFERENCE_CHOICES:
+        raise UsageError(f"unknown --reference {reference!r}; choose from {', '.join(REFERENCE_CHOICES)}")
+    if scope == "module":
+        # On the device that ran the forward: each module's high-precision copy is made beside it.
+        return device, torch.float64 if reference == "fp64" else torch.float32
     if reference == "fp64":
         # fp64 on the CPU: the same high-precision arithmetic on every capture host.
         return torch.device("cpu"), torch.float64
@@ -75,6 +93,13 @@ def _first_difference(off: list[tuple[str, torch.Tensor]], on: list[tuple[str, t
     return None
 
 
+def _reference_info(precision: str, scope: str, impl: str, device: torch.device, dtype: torch.dtype,
+                    writer: BundleWriter) -> dict[str, Any]:
+    outputs, references = writer.names("output"), writer.names("reference")
+    return {"precision": precision, "scope": scope, "impl": impl, "device": str(device),
+            "dtype": dtypes.dtype_text(dtype), "outputs_without_reference": sorted(outputs - references)}
+
+
 def stderr_progress(message: str) -> None:
     print(f"parity capture: {message}", file=sys.stderr, flush=True)
 
@@ -94,6 +119,8 @@ def capture(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     progress: Callable[[str], None] | None = None,
     durable: bool = True,
+    reference_scope: str = "model",
+    weights_from: Sequence[str | os.PathLike] | None = None,
 ) -> CaptureResult:
     """Capture ``subject`` (a SubjectRunner, or a spec with ``subject_args``) into a bundle at ``out``.
 
@@ -102,22 +129,33 @@ def capture(
     ``reference``: ``"fp64"`` (impl reference, fp64, CPU), ``"fp32"`` (impl reference, fp32,
     ``device``) or ``None``/``"none"``. ``kernel_configs``: launch configs to record next to the
     ones the modules report. ``durable=False`` skips the fsync of every shard and the manifest
-    (:class:`~parity.bundle.BundleWriter`). Raises UsageError for bad arguments and CaptureError
-    when the hooks-on run differs from the hooks-off run; on any error nothing is left at ``out``.
+    (:class:`~parity.bundle.BundleWriter`). ``reference_scope``: ``"model"`` (a whole-model
+    reference run, above) or ``"module"`` (each recorded module replayed on its own inputs in
+    ``reference``'s precision on ``device``: :mod:`parity.run.module_reference`).
+    ``weights_from``: safetensors files or directories that hold the model's weights; the bundle
+    then names them with their sha256 instead of storing the weights (each weight is checked equal
+    to the file's first; what no file holds is stored). Raises UsageError for bad arguments and
+    CaptureError when the hooks-on run differs from the hooks-off run; on any error nothing is
+    left at ``out``.
     """
     runner = subject if isinstance(subject, SubjectRunner) else load_subject(subject, subject_args)
     runner.check_impl(impl)
     device = check_device(device)
     check_triton_mode(impl, device)
-    plan = _reference_plan(reference, device)
+    plan = _reference_plan(reference, device, reference_scope)
     if plan is not None:
         runner.check_impl(runner.reference_impl)
+    checkpoint = checkpoint_weights.describe(weights_from) if weights_from else None
     say = Progress(progress)
     importing = platform.prefetch_imports()  # overlaps the runs; the fingerprint is taken after them
 
     with BundleWriter(out, force=force, shard_bytes=shard_bytes, progress=say.emit, durable=durable) as writer:
-        state = runner.make_state(impl)
-        module = runner.build(impl, state=state, device=device)
+        made = runner.made_state()
+        module = runner.build(impl, state=made, device=device)
+        # The stored state is what the module holds (views of its own tensors: no second copy);
+        # a subject's made state is freed once loaded, unless the whole-model reference needs it.
+        state = {name: tensor.detach() for name, tensor in module.state_dict().items()}
+        del made
 
         def store(record: RecordedTensor) -> None:
             # The recorder hands over the module's own tensor (copy=False); the writer copies it
@@ -129,18 +167,33 @@ def capture(
 
         recorder = Recorder(module, store, layers=layers, record_inputs=record_inputs, copy=False)  # checks the globs
         inputs = runner.make_inputs()
-        say(f"{runner.name}: {len(recorder.modules)} modules selected; inputs and state made on the CPU")
+        say(f"{runner.name}: {len(recorder.modules)} modules selected; inputs made on the CPU")
         for name, tensor in inputs.tensors.items():
             writer.add("input", name, tensor)
-        for name, tensor in state.items():
+        weights_info = None
+        stored_state = state
+        if checkpoint is not None:
+            say(f"{runner.name}: checking the weights against {len(checkpoint.files)} checkpoint file(s)")
+            weights_info, stored_names = checkpoint_weights.by_reference(checkpoint, state)
+            stored_state = {name: state[name] for name in stored_names}
+        for name, tensor in stored_state.items():  # one at a time into the writer's ring
             writer.add("state", name, tensor)
+        del stored_state
+        module_reference = None
+        if plan is not None and reference_scope == "module":
+            ref_device, ref_dtype = plan
+            module_reference = ModuleReference(module, runner.build_sharing(runner.reference_impl, module), store,
+                                               dtype=ref_dtype, layers=layers)
 
         device_inputs = inputs.to(device)
         say(f"{runner.name}: impl {impl} on {device}: run without hooks")
         hooks_off = _cpu_tensors(runner.run(module, device_inputs))
-        say(f"{runner.name}: impl {impl} on {device}: recorded run")
-        with recorder:
+        say(f"{runner.name}: impl {impl} on {device}: recorded run"
+            + (f", each module replayed in {reference} on {device}" if module_reference is not None else ""))
+        with recorder, (module_reference if module_reference is not None else contextlib.nullcontext()):
             hooks_on = _cpu_tensors(runner.run(module, device_inputs))
+        if module_reference is not None:
+            module_reference.check()
         difference = _first_difference(hooks_off, hooks_on)
         hooks_check = {"bitwise_equal": difference is None, "tensors_compared": len(hooks_off),
                        "first_difference": difference}
@@ -155,11 +208,18 @@ def capture(
         # What the module reports about its launches is all capture needs of it from here on: free
         # it (host or device memory) before the reference module is built.
         used_configs = launch_configs(module)
-        del module, recorder, device_inputs
-
         reference_calls: list[dict[str, Any]] = []
         reference_info = None
-        if plan is not None:
+        if module_reference is not None:
+            reference_calls = [call.to_json() for call in module_reference.calls]
+            reference_info = _reference_info(reference, "module", runner.reference_impl, device, plan[1], writer)
+            reference_info["peak_copy_bytes"] = module_reference.peak_copy_bytes
+            del module_reference
+        if plan is None or reference_scope == "module":
+            del state
+        del module, recorder, device_inputs
+
+        if plan is not None and reference_scope == "model":
             ref_device, ref_dtype = plan
             say(f"{runner.name}: reference run: impl {runner.reference_impl} in {reference} on {ref_device}")
             ref_module = runner.build(runner.reference_impl, state=state, device=ref_device, dtype=ref_dtype)
@@ -170,13 +230,8 @@ def capture(
             with recorder, cores_left_for(threads):
                 runner.run(ref_module, inputs.to(ref_device, ref_dtype))
             reference_calls = [call.to_json() for call in recorder.calls]
-            outputs, references = writer.names("output"), writer.names("reference")
-            reference_info = {
-                "precision": reference, "impl": runner.reference_impl, "device": str(ref_device),
-                "dtype": dtypes.dtype_text(ref_dtype),
-                "outputs_without_reference": sorted(outputs - references),
-            }
-            del ref_module, recorder
+            reference_info = _reference_info(reference, "model", runner.reference_impl, ref_device, ref_dtype, writer)
+            del ref_module, recorder, state
 
         importing.join()
         manifest = {
@@ -193,6 +248,7 @@ def capture(
             "platform": platform.fingerprint(device),
             "kernel_configs": {"used": used_configs, "provided": dict(kernel_configs) if kernel_configs else None},
             "hooks_check": hooks_check,
+            **({"weights": weights_info} if weights_info is not None else {}),
             "inputs_meta": inputs.meta,
             "layers": calls,
             "reference_layers": reference_calls,

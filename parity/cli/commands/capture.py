@@ -52,6 +52,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--reference", default="fp64",
                         help="high-precision reference of every output: fp64 (CPU), fp32 (device) or none "
                              "(default: fp64)")
+    parser.add_argument("--reference-scope", default="model", choices=("model", "module"),
+                        help="model: a whole-model reference run (--reference fp64 on the CPU, fp32 on the device: "
+                             "a second model in memory); module: each recorded module replayed on its own inputs in "
+                             "--reference's precision on --device, one module's high-precision copy at a time "
+                             "(compare checks its error budget under --isolate). Default: model")
+    parser.add_argument("--weights-from", nargs="+", action="extend", default=None, metavar="PATH",
+                        help="safetensors checkpoint files or directories that hold the model's weights: the bundle "
+                             "names them with their sha256 instead of storing the weights (each weight is checked "
+                             "equal to the file's at capture; compare checks the sha256 before it builds)")
     parser.add_argument("--cases", default=None, help="attention case set: smoke, default or gpu")
     parser.add_argument("--fuzz", type=int, default=None, metavar="N",
                         help="attention: record N cases drawn by parity.run.fuzz.draw_cases, a pure function of "
@@ -129,6 +138,9 @@ def run(args: argparse.Namespace) -> int:
     _make_parent(args.out)
     from parity.distributed.group import launched
 
+    if launched() and (args.reference_scope != "model" or args.weights_from):
+        raise UsageError("--reference-scope module and --weights-from apply to a single-process capture; "
+                         "a torchrun capture takes neither")
     if launched():  # one rank of a torchrun launch: a rank set (parity.distributed)
         from parity.cli.commands._distributed import capture as capture_ranks
 
@@ -148,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
         shard_bytes=shard_bytes,
         progress=None if args.quiet else stderr_progress,
         durable=args.durable,
+        reference_scope=args.reference_scope,
+        weights_from=args.weights_from,
     )
     print(f"wrote {result.path}: {result.layers} layers, {result.tensors} tensors, "
           f"{result.bytes / 2**20:.1f} MiB; hooks on/off bitwise equal")

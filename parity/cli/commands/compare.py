@@ -60,6 +60,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="also replay each layer on its golden inputs (needs a bundle captured with "
                              "--record-inputs)")
     add_judging_options(parser)
+    parser.add_argument("--weights-dir", default=None, metavar="DIR",
+                        help="where this host holds the checkpoint files a bundle captured with --weights-from "
+                             "names (found by file name; default: the paths recorded at capture). Each file's "
+                             "sha256 is checked before the model is built")
     parser.add_argument("--subject", default=None, metavar="SPEC",
                         help="trust and build this subject (must equal the bundle's; package.module:factory "
                              "or a built-in)")
@@ -116,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     policy = dataclasses.replace(policy, trusted_subjects=trusted)
     report = compare_bundle(
         bundle, impl=args.impl, device=device, policy=policy, isolate=args.isolate,
-        budget=args.budget, progress=None if args.quiet else stderr_progress("compare"),
+        budget=args.budget, progress=None if args.quiet else stderr_progress("compare"), weights_dir=args.weights_dir,
     )
     write_outputs(report, args)
     return 0 if report.passed else 1

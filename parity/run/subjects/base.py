@@ -14,6 +14,10 @@ A subject is anything with these attributes (subclassing :class:`Subject` is opt
                                     #   Without it, the state_dict of the module built on the
                                     #   capture host is stored.
     build(impl: str) -> nn.Module   # on the CPU; every impl has the same state_dict keys
+    build(impl: str, device) -> nn.Module
+                                    # or, taking ``device``: built there (the target device, or
+                                    #   ``meta`` for a module that is then given its tensors), so
+                                    #   no copy of the weights passes through the host
     call(module, inputs: Inputs) -> Any
                                     # optional; runs the module (default: module(**inputs.tensors))
     check_inputs(inputs: Inputs)    # optional; raise UsageError for inputs this subject cannot
@@ -34,7 +38,9 @@ A subject is anything with these attributes (subclassing :class:`Subject` is opt
 
 The harness, never the subject, loads the stored state into the module, moves module and inputs
 to the device, and casts to a higher precision for reference runs (:class:`SubjectRunner`). So
-the compare host builds the module from the bundle's inputs and state, never from a seed.
+the compare host builds the module from the bundle's inputs and state, never from a seed. State
+may be a :class:`StateSource`, read one tensor at a time as it is loaded (a bundle's, or a
+checkpoint's), so the host never holds a second full copy of the weights.
 
 Trust. A bundle is data: its manifest names a subject spec, and importing that spec would run
 whatever code it names. :func:`runner_from_manifest` therefore builds only subjects this host
@@ -141,6 +147,44 @@ class Inputs:
             else:
                 moved[name] = tensor.to(device)
         return Inputs(moved, self.meta)
+
+
+class StateSource(Mapping):
+    """State tensors read one at a time, when asked for (``load(name)``), never all at once.
+
+    ``meta``: name -> (shape, dtype) of every tensor, known without reading it. What the harness
+    loads into a module it reads in bounded chunks (:meth:`SubjectRunner.build`), so with a
+    bundle's or a checkpoint's state the host holds the module plus one chunk, not two models.
+    """
+
+    def __init__(self, meta: Mapping[str, tuple[tuple[int, ...], torch.dtype]], load: Callable[[str], torch.Tensor]):
+        self.meta = dict(meta)
+        self._load = load
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.meta:
+            raise KeyError(name)
+        return self._load(name)
+
+    def __contains__(self, name: object) -> bool:  # Mapping's default would read the tensor
+        return name in self.meta
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.meta)
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    def nbytes(self, name: str) -> int:
+        shape, dtype = self.meta[name]
+        count = 1
+        for dim in shape:
+            count *= dim
+        return count * torch.empty(0, dtype=dtype).element_size()
+
+
+# What one load_state_dict call reads of a StateSource at most: bounded host memory, few calls.
+STATE_CHUNK_BYTES = 256 * 2**20
 
 
 class Subject:
@@ -530,13 +574,19 @@ class SubjectRunner:
 
     def make_state(self, impl: str | None = None) -> dict[str, torch.Tensor]:
         """The weights to store: ``make_state()``, else the state_dict of a fresh CPU build."""
+        state = self.made_state()
+        if state is None:
+            state = self.build_module(impl or self.reference_impl, "cpu").state_dict()
+        return self._checked_state(state)
+
+    def made_state(self) -> dict[str, torch.Tensor] | None:
+        """The subject's own ``make_state()``, checked; None where it has none (or it returns None):
+        then the built module's own weights are the state (capture stores them from the module)."""
         maker = getattr(self.subject, "make_state", None)
         state = self._guarded("make_state", maker) if callable(maker) else None
-        if state is None:
-            module = self._guarded("build", self.subject.build, impl or self.reference_impl)
-            if not isinstance(module, nn.Module):
-                raise UsageError(f"subject {self.name}: build() returned a {type(module).__name__}, not an nn.Module")
-            state = module.state_dict()
+        return None if state is None else self._checked_state(state)
+
+    def _checked_state(self, state: Any) -> dict[str, torch.Tensor]:
         if not isinstance(state, Mapping):
             raise UsageError(f"subject {self.name}: make_state() must return a dict of tensors, "
                              f"got {type(state).__name__}")
@@ -573,27 +623,11 @@ class SubjectRunner:
         if torch.device(device).type != "cpu":
             self.check_memory(device)  # the CPU side was checked when the subject was created
         checker = getattr(self.subject, "check_state", None)
-        if state and callable(checker):
-            self._guarded("check_state", checker, dict(state))
-        module = self._guarded("build", self.subject.build, impl)
-        if not isinstance(module, nn.Module):
-            raise UsageError(f"subject {self.name}: build({impl!r}) returned a {type(module).__name__}, not an nn.Module")
+        if state and callable(checker):  # a StateSource is passed as it is: the check reads what it needs
+            self._guarded("check_state", checker, state if isinstance(state, StateSource) else dict(state))
+        module = self.build_module(impl, device if self.builds_on_device else "cpu")
         if state:
-            try:
-                result = module.load_state_dict(dict(state), strict=False)
-            except RuntimeError as err:  # shape mismatches
-                detail = " ".join(str(err).split())
-                raise UsageError(f"stored state does not fit subject {self.name} (impl {impl!r}): {detail}") from None
-            problems = []
-            if result.missing_keys:
-                problems.append(f"missing {', '.join(result.missing_keys[:5])}")
-            if result.unexpected_keys:
-                problems.append(f"unexpected {', '.join(printable(key, limit=80) for key in result.unexpected_keys[:5])}")
-            if problems:
-                raise UsageError(
-                    f"stored state does not fit the module subject {self.name} builds for impl {impl!r}: "
-                    + "; ".join(problems)
-                )
+            self._load_state(module, state, impl)
         placer = getattr(self.subject, "place", None)
         if callable(placer):  # modules on several devices: the subject places them (dtype below keeps devices)
             module = self._guarded("place", placer, module, torch.device(device))
@@ -607,6 +641,89 @@ class SubjectRunner:
         except _out_of_memory_types() as err:
             raise UsageError(f"subject {self.name}: the module does not fit {device}: "
                              f"{' '.join(str(err).split())[:200]}") from err
+        return module.eval()
+
+    @property
+    def builds_on_device(self) -> bool:
+        """Whether the subject's ``build`` takes ``device`` (builds where the weights will be)."""
+        try:
+            return "device" in inspect.signature(self.subject.build).parameters
+        except (TypeError, ValueError):
+            return False
+
+    def build_module(self, impl: str, device: torch.device | str = "cpu") -> nn.Module:
+        """The subject's bare module for ``impl``, built on ``device`` where the subject takes one
+        (else on the CPU, or under ``torch.device("meta")`` for the meta device); no state loaded."""
+        device = torch.device(device)
+        if self.builds_on_device:
+            module = self._guarded("build", lambda: self.subject.build(impl, device=device))
+        elif device.type == "meta":
+            def on_meta() -> Any:
+                with torch.device("meta"):
+                    return self.subject.build(impl)
+            module = self._guarded("build", on_meta)
+        else:
+            module = self._guarded("build", self.subject.build, impl)
+        if not isinstance(module, nn.Module):
+            raise UsageError(f"subject {self.name}: build({impl!r}) returned a {type(module).__name__}, not an nn.Module")
+        return module
+
+    def _load_state(self, module: nn.Module, state: Mapping[str, torch.Tensor], impl: str) -> None:
+        """Load ``state`` strictly into ``module`` (copied into its tensors, on their devices); a
+        StateSource is read in chunks of about STATE_CHUNK_BYTES, so only one chunk is on the host."""
+        expected = set(module.state_dict().keys())
+        problems = []
+        missing = [key for key in module.state_dict() if key not in state]
+        unexpected = [key for key in state if key not in expected]
+        if missing:
+            problems.append(f"missing {', '.join(missing[:5])}")
+        if unexpected:
+            problems.append(f"unexpected {', '.join(printable(key, limit=80) for key in unexpected[:5])}")
+        if problems:
+            raise UsageError(
+                f"stored state does not fit the module subject {self.name} builds for impl {impl!r}: "
+                + "; ".join(problems)
+            )
+        if isinstance(state, StateSource):
+            chunks: list[list[str]] = [[]]
+            held = 0
+            for key in state:
+                if chunks[-1] and held + state.nbytes(key) > STATE_CHUNK_BYTES:
+                    chunks.append([])
+                    held = 0
+                chunks[-1].append(key)
+                held += state.nbytes(key)
+        else:
+            chunks = [list(state)]
+        for keys in chunks:
+            try:
+                module.load_state_dict({key: state[key] for key in keys}, strict=False)
+            except RuntimeError as err:  # shape mismatches
+                detail = " ".join(str(err).split())
+                raise UsageError(f"stored state does not fit subject {self.name} (impl {impl!r}): {detail}") from None
+
+    def build_sharing(self, impl: str, source: nn.Module) -> nn.Module:
+        """The module for ``impl`` holding ``source``'s own parameter and buffer tensors (no copy):
+        built on the meta device, then every parameter and buffer assigned by name from ``source``
+        (the per-module reference replays the reference implementation on the live weights)."""
+        self.check_impl(impl)
+        try:
+            module = self.build_module(impl, "meta")
+        except SubjectError as err:  # a build that reads the tensors it makes cannot run on meta
+            raise UsageError(f"subject {self.name}: build({impl!r}) fails on the meta device ({type(err.error).__name__}: "
+                             f"{printable(str(err.error), limit=120)}); give "
+                             "build a device parameter, or capture with --reference-scope model") from None
+        tensors = dict(source.named_parameters(remove_duplicate=False))
+        tensors.update(source.named_buffers(remove_duplicate=False))
+        for group in ("_parameters", "_buffers"):
+            named = (module.named_parameters if group == "_parameters" else module.named_buffers)(remove_duplicate=False)
+            for name, _ in list(named):
+                if name not in tensors:
+                    raise UsageError(f"subject {self.name}: impl {impl!r} has {group[1:-1]} {name!r}, which the "
+                                     "captured implementation has not; the per-module reference needs the same "
+                                     "parameters and buffers in every impl")
+                owner_path, _, leaf = name.rpartition(".")
+                getattr(module.get_submodule(owner_path), group)[leaf] = tensors[name]
         return module.eval()
 
     def check_inputs(self, inputs: Inputs) -> None:

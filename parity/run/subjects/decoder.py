@@ -245,11 +245,16 @@ class DecoderSubject(Subject):
         kinds = a["layer_layouts"]
         return [made[kinds[index % len(kinds)]]() for index in range(a["layers"])]
 
-    def build(self, impl: str) -> nn.Module:
+    def build(self, impl: str, device: torch.device | str = "cpu") -> nn.Module:
+        """The model for ``impl`` with its weights made on ``device`` (``meta``: no memory, for a
+        module that is then given its tensors). The layouts are computed on the CPU from their
+        data either way (the layout code reads what it builds), then travel as buffers."""
         a = self.args
-        return DecoderLM(vocab=a["vocab"], d_model=a["d_model"], heads=a["heads"], kv_heads=a["kv_heads"],
-                         head_dim=a["head_dim"], ffn_dim=a["ffn_dim"], rope_base=a["rope_base"],
-                         layouts=self._layouts(), impl=impl, dtype=dtypes.torch_dtype(a["dtype"]))
+        layouts = self._layouts()
+        with torch.device(device):
+            return DecoderLM(vocab=a["vocab"], d_model=a["d_model"], heads=a["heads"], kv_heads=a["kv_heads"],
+                             head_dim=a["head_dim"], ffn_dim=a["ffn_dim"], rope_base=a["rope_base"],
+                             layouts=layouts, impl=impl, dtype=dtypes.torch_dtype(a["dtype"]))
 
     def make_state(self) -> dict[str, torch.Tensor]:
         """Seeded weights: embeddings N(0, 1), projections N(0, 1/fan_in), norm gains 1 + N(0, 0.1²).

@@ -1,0 +1,188 @@
+"""Weights by reference: a bundle that names the checkpoint's safetensors files (with their sha256) instead of storing the weights.
+
+Both hosts of a port usually hold the model's checkpoint already; storing its weights again in
+every bundle costs their size per bundle (20 GB at ten billion bf16 parameters). A bundle captured
+with ``weights_from`` records, in the manifest's ``weights`` object (schema version 5):
+
+- ``files``: each checkpoint file's name, the path it had on the capture host, its size and its
+  sha256. sha256 rather than the bundle's BLAKE3: it is the digest the Hugging Face Hub lists for
+  every LFS file, so a user can check a download against the bundle without parity;
+- ``tensors``: ``[state name, file index, key in that file]`` for every state tensor a file holds.
+
+State tensors no file holds (buffers, or a tied weight that is not an alias of a stored one) are
+stored in the bundle as before. At capture every referenced tensor is checked equal (bitwise) to
+the file's, one tensor at a time, so the bundle cannot name files that are not what ran. Compare
+verifies every file's size and sha256 (:func:`verify`) *before* it builds the model and refuses a
+mismatch with one line naming the file, then reads the weights from the files one tensor at a
+time. Nothing in a checkpoint is executed: safetensors is data.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from parity.base.errors import UsageError
+from parity.base.text import printable
+
+# sha256 is read in blocks of this size (hashlib releases the GIL on large updates).
+_READ_BYTES = 16 * 2**20
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointFile:
+    path: Path
+    bytes: int
+    sha256: str
+    keys: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    files: list[CheckpointFile]
+
+    def location(self) -> dict[str, tuple[int, str]]:
+        """state key -> (file index, key): the first file that holds a key wins."""
+        where: dict[str, tuple[int, str]] = {}
+        for index, file in enumerate(self.files):
+            for key in file.keys:
+                where.setdefault(key, (index, key))
+        return where
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(_READ_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files_of(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    files: list[Path] = []
+    for item in paths:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(path.glob("*.safetensors"))
+            if not found:
+                raise UsageError(f"--weights-from {printable(str(path))}: the directory holds no .safetensors file")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise UsageError(f"--weights-from {printable(str(path))}: no such file or directory")
+    names = [file.name for file in files]
+    if len(set(names)) != len(names):
+        raise UsageError("--weights-from: two checkpoint files share a file name; compare finds files by name")
+    return files
+
+
+def describe(paths: Sequence[str | os.PathLike]) -> Checkpoint:
+    """The checkpoint files named by ``paths`` (files, or directories of ``*.safetensors``): their
+    sizes, sha256 and tensor keys. A UsageError names a path that is missing or not safetensors."""
+    described = []
+    for path in _files_of(paths):
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                keys = tuple(handle.keys())
+        except Exception as err:  # safetensors raises its own error types for a malformed header
+            raise UsageError(f"--weights-from {printable(str(path))}: not a safetensors file "
+                             f"({' '.join(str(err).split())[:120]})") from None
+        described.append(CheckpointFile(path.resolve(), path.stat().st_size, sha256_of(path), keys))
+    return Checkpoint(described)
+
+
+def by_reference(checkpoint: Checkpoint, state: Mapping[str, torch.Tensor]) -> tuple[dict[str, Any], list[str]]:
+    """The manifest's ``weights`` object for ``state`` (the module's own tensors) and the names of
+    the state tensors no file holds (to be stored in the bundle). Every referenced tensor is
+    compared bitwise with the file's, one at a time; a UsageError names the first that differs.
+    A tensor that is an alias of a referenced one (a tied weight) is referenced too."""
+    where = checkpoint.location()
+    tensors: list[list[Any]] = []
+    stored: list[str] = []
+    by_storage: dict[tuple[int, tuple[int, ...], tuple[int, ...], str], tuple[int, str]] = {}
+    handles: dict[int, Any] = {}
+    for name, tensor in state.items():
+        alias = (tensor.data_ptr(), tuple(tensor.shape), tuple(tensor.stride()), str(tensor.device))
+        if name not in where and alias in by_storage and tensor.numel() > 0:
+            index, key = by_storage[alias]
+            tensors.append([name, index, key])
+            continue
+        if name not in where:
+            stored.append(name)
+            continue
+        index, key = where[name]
+        if index not in handles:
+            handles[index] = safe_open(str(checkpoint.files[index].path), framework="pt")
+        on_file = handles[index].get_tensor(key)
+        mine = tensor.detach().to("cpu")
+        if on_file.dtype != mine.dtype or tuple(on_file.shape) != tuple(mine.shape) or not torch.equal(
+                on_file.view(-1).view(torch.uint8) if on_file.numel() else on_file,
+                mine.contiguous().view(-1).view(torch.uint8) if mine.numel() else mine):
+            raise UsageError(f"--weights-from: state tensor {printable(name)!r} differs from {key!r} in "
+                             f"{checkpoint.files[index].path.name} ({mine.dtype}{list(mine.shape)} here, "
+                             f"{on_file.dtype}{list(on_file.shape)} in the file, or other values): the model "
+                             "that ran does not hold these weights")
+        del on_file, mine
+        tensors.append([name, index, key])
+        if tensor.numel() > 0:
+            by_storage[alias] = (index, key)
+    handles.clear()
+    files = [{"name": file.path.name, "path": str(file.path), "bytes": file.bytes, "sha256": file.sha256}
+             for file in checkpoint.files]
+    return {"files": files, "tensors": tensors}, stored
+
+
+def verify(weights: Mapping[str, Any], directory: str | os.PathLike | None = None) -> list[Path]:
+    """The checkpoint files a bundle names, found (in ``directory`` by name, else at the recorded
+    path) and verified: size, then sha256. A UsageError (exit 2) names the first file that is
+    missing or differs; nothing is built before this returns."""
+    found: list[Path] = []
+    for file in weights["files"]:
+        path = Path(directory) / file["name"] if directory is not None else Path(file["path"])
+        shown = printable(str(path))
+        if not path.is_file():
+            hint = "" if directory is not None else "; pass --weights-dir DIR where the checkpoint is on this host"
+            raise UsageError(f"checkpoint file {shown} named by the bundle is not there{hint}")
+        if path.stat().st_size != file["bytes"]:
+            raise UsageError(f"checkpoint file {shown} is {path.stat().st_size} bytes, the bundle was captured "
+                             f"with {file['bytes']}: not the same weights")
+        if sha256_of(path) != file["sha256"]:
+            raise UsageError(f"checkpoint file {shown} does not match the bundle's sha256: not the weights the "
+                             "golden was captured with")
+        found.append(path)
+    return found
+
+
+def file_state(weights: Mapping[str, Any], files: Sequence[Path]) -> tuple[
+        dict[str, tuple[tuple[int, ...], torch.dtype]], Callable[[str], torch.Tensor]]:
+    """(name -> (shape, dtype), load(name)) of the state tensors the verified ``files`` hold: read
+    one at a time, from the file's header for the shapes, from its data for a tensor asked for."""
+    place = {name: (index, key) for name, index, key in weights["tensors"]}
+    meta: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+    handles: dict[int, Any] = {}
+
+    def handle(index: int) -> Any:
+        if index not in handles:
+            handles[index] = safe_open(str(files[index]), framework="pt")
+        return handles[index]
+
+    for name, (index, key) in place.items():
+        sliced = handle(index).get_slice(key)
+        meta[name] = (tuple(sliced.get_shape()), _DTYPES[sliced.get_dtype()])
+
+    def load(name: str) -> torch.Tensor:
+        index, key = place[name]
+        return handle(index).get_tensor(key)
+
+    return meta, load
