@@ -602,7 +602,7 @@ def test_budget_numbers_are_in_golden_order_and_finite(bundles):
 
 def _bench_bundle(tmp_path):
     """A bundle of the harness benchmark's subject (a stack of fp32 blocks, bench/harness)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "harness_benchmark"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "harness"))
     try:
         import harness_benchmark as benchmark
     finally:
