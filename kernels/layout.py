@@ -728,9 +728,16 @@ def _classes_from_mask(mask: MaskSpec, seq_q: int, seq_k: int, block_m: int, blo
 
 def _layout_from_classes(classes: torch.Tensor, seq_q: int, seq_k: int, block_m: int, block_n: int,
                          mask: MaskSpec, kind: str, **element_masks) -> BlockLayout:
-    """Build count/index tensors from a [Bl, Hl, nQ, nK] class tensor, on its device."""
+    """Build count/index tensors from a [Bl, Hl, nQ, nK] class tensor, on its device.
+
+    The builders' layouts are valid by construction (tests/test_kernels_layout_formula.py
+    compares every builder with the element-by-element classification), so they are not
+    re-validated here: ``validate`` reads every index on the host, which costs more than
+    building the layout (2.4 of 3.4 ms for a causal 16k x 16k layout of 64 x 64 tiles)."""
     nk = classes.shape[-1]
-    block_ids = torch.arange(nk, dtype=torch.int32, device=classes.device).expand(classes.shape)
+    # 2-D [tile rows, nK]: torch's cumsum over the last dim of a 4-D tensor is several times slower
+    rows = classes.reshape(-1, nk)
+    block_ids = torch.arange(nk, dtype=torch.int32, device=classes.device).expand(rows.shape)
 
     def pack(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         counts = selected.sum(-1, dtype=torch.int32)
@@ -738,18 +745,18 @@ def _layout_from_classes(classes: torch.Tensor, seq_q: int, seq_k: int, block_m:
         # Each selected block goes to its rank among the selected (increasing block order); the
         # others to a spare last slot that is dropped. Slots past the count stay 0.
         slot = torch.where(selected, selected.cumsum(-1) - 1, width)
-        indices = torch.zeros(*selected.shape[:-1], width + 1, dtype=torch.int32, device=selected.device)
+        indices = torch.zeros(selected.shape[0], width + 1, dtype=torch.int32, device=selected.device)
         indices.scatter_(-1, slot, block_ids)
-        return counts.contiguous(), indices[..., :width].contiguous()
+        return counts.view(classes.shape[:-1]), indices[:, :width].reshape(*classes.shape[:-1], width)
 
-    partial_counts, partial_indices = pack(classes == PARTIAL)
-    full_counts, full_indices = pack(classes == FULL)
+    partial_counts, partial_indices = pack(rows == PARTIAL)
+    full_counts, full_indices = pack(rows == FULL)
     return BlockLayout(
         seq_q=seq_q, seq_k=seq_k, block_m=block_m, block_n=block_n,
         kv_num_blocks=partial_counts, kv_indices=partial_indices,
         full_kv_num_blocks=full_counts, full_kv_indices=full_indices,
         mask=mask, kind=kind, **element_masks,
-    ).validate()
+    )
 
 
 def _mask_layout(mask: MaskSpec, seq_q, seq_k, block_m, block_n, kind, device=None) -> BlockLayout:
