@@ -747,7 +747,7 @@ def _layout_from_classes(classes: torch.Tensor, seq_q: int, seq_k: int, block_m:
         slot = torch.where(selected, selected.cumsum(-1) - 1, width)
         indices = torch.zeros(selected.shape[0], width + 1, dtype=torch.int32, device=selected.device)
         indices.scatter_(-1, slot, block_ids)
-        return counts.view(classes.shape[:-1]), indices[:, :width].reshape(*classes.shape[:-1], width)
+        return counts.view(classes.shape[:-1]), indices[:, :width].reshape(*classes.shape[:-1], width).contiguous()
 
     partial_counts, partial_indices = pack(rows == PARTIAL)
     full_counts, full_indices = pack(rows == FULL)
