@@ -1040,24 +1040,30 @@ def _cu_lengths(cu_seqlens, name: str) -> torch.Tensor:
 
 
 def padding_layout(seq_q: int, seq_k: int, lengths, *, side: str = "right", causal: bool = True,
-                   align: str = "bottom_right", block_m: int = 128, block_n: int = 128) -> BlockLayout:
+                   align: str = "bottom_right", block_m: int = 128, block_n: int = 128, offset: int | None = None,
+                   device=None) -> BlockLayout:
     """Key padding per batch element: only ``lengths[b]`` of the Sk keys are real.
 
     lengths: [B] ints in [0, Sk]. side "right": keys [0, lengths[b]) are visible (padding at the
     end); "left": keys [Sk - lengths[b], Sk) (padding at the start, as in batched generation).
     causal: also the causal predicate on the padded Sq x Sk grid, aligned by ``align`` as in
     ``causal_layout`` (bottom-right by default: with left padding or a decode step the last
-    query sees every real key). Query rows are not masked: a query that sees no real key gives
-    0 and LSE -inf. Carried as k_start, k_end [B] (8 bytes per batch element).
+    query sees every real key; ``offset=`` sets the diagonal explicitly, as in ``causal_layout``:
+    a static KV cache has more key slots than the diagonal reaches). Query rows are not masked: a
+    query that sees no real key gives 0 and LSE -inf. Carried as k_start, k_end [B] (8 bytes per
+    batch element), made on ``device`` (default: the lengths' device, or the CPU for a list).
     """
     if side not in ("right", "left"):
         raise LayoutError(f"side must be 'right' or 'left', got {side!r}")
+    if device is None:
+        device = lengths.device if isinstance(lengths, torch.Tensor) else "cpu"
     lens = _lengths(lengths, "lengths")
     if lens.dim() != 1 or (lens > seq_k).any():
         raise LayoutError(f"lengths must be 1-D [B] with values in [0, {seq_k}], got {lens.tolist()}")
+    lens = lens.to(device)
     k_start = torch.zeros_like(lens) if side == "right" else seq_k - lens
     k_end = lens if side == "right" else torch.full_like(lens, seq_k)
-    mask = MaskSpec(causal=True, offset=_diagonal_offset(seq_q, seq_k, align, None)) if causal else MaskSpec()
+    mask = MaskSpec(causal=True, offset=_diagonal_offset(seq_q, seq_k, align, offset)) if causal else MaskSpec()
     return _key_range_layout(seq_q, seq_k, k_start, k_end, mask, f"padding-{side}", block_m, block_n)
 
 
