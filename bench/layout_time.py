@@ -13,11 +13,11 @@ Rows (block 64 x 64, the integration's default):
 - ``decode``: ``causal_layout(1, S)`` (one query row over an S-token cache);
 - ``padded-B8``: ``padding_layout`` of 8 left-padded rows (lengths S, 7S/8, ..., S/8);
 - ``documents``: ``document_layout`` of 8 packed documents of unequal lengths summing to S;
-- ``integration-*``: what one forward of the integration builds for that mask
-  (``parity.integrations.transformers.forward_layout`` where it exists: the plan every layer
-  then reuses; else ``kernel_layout``, which every layer called). ``integration-padded-B8`` is
-  built from the 2-D padding mask and ``integration-documents`` from packed ``position_ids``,
-  as transformers hands them to the mask function.
+- ``integration-*``: what one forward of the integration derives for that mask, once, for
+  every layer: ``kernel_layout`` for mask-less calls (causal, window, decode); for a padded
+  batch the layout the kernel's mask function derives from the 2-D padding mask; for a packed
+  batch (S <= 4096 only) ``kernel_layout`` recognising documents in the 4-D mask, which reads
+  every element.
 """
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ import torch
 BLOCK = 64
 BATCH = 8
 DOCUMENTS = 8
+DENSE_LIMIT = 4096  # the largest S at which a 4-D mask is materialised for a row
 
 
 def _padding_lengths(seq: int) -> list[int]:
@@ -65,19 +66,21 @@ def integration_cases(seq: int) -> dict[str, Callable[[], object]]:
     from parity.integrations import transformers as parity_tf
 
     blocks = {"block_m": BLOCK, "block_n": BLOCK}
-    forward_layout = getattr(parity_tf, "forward_layout", None)
+    padding = torch.zeros(BATCH, seq, dtype=torch.bool)
+    for row, length in enumerate(_padding_lengths(seq)):
+        padding[row, seq - length:] = True
     cases = {
         "integration-causal": lambda: parity_tf.kernel_layout(seq, seq, **blocks),
         "integration-window1024": lambda: parity_tf.kernel_layout(seq, seq, window=1024, **blocks),
         "integration-decode": lambda: parity_tf.kernel_layout(1, seq, **blocks),
+        # what the kernel's mask function runs once per forward: the layout from the 2-D padding
+        "integration-padded-B8": lambda: parity_tf._described_padding_layout(seq, seq, padding, 0, **blocks),
     }
-    if forward_layout is not None:
-        padding = torch.zeros(BATCH, seq, dtype=torch.long)
-        for row, length in enumerate(_padding_lengths(seq)):
-            padding[row, seq - length:] = 1
-        positions = torch.cat([torch.arange(n) for n in _document_lengths(seq)])[None]
-        cases["integration-padded-B8"] = lambda: forward_layout(seq, seq, padding_mask=padding, **blocks)
-        cases["integration-documents"] = lambda: forward_layout(seq, seq, position_ids=positions, **blocks)
+    if seq <= DENSE_LIMIT:  # a packed batch is recognised by reading its 4-D mask: S^2 bytes
+        starts = torch.tensor([0] + _document_lengths(seq)).cumsum(0)
+        doc = torch.searchsorted(starts[1:], torch.arange(seq), right=True)
+        visible = ((doc[:, None] == doc[None, :]) & torch.ones(seq, seq, dtype=torch.bool).tril())[None, None]
+        cases["integration-documents"] = lambda: parity_tf.kernel_layout(seq, seq, visible=visible, **blocks)
     return cases
 
 
