@@ -1,11 +1,11 @@
 """The transformers integration where inference runs: one kernel layout per forward (not per
 layer), ``torch.compile(fullgraph=True)`` of a tiny Llama with no graph break from parity's code
-(prefill, a padded batch, decode with a static cache; ``mode="reduce-overhead"`` where CUDA
-graphs exist), and ``generate`` with the kernel giving ``sdpa``'s tokens wherever the
+(prefill, a padded batch, decode with a static cache), and ``generate`` with the kernel giving ``sdpa``'s tokens wherever the
 reference's top-2 logit margin exceeds the logits' measured difference.
 
 The compiled tests run ``parity_sdpa`` (PyTorch SDPA inside the same integration, pure torch) on
-the CPU; the kernel itself reaches torch.compile as a torch.library op, tested with the launcher.
+the CPU. ``mode="reduce-overhead"`` (CUDA graphs) is not tested here: a GPU run leaves out modules
+that import transformers on hosts without it, and such modules may hold no GPU test.
 """
 from __future__ import annotations
 
@@ -15,11 +15,7 @@ import torch
 import transformers  # noqa: F401  (a test dependency: missing, the file errors, never skips)
 
 from parity.integrations import transformers as parity_tf
-from parity.run import platform
 from llama_subject import LlamaSubject
-
-pytestmark = pytest.mark.slow  # transformers models, compiled or through the Triton interpreter
-
 
 @pytest.fixture(autouse=True)
 def _registered():
@@ -59,6 +55,7 @@ def _count_layouts(monkeypatch) -> list[str]:
 
 
 # ---- one layout per forward ---------------------------------------------------------------------
+@pytest.mark.slow  # a transformers model, compiled or through the Triton interpreter
 def test_one_layout_per_forward_for_every_layer(monkeypatch):
     """Three layers, one layout: a padded prefill (from the 2-D padding mask, in the mask
     function) and each decode step (mask-less) derive their layout once, not once per layer."""
@@ -81,6 +78,7 @@ def test_one_layout_per_forward_for_every_layer(monkeypatch):
     assert built == ["padding-left", "padding-left", "causal"]
 
 
+@pytest.mark.slow  # a transformers model, compiled or through the Triton interpreter
 def test_a_mask_edited_in_place_gets_a_new_layout():
     q = torch.randn(1, 2, 20, 16)
     k, v = torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16)
@@ -102,6 +100,7 @@ def _no_breaks(model, *args, **kwargs) -> None:
     assert explanation.graph_count == 1
 
 
+@pytest.mark.slow  # a transformers model, compiled or through the Triton interpreter
 @pytest.mark.parametrize("padded", [False, True], ids=["prefill", "padded-batch"])
 def test_compiled_forward_has_no_graph_break_and_equals_eager(padded):
     torch._dynamo.reset()
@@ -118,6 +117,7 @@ def test_compiled_forward_has_no_graph_break_and_equals_eager(padded):
     torch.testing.assert_close(compiled[real], eager[real], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # a transformers model, compiled or through the Triton interpreter
 def test_compiled_static_cache_generate_equals_eager():
     """Decode with a static cache, the forward compiled with fullgraph=True: the same tokens and
     (to the fusion's rounding) the same scores as eager."""
@@ -134,23 +134,8 @@ def test_compiled_static_cache_generate_equals_eager():
     torch.testing.assert_close(torch.stack(compiled.scores), torch.stack(eager.scores), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.gpu
-def test_reduce_overhead_equals_eager():
-    """CUDA graphs (mode="reduce-overhead"): the reference integration replays its graph."""
-    torch._dynamo.reset()
-    device = platform.default_device()
-    model = _model(parity_tf.REFERENCE_NAME).to(device)
-    ids, mask = (t.to(device) for t in _prompt())
-    with torch.no_grad():
-        eager = model(ids, attention_mask=mask).logits
-        compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
-        for _ in range(3):  # record, then replay
-            out = compiled(ids, attention_mask=mask).logits
-    real = mask.bool()
-    torch.testing.assert_close(out[real], eager[real], rtol=1e-4, atol=1e-4)
-
-
 # ---- generate with the kernel -------------------------------------------------------------------
+@pytest.mark.slow  # a transformers model, compiled or through the Triton interpreter
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_kernel_generates_sdpas_tokens(cache):
     """Greedy tokens of the kernel (eager, through the interpreter on a CPU) against stock

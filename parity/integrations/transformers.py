@@ -52,6 +52,16 @@ Recording. :func:`attach` must run before parity's recorder is created (a subjec
 (query, key, value, the mask, scaling, window, cu_seq_lens) are all tensors or plain values, so
 ``--isolate`` can replay it. The enclosing ``self_attn`` and decoder layers receive the KV cache
 object, which cannot be stored, so they are compared end to end but not replayed.
+
+One layout per forward. transformers builds a forward's mask once and hands the same tensor to
+every layer; the kernel's layout is remembered on it (``_Plans``) and derived once, in the mask
+function where the mask is causal AND key padding (from the 2-D padding mask, never reading the
+4-D mask), else on the mask's first use. Every kernel call goes through
+``ParityAttention._run_kernel``.
+
+Long because the module is the whole integration: the attention module, the reference, the
+layouts the kernel gets for each mask transformers builds and their per-forward memory, and the
+registration with transformers' two interfaces; split, each part would import the others.
 """
 from __future__ import annotations
 
