@@ -52,12 +52,23 @@ Recording. :func:`attach` must run before parity's recorder is created (a subjec
 (query, key, value, the mask, scaling, window, cu_seq_lens) are all tensors or plain values, so
 ``--isolate`` can replay it. The enclosing ``self_attn`` and decoder layers receive the KV cache
 object, which cannot be stored, so they are compared end to end but not replayed.
+
+One layout per forward. transformers builds a forward's mask once and hands the same tensor to
+every layer; the kernel's layout is remembered on it (``_Plans``) and derived once, in the mask
+function where the mask is causal AND key padding (from the 2-D padding mask, never reading the
+4-D mask), else on the mask's first use. Every kernel call goes through
+``ParityAttention._run_kernel``.
+
+Long because the module is the whole integration: the attention module, the reference, the
+layouts the kernel gets for each mask transformers builds and their per-forward memory, and the
+registration with transformers' two interfaces; split, each part would import the others.
 """
 from __future__ import annotations
 
 import functools
 import inspect
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -150,18 +161,22 @@ class ParityAttention(nn.Module):
         if visible is None and window and not is_causal:
             raise NotImplementedError("a bidirectional sliding window without a mask is not supported")
         if self.impl == "kernel":
-            from parity.kernels import block_sparse_attention, launch_config
-
-            layout = kernel_layout(seq_q, seq_k, visible=visible, documents=documents, is_causal=is_causal,
-                                   window=window, block_m=self.block_m, block_n=self.block_n)
-            config = launch_config(query.device, query.shape[-1], query.dtype, layout)
-            self.parity_launch_config = config.to_dict()
-            out = block_sparse_attention(query, key, value, layout, sm_scale=scaling, config=config)
+            layout = _plan(attention_mask, visible, documents, seq_q, seq_k, is_causal, window, self.block_m,
+                           self.block_n, query.device)
+            out = self._run_kernel(query, key, value, layout, scaling)
         else:
             if documents is not None:
                 visible = _document_mask(*documents, batch, seq_q, seq_k, is_causal, window, query.device)
             out = _sdpa(query, key, value, visible, scaling, is_causal, window)
         return out.transpose(1, 2).contiguous()
+
+    def _run_kernel(self, query, key, value, layout, scaling) -> torch.Tensor:
+        """Every kernel call of the integration goes through here: [B, Hq, Sq, D]."""
+        from parity.kernels import block_sparse_attention, launch_config
+
+        config = launch_config(query.device, query.shape[-1], query.dtype, layout)
+        self.parity_launch_config = config.to_dict()
+        return block_sparse_attention(query, key, value, layout, sm_scale=scaling, config=config)
 
 
 def _check_block(name: str, value: Any) -> None:
@@ -284,22 +299,31 @@ def _sdpa(query, key, value, visible, scaling, is_causal, window) -> torch.Tenso
 
 def kernel_layout(seq_q: int, seq_k: int, *, visible: torch.Tensor | None = None,
                   documents: tuple[torch.Tensor, torch.Tensor] | None = None, is_causal: bool = True,
-                  window: int = 0, block_m: int = DEFAULT_BLOCK, block_n: int = DEFAULT_BLOCK):
+                  window: int = 0, block_m: int = DEFAULT_BLOCK, block_n: int = DEFAULT_BLOCK,
+                  key_padding: torch.Tensor | None = None, offset: int | None = None, device=None):
     """The kernel's layout for one attention call.
 
-    ``visible`` (a mask from transformers, bool [B|1, H|1, Sq, Sk]): key padding under a
-    bottom-right causal mask when it is exactly that (``padding_layout``: 8 bytes per batch
-    element), causal documents when it is exactly that (``document_layout``: packed batches,
-    4 bytes per token), else the exact element mask (``layout_from_dense_mask``: Sq * Sk / 8
-    bytes per batch element). A recognised layout is used only if its own ``dense_mask()``
-    equals ``visible``. ``documents`` (cumulative lengths, no mask): ``varlen_layout``, or with
-    a window the dense document mask. Neither: bottom-right causal (``window``: sliding
-    window), or every key (``is_causal=False``).
+    ``visible`` (a mask from transformers, bool [B|1, H|1, Sq, Sk]): key padding under a causal
+    mask when it is exactly that (``padding_layout``: 8 bytes per batch element), causal
+    documents when it is exactly that (``document_layout``: packed batches, 4 bytes per token),
+    else the exact element mask (``layout_from_dense_mask``: Sq * Sk / 8 bytes per batch
+    element). A recognised layout is used only if its own element visibility equals ``visible``.
+    ``key_padding`` (bool [B, Sk]) with ``offset``: the caller built ``visible`` as exactly the
+    causal mask with that diagonal (key j visible to query i when j <= i + offset) AND these
+    keys (the mask function does), so the layout follows from them without reading ``visible``
+    (padding that is not one contiguous run per row falls back to reading it); without
+    ``visible`` they are ignored. ``documents`` (cumulative lengths, no mask): ``varlen_layout``,
+    or with a window the dense document mask. Neither: bottom-right causal (``window``: sliding
+    window), or every key (``is_causal=False``), made on ``device`` (default the CPU).
     """
     from parity.kernels import layout as layouts
 
     blocks = {"block_m": block_m, "block_n": block_n}
     if visible is not None:
+        if key_padding is not None:
+            layout = _described_padding_layout(seq_q, seq_k, key_padding, offset, **blocks)
+            if layout is not None:
+                return layout
         return (_padding_layout(visible, **blocks) or _document_layout(visible, **blocks)
                 or layouts.layout_from_dense_mask(visible, **blocks))
     if documents is not None:
@@ -311,8 +335,112 @@ def kernel_layout(seq_q: int, seq_k: int, *, visible: torch.Tensor | None = None
         full = torch.ones(math.ceil(seq_q / block_m), math.ceil(seq_k / block_n), dtype=torch.bool)
         return layouts.layout_from_block_mask(full, seq_q, seq_k, **blocks)
     if window:
-        return layouts.sliding_window_layout(seq_q, seq_k, window, align="bottom_right", **blocks)
-    return layouts.causal_layout(seq_q, seq_k, align="bottom_right", **blocks)
+        return layouts.sliding_window_layout(seq_q, seq_k, window, align="bottom_right", device=device, **blocks)
+    return layouts.causal_layout(seq_q, seq_k, align="bottom_right", device=device, **blocks)
+
+
+def _described_padding_layout(seq_q: int, seq_k: int, key_padding: torch.Tensor, offset: int, *, block_m: int,
+                              block_n: int):
+    """``padding_layout`` for keys ``key_padding`` [B, Sk] (bool, True: real) under the causal
+    diagonal ``offset``, on the padding's device, when each row's real keys are one run that
+    starts at 0 or ends at Sk; None otherwise. One host read (the side)."""
+    from parity.kernels import layout as layouts
+
+    keys = key_padding.bool()
+    lengths = keys.sum(-1)
+    k_idx = torch.arange(seq_k, device=keys.device)
+    right = ((k_idx[None, :] < lengths[:, None]) == keys).all()
+    left = ((k_idx[None, :] >= (seq_k - lengths)[:, None]) == keys).all()
+    every = keys.all()
+    is_right, is_left, is_every = torch.stack([right, left, every]).tolist()
+    if is_every:
+        return layouts.causal_layout(seq_q, seq_k, offset=offset, block_m=block_m, block_n=block_n,
+                                     device=keys.device)
+    if not (is_right or is_left):
+        return None
+    return layouts.padding_layout(seq_q, seq_k, lengths, side="right" if is_right else "left", causal=True,
+                                  offset=offset, block_m=block_m, block_n=block_n)
+
+
+class _Plans:
+    """The kernel layout of each mask a forward hands its layers, derived once and shared.
+
+    transformers builds a forward's mask once (per kind of layer) and passes that one tensor to
+    every layer, so a layout remembered on the tensor (by identity, while it lives and its
+    version counter is unchanged) is derived once per forward, not once per layer. The kernel's
+    mask function derives it where the padding mask is known (no read of the 4-D mask at all);
+    any other mask is classified on its first use. A mask-less (purely causal) call is
+    remembered by its shape until the next forward's mask function runs. A replay of one recorded call (``compare --isolate``) hands the
+    core a fresh tensor, whose layout is derived from the tensor itself."""
+
+    def __init__(self, shapes: int = 64):
+        self._by_mask: dict[int, tuple] = {}
+        self._by_shape: dict[tuple, Any] = {}
+        self._shapes = shapes
+
+    @staticmethod
+    def _version(mask: torch.Tensor):
+        try:
+            return mask._version
+        except RuntimeError:  # an inference-mode tensor has no version counter
+            return None
+
+    def for_mask(self, mask: torch.Tensor, key: tuple):
+        entry = self._by_mask.get(id(mask))
+        if entry is None:
+            return None
+        ref, version, entry_key, layout = entry
+        if ref() is not mask or entry_key != key or version != self._version(mask):
+            return None
+        return layout
+
+    def remember_mask(self, mask: torch.Tensor, key: tuple, layout) -> None:
+        ident = id(mask)
+        by_mask = self._by_mask
+        ref = weakref.ref(mask, lambda _ref: by_mask.pop(ident, None) if by_mask.get(ident, (None,))[0] is _ref
+                          else None)
+        by_mask[ident] = (ref, self._version(mask), key, layout)
+
+    def new_forward(self) -> None:
+        """A forward starts (its mask function runs): mask-less layouts are derived again, so
+        what one forward remembered never outlives the next forward's mask."""
+        self._by_shape.clear()
+
+    def for_shape(self, key: tuple):
+        return self._by_shape.get(key)
+
+    def remember_shape(self, key: tuple, layout) -> None:
+        if len(self._by_shape) >= self._shapes:
+            self._by_shape.pop(next(iter(self._by_shape)))  # the oldest
+        self._by_shape[key] = layout
+
+
+_PLANS = _Plans()
+
+
+def _plan(mask: torch.Tensor | None, visible: torch.Tensor | None, documents, seq_q: int, seq_k: int,
+          is_causal: bool, window: int, block_m: int, block_n: int, device: torch.device):
+    """The layout of one kernel call: remembered for the mask (or the mask-less shape), else
+    derived by :func:`kernel_layout` and remembered, on ``device``."""
+    blocks = {"block_m": block_m, "block_n": block_n}
+    if mask is not None:
+        key = (block_m, block_n, device)
+        layout = _PLANS.for_mask(mask, key)
+        if layout is None:
+            layout = kernel_layout(seq_q, seq_k, visible=visible, **blocks).to(device)
+            _PLANS.remember_mask(mask, key, layout)
+        return layout
+    if documents is not None:  # cu_seq_lens: already read on the host by their checks
+        key = (seq_q, seq_k, is_causal, window, tuple(documents[0].tolist()), tuple(documents[1].tolist()),
+               block_m, block_n, device)
+    else:
+        key = (seq_q, seq_k, is_causal, window, block_m, block_n, device)
+    layout = _PLANS.for_shape(key)
+    if layout is None:
+        layout = kernel_layout(seq_q, seq_k, documents=documents, is_causal=is_causal, window=window,
+                               device=device, **blocks).to(device)
+        _PLANS.remember_shape(key, layout)
+    return layout
 
 
 def _padding_layout(visible: torch.Tensor, *, block_m: int, block_n: int):
@@ -365,9 +493,11 @@ def _document_layout(visible: torch.Tensor, *, block_m: int, block_n: int):
 
 
 def _same_mask(layout, visible: torch.Tensor) -> bool:
-    """Whether ``layout`` shows the kernel exactly the elements ``visible`` does."""
-    expected = layout.dense_mask()
-    return torch.equal(expected.expand(visible.shape[0], 1, *visible.shape[2:]), visible.cpu())
+    """Whether ``layout`` shows the kernel exactly the elements ``visible`` does. The builders
+    make a tile full only where every element is visible, so the element masks alone (no block
+    classes) are what the kernel shows."""
+    expected = layout.to(visible.device).element_visible()
+    return torch.equal(expected.expand(visible.shape[0], 1, *visible.shape[2:]), visible)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -486,6 +616,39 @@ def _mask_function(batch_size: int, q_length: int, kv_length: int, q_offset: int
                      attention_mask=attention_mask, allow_is_causal_skip=allow_is_causal_skip, **kwargs)
 
 
+def _kernel_mask_function(block_m: int, block_n: int):
+    """The kernel's mask function: ``_mask_function``'s mask, and where transformers built it as
+    causal AND key padding (``causal_mask_function`` and a 2-D padding mask, the common case of a
+    padded batch and of decoding), the layout derived from the padding mask, once per forward,
+    remembered on the mask tensor that every layer then receives."""
+    def mask_function_with_plan(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0,
+                                kv_offset: int = 0, mask_function=None, attention_mask=None, **kwargs):
+        from transformers.masking_utils import causal_mask_function
+
+        _PLANS.new_forward()
+        mask = _mask_function(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
+                              attention_mask=attention_mask, **kwargs)
+        plain = mask_function is None or mask_function is causal_mask_function
+        if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and plain and isinstance(q_offset, int)
+                and isinstance(kv_offset, int)):
+            if attention_mask is None:
+                padding = torch.ones(1, kv_length, dtype=torch.bool, device=mask.device)
+            elif attention_mask.dim() == 2:
+                # transformers' padding_mask_function: key j reads the 2-D mask at j + kv_offset,
+                # past its end is padding
+                padding = attention_mask.bool()[:, kv_offset:kv_offset + kv_length].to(mask.device)
+                if padding.shape[1] < kv_length:
+                    padding = torch.nn.functional.pad(padding, (0, kv_length - padding.shape[1]))
+            else:
+                return mask
+            layout = kernel_layout(q_length, kv_length, visible=mask, key_padding=padding.expand(batch_size, -1),
+                                   offset=q_offset - kv_offset, block_m=block_m, block_n=block_n)
+            _PLANS.remember_mask(mask, (block_m, block_n, mask.device), layout.to(mask.device))
+        return mask
+
+    return mask_function_with_plan
+
+
 def register(name: str = KERNEL_NAME, *, reference_name: str = REFERENCE_NAME, block_m: int = DEFAULT_BLOCK,
              block_n: int = DEFAULT_BLOCK) -> tuple[str, str]:
     """Register the kernel as ``attn_implementation=name`` and SDPA on the same mask and module
@@ -507,6 +670,7 @@ def register(name: str = KERNEL_NAME, *, reference_name: str = REFERENCE_NAME, b
     _check_block("block_n", block_n)
     for impl, key in (("kernel", name), ("reference", reference_name)):
         AttentionInterface.register(key, _attention_function(impl, block_m, block_n))
-        AttentionMaskInterface.register(key, _mask_function)
+        AttentionMaskInterface.register(key, _kernel_mask_function(block_m, block_n) if impl == "kernel"
+                                        else _mask_function)
         _REGISTERED[key] = (impl, block_m, block_n)
     return name, reference_name
