@@ -39,7 +39,8 @@ PY=${PYTHON:-python3}
 
 STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect inspect-decode"}
 # (also: "table-sweep" and "table", the prefill table of bench/benchmark_table.py, and
-# "launch-time", "host-parts" and "ncu", where a short case's time goes; not run by default)
+# "launch-time", "host-parts" and "ncu", where a short case's time goes; "launch-overhead",
+# "hf-generate" and "hf-window", inference; not run by default)
 
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2
@@ -93,6 +94,19 @@ step table "${TABLE_LIMIT:-540}" "$PY" -m bench.benchmark_table --json "$R/table
 LAUNCH_CASES=${LAUNCH_CASES:-d64-s4k-causal,d64-s4k-window1024,d64-s4k-random25,d128-s4k-causal,d128-s4k-window1024,d128-s4k-random25}
 step launch-time "${LAUNCH_LIMIT:-300}" "$PY" -m bench.launch_time --cases "$LAUNCH_CASES"
 step host-parts 60 "$PY" -m bench.launch_time --host-parts --cases "$LAUNCH_CASES"
+# Inference: the launcher's host time per call, call minus CUDA-graph time, for the prefill
+# table's rows and the decode rows (bench/launch_overhead.py; OVERHEAD_ROWS); then a Hugging Face
+# model with Llama-3-8B's shape (HF_ARGS) and one with Mistral-7B's sliding window (HF_WINDOW_ARGS),
+# prefill and generate with sdpa, parity_sdpa and parity_sparse, eager and compiled
+# (bench/hf_generate.py, transformers from the host).
+# shellcheck disable=SC2086
+step launch-overhead "${OVERHEAD_LIMIT:-240}" "$PY" -m bench.launch_overhead --device cuda ${OVERHEAD_ROWS:+--rows "$OVERHEAD_ROWS"}
+# shellcheck disable=SC2086
+step hf-generate "${HF_LIMIT:-420}" "$PY" -m bench.hf_generate --model llama8b --json "$R/hf-llama8b.json" \
+    --deadline-s $(( ${HF_LIMIT:-420} - 60 )) ${HF_ARGS:-}
+# shellcheck disable=SC2086
+step hf-window "${HF_WINDOW_LIMIT:-300}" "$PY" -m bench.hf_generate --model mistral7b --json "$R/hf-mistral7b.json" \
+    --deadline-s $(( ${HF_WINDOW_LIMIT:-300} - 60 )) ${HF_WINDOW_ARGS:---cases 1x16384 --modes eager}
 NCU=${NCU:-$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)}
 NCU_CASES=${NCU_CASES:-d64-s4k-causal,d64-s4k-random25,d128-s4k-causal,d128-s16k-causal}
 NCU_MORE=()
