@@ -12,7 +12,8 @@ checksums), and bundles with no recorded tensor in common. Bundles are data: not
 either manifest is imported or run.
 
 Structure. A tensor only in the golden is ``missing-here`` (``fused-here`` inside a compared
-module, as in compare); one only in the candidate is a warning (the captures recorded different
+module, ``absent-here`` where the candidate recorded other outputs of the same layer call, as in
+compare); one only in the candidate is a warning (the captures recorded different
 layers), a ``missing-in-golden`` failure with ``strict_structure``.
 
 Error budget: where both bundles hold a high-precision reference of a tensor, the candidate's
