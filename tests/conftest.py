@@ -55,6 +55,8 @@ SLOW_FILES = {
 }
 # Single slow tests of otherwise fast files (file::function, every parametrization), each with why.
 SLOW_TESTS = {
+    "test_judge_structure.py::test_eager_golden_against_the_kernel_calls_the_weights_absent":
+        "a transformers Llama captured, then compared through the Triton interpreter",
     "test_base_report_paths.py::test_two_reports_on_stdout_are_refused_however_stdout_is_named":
         "real processes with stdout as a pipe, a file and a terminal",
     "test_base_report_paths.py::test_a_fifo_without_a_reader_does_not_hold_up_an_error_report":

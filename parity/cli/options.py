@@ -212,7 +212,9 @@ def add_judging_options(parser: argparse.ArgumentParser) -> None:
                         help="judge by the fixed per-dtype thresholds alone, even where the bundle has references")
     parser.add_argument("--strict-structure", action="store_true",
                         help="a recorded module that this host never ran is a failure (missing-here), even "
-                             "inside a compared enclosing module (default: fused-here, not a failure)")
+                             "inside a compared enclosing module (default: fused-here, not a failure); so is "
+                             "a recorded output that a module call which ran here returned as None (default: "
+                             "absent-here, not a failure)")
     parser.add_argument("--max-rows", type=int, default=None, metavar="N",
                         help="collapse runs of passing rows when the table has more than N rows "
                              "(default: show every row)")

@@ -37,7 +37,8 @@ import torch
 from parity.run import platform
 from parity.bundle.reader import BundleReader, open_bundle
 from parity.judge.diff import check_same_run
-from parity.judge.engine import Judge, Obtained, bundle_outputs, compare_tensors, fused_warning, notes_as_warnings
+from parity.judge.engine import (Judge, Obtained, absent_warning, bundle_outputs, compare_tensors, fused_warning,
+                                 notes_as_warnings)
 from parity.base.errors import ParityError, UsageError
 from parity.judge.policy import Policy, Tolerance, as_policy
 from parity.run.recorder import RecordedTensor, Recorder
@@ -89,7 +90,7 @@ def _with_reasons(result: TensorResult, reasons: list[str], *, fail: bool) -> Te
         return result
     verdict = dataclasses.replace(result.verdict, passed=result.verdict.passed and not fail,
                                   reasons=list(result.verdict.reasons) + reasons)
-    status = "fail" if fail and result.status in ("pass", "fused-here") else result.status
+    status = "fail" if fail and result.status in ("pass", "fused-here", "absent-here") else result.status
     return dataclasses.replace(result, verdict=verdict, status=status)
 
 
@@ -204,7 +205,8 @@ def _report(golden: FullView, results: list[TensorResult], *, policy: Policy, bu
             device: str, here_platform: dict[str, Any], warnings: list[str], started: float,
             kernel_configs_here: Any, candidate: str | None, integrity: dict[str, Any]) -> CompareReport:
     differences = fingerprint_differences(golden.platform, here_platform)
-    warnings = [d.message for d in differences] + warnings + notes_as_warnings(results) + fused_warning(results)
+    warnings = ([d.message for d in differences] + warnings + notes_as_warnings(results) + fused_warning(results)
+                + absent_warning(results))
     return CompareReport(
         golden=str(golden.path), candidate=candidate, subject=golden.subject, impl=impl, golden_impl=golden.impl,
         device=device, policy=policy, layers=results, hosts=hosts_summary(golden.platform, here_platform),

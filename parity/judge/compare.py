@@ -49,7 +49,8 @@ from parity.base.errors import UsageError
 from parity.base.text import plural, printable
 from parity.bundle import weights as checkpoint_weights
 from parity.bundle.reader import BundleReader, open_bundle
-from parity.judge.engine import Judge, Obtained, fused_warning, integrity, notes_as_warnings, replayed_layers
+from parity.judge.engine import (Judge, Obtained, absent_warning, fused_warning, integrity, notes_as_warnings,
+                                 replayed_layers)
 from parity.judge.policy import Policy, as_policy
 from parity.judge.results import CompareReport, TensorResult, fingerprint_differences, hosts_summary
 from parity.run import platform
@@ -154,7 +155,8 @@ def compare_bundle(
 
     golden_fp, here_fp = bundle.platform, platform.fingerprint(device)
     differences = fingerprint_differences(golden_fp, here_fp)
-    warnings = [d.message for d in differences] + warnings + notes_as_warnings(ordered) + fused_warning(ordered)
+    warnings = ([d.message for d in differences] + warnings + notes_as_warnings(ordered) + fused_warning(ordered)
+                + absent_warning(ordered))
     report = CompareReport(
         golden=str(bundle.path), subject=bundle.subject, impl=impl, golden_impl=bundle.impl, device=str(device),
         policy=policy, layers=ordered, hosts=hosts_summary(golden_fp, here_fp), fingerprint_differences=differences,

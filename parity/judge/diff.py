@@ -12,7 +12,8 @@ checksums), and bundles with no recorded tensor in common. Bundles are data: not
 either manifest is imported or run.
 
 Structure. A tensor only in the golden is ``missing-here`` (``fused-here`` inside a compared
-module, as in compare); one only in the candidate is a warning (the captures recorded different
+module, ``absent-here`` where the candidate recorded other outputs of the same layer call, as in
+compare); one only in the candidate is a warning (the captures recorded different
 layers), a ``missing-in-golden`` failure with ``strict_structure``.
 
 Error budget: where both bundles hold a high-precision reference of a tensor, the candidate's
@@ -35,7 +36,7 @@ from parity.base.text import plural, printable
 from parity.bundle import checksums
 from parity.bundle.reader import BundleReader, open_bundle
 from parity.judge.checks import accumulation_eps
-from parity.judge.engine import Judge, bundle_outputs, fused_warning, integrity, notes_as_warnings
+from parity.judge.engine import Judge, absent_warning, bundle_outputs, fused_warning, integrity, notes_as_warnings
 from parity.judge.policy import Policy, as_policy
 from parity.judge.results import CompareReport, fingerprint_differences, hosts_summary
 from parity.run.runtime import Progress
@@ -94,7 +95,7 @@ def diff_bundles(
                         f"judged ({shown}): the captures recorded different layers (strict_structure = true makes "
                         "them failures)")
     warnings += _reference_warnings(expected, obtained, [r.name for r in results if r.rule == "budget"])
-    warnings += notes_as_warnings(results) + fused_warning(results)
+    warnings += notes_as_warnings(results) + fused_warning(results) + absent_warning(results)
     report = CompareReport(
         golden=str(expected.path), candidate=str(obtained.path), subject=expected.subject,
         impl=obtained.impl or "?", golden_impl=expected.impl, device=obtained.device or "?", policy=policy,

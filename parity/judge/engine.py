@@ -16,6 +16,11 @@ never crashes; a dtype mismatch still gets metrics (both sides in float64), judg
 dtype's tolerance. A golden tensor of a module that was never obtained, inside a module whose
 output was, is ``fused-here`` (fusing is the usual reason for a port): not a failure, the
 enclosing module carries the verdict (``Policy.strict_structure`` makes it ``missing-here``).
+A golden output of a layer call that ran here (another output of the same call was obtained)
+but returned nothing at that place (``None``: attention weights only one backend materializes)
+is ``absent-here``: not a failure either, because an output the model goes on to use changes
+what is downstream of it, and that fails there; ``Policy.strict_structure`` makes it
+``missing-here``, with the same message naming the output and its module.
 
 Error budget (parity/NUMERICS.md, the flash-attention rule): the candidate's error against the golden's
 high-precision reference may be at most ``k`` times the golden's own plus a rounding floor
@@ -87,6 +92,7 @@ class Judge:
         self.wording = {"missing-here": MISSING_HERE, "missing-in-golden": MISSING_IN_GOLDEN, **(wording or {})}
         self.seen: set[str] = set()  # golden keys obtained
         self.compared_modules: set[str] = set()
+        self.ran_layers: set[str] = set()  # layer calls with at least one output obtained here
         self.reader: ReadAhead | None = None
         if read_ahead is not None:
             reads: list[tuple[str, str]] = []
@@ -117,8 +123,12 @@ class Judge:
     def __call__(self, item: Obtained) -> TensorResult:
         key = item.key or item.name
         out = item.tensor
+        if out is None and item.status == "absent-here":
+            return self.absent(self.golden.entry(key), name=item.name)
         if out is None:
             return self.unavailable(self.golden.entry(key), item.status, item.note, name=item.name, note=item.note)
+        if item.layer is not None:
+            self.ran_layers.add(item.layer)
         if not self.golden.has(key):
             tol = self.tolerance(item.name, out.dtype, False)
             return failure(item.name, "missing-in-golden", self.wording["missing-in-golden"], tol, layer=item.layer,
@@ -148,13 +158,30 @@ class Judge:
         return failure(name, status, reason, tol, layer=entry.layer, path=entry.path, dtype=entry.dtype,
                        shape=entry.shape, note=note)
 
+    def absent(self, entry: Entry, *, name: str, strict: bool | None = None) -> TensorResult:
+        """A golden output that its layer call, which ran here, did not return: ``absent-here``
+        (passes), or ``missing-here`` with ``strict`` (default ``policy.strict_structure``)."""
+        strict = self.policy.strict_structure if strict is None else strict
+        reason = absent_text(entry)
+        if strict:
+            return self.unavailable(entry, "missing-here", f"missing here: {reason} (strict_structure)", name=name,
+                                    note=None)
+        tol = self.tolerance(entry.name, entry.torch_dtype, self.has_reference(entry.name))
+        return TensorResult(name=name, status="absent-here", tolerance=tol, verdict=Verdict(passed=True),
+                            layer=entry.layer, path=entry.path, dtype=entry.dtype, shape=entry.shape,
+                            note=f"{reason}; judged through what uses it downstream")
+
     def not_obtained(self, *, strict: bool | None = None) -> dict[str, TensorResult]:
-        """Golden outputs never obtained, by key: ``fused-here`` inside a compared module, else
-        ``missing-here`` (always with ``strict``, default ``policy.strict_structure``)."""
+        """Golden outputs never obtained, by key: ``absent-here`` where another output of the same
+        layer call was obtained, ``fused-here`` inside a compared module, else ``missing-here``
+        (always with ``strict``, default ``policy.strict_structure``; an absent output then says so)."""
         strict = self.policy.strict_structure if strict is None else strict
         results = {}
         for entry in self.golden.entries_of("output"):
             if entry.name in self.seen:
+                continue
+            if entry.layer is not None and entry.layer in self.ran_layers:
+                results[entry.name] = self.absent(entry, name=self.label(entry.name), strict=strict)
                 continue
             enclosing = None if strict else _enclosing(entry.module or entry.layer, self.compared_modules)
             if enclosing is None:
@@ -182,6 +209,15 @@ class Judge:
                     ordered.append(missing[pending.pop(0)])
             ordered.append(result)
         return ordered + [missing[key] for key in pending]
+
+
+def absent_text(entry: Entry) -> str:
+    """Which output of which module call is absent here, in words."""
+    module = entry.module or (entry.layer or entry.name).split("#", 1)[0]
+    call = f" (call #{entry.call_index})" if entry.layer is not None and "#" in entry.layer else ""
+    where = f"output {entry.path!r}" if entry.path else "the output"
+    return (f"{where} of {module}{call} is absent here: this host's call ran and returned its other outputs, "
+            "but no tensor there (None), where the golden host's returned one")
 
 
 def _enclosing(module: str, compared_modules: set[str]) -> str | None:
@@ -442,11 +478,14 @@ def replayed_layers(bundle: BundleReader, module: torch.nn.Module, device: torch
             continue
         produced = dict(flatten(output)[1])
         del output
+        returned_any = bool(produced)
         for entry in entries:
             tensor = produced.pop(entry.path or "", None)
-            if tensor is None:
+            if tensor is None and returned_any:  # judged as a live run's absent output
+                yield Obtained(entry.name, None, entry.layer, entry.path, status="absent-here")
+            elif tensor is None:
                 yield Obtained(entry.name, None, entry.layer, entry.path, status="missing-here",
-                               note="the replayed layer produced no such output")
+                               note="the replayed layer produced no tensor")
             else:
                 yield Obtained(entry.name, tensor, entry.layer, entry.path)
         say.tick(lambda: f"isolate: replayed {number + 1} of {len(layers)} layers")
@@ -481,6 +520,18 @@ def fused_warning(results: list[TensorResult]) -> list[str]:
     shown = ", ".join(modules[:3]) + (f" and {len(modules) - 3} more" if len(modules) > 3 else "")
     return [f"{len(modules)} recorded module{'s' if len(modules) != 1 else ''} never ran here ({shown}): "
             "fused here, judged through the enclosing module (strict_structure = true makes them failures)"]
+
+
+def absent_warning(results: list[TensorResult]) -> list[str]:
+    """One warning naming the golden outputs absent here (``absent-here``), which pass."""
+    absent = [result for result in results if result.status == "absent-here"]
+    if not absent:
+        return []
+    names = [result.name for result in absent]
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return [f"{len(names)} recorded output{'s' if len(names) != 1 else ''} absent here ({shown}): their module calls "
+            "ran here but returned None there (attention weights only one backend materializes, say); not failures, "
+            "an output the model uses fails downstream (strict_structure = true makes them failures)"]
 
 
 def _some(names: list[str], noun: str) -> str:

@@ -187,7 +187,8 @@ Config file (``parity.toml``, or the same tables under ``[tool.parity]`` in ``py
 
     trust = ["mypkg.subjects:make_subject"]   # user subjects compare may build from a bundle
     strict_structure = false    # true: a recorded module this host never ran is a failure
-                                # (missing-here), not "fused here"
+                                # (missing-here), not "fused here"; so is an output a module
+                                # call that ran here returned as None, not "absent here"
 
 Fields: ``atol atol_rms rtol max_mismatch_fraction outlier_factor min_cosine max_abs max_rel_l2
 max_ulp nan_policy budget_k budget_ulps budget_floor max_bias bias_z``. Precedence, lowest first: built-in
@@ -434,7 +435,9 @@ class Policy:
     # manifest without naming them on the command line (top-level ``trust = [...]``).
     trusted_subjects: tuple[str, ...] = ()
     # Report a recorded module that this host never ran, inside a compared enclosing module,
-    # as a failure (``missing-here``) instead of ``fused-here`` (top-level ``strict_structure``).
+    # as a failure (``missing-here``) instead of ``fused-here``, and a recorded output that a
+    # module call which ran here returned as None instead of ``absent-here`` (top-level
+    # ``strict_structure``).
     strict_structure: bool = False
 
     def __post_init__(self):

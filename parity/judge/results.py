@@ -28,10 +28,10 @@ from parity.run import platform
 REPORT_FORMAT = jsonformat.COMPARE_REPORT
 REPORT_VERSION = jsonformat.version_of(REPORT_FORMAT)
 
-STATUSES = ("pass", "fused-here", "fail", "missing-in-golden", "missing-here", "shape-mismatch",
+STATUSES = ("pass", "fused-here", "absent-here", "fail", "missing-in-golden", "missing-here", "shape-mismatch",
             "dtype-mismatch")
-# Statuses that do not fail a comparison.
-PASSING_STATUSES = ("pass", "fused-here")
+# Statuses that do not fail a comparison (``strict_structure`` turns the last two into ``missing-here``).
+PASSING_STATUSES = ("pass", "fused-here", "absent-here")
 # Isolated (replayed) results have these too, plus the ways a replay can be impossible.
 ISOLATED_STATUSES = STATUSES + ("not-recorded", "not-replayable", "replay-error")
 
@@ -348,6 +348,11 @@ class CompareReport:
         return [result for result in self.layers if result.status == "fused-here"]
 
     @property
+    def absent_here(self) -> list[TensorResult]:
+        """Golden outputs that their layer call, which ran here, did not return (``absent-here``)."""
+        return [result for result in self.layers if result.status == "absent-here"]
+
+    @property
     def error_growth(self) -> ErrorGrowth:
         return ErrorGrowth(tuple(
             (result.name, result.metrics.rel_l2, result.metrics.max_abs)
@@ -394,6 +399,7 @@ class CompareReport:
                 "passing": len(self.layers) - len(failing),
                 "failing": len(failing),
                 "fused_here": len(self.fused_here),
+                "absent_here": len(self.absent_here),
                 "first_failing_layer": self.first_failing_layer,
                 "introducing_layers": self.introducing_layers if self.isolate else None,
                 "statuses": {status: sum(r.status == status for r in self.layers)
@@ -487,15 +493,20 @@ def unrelaxable_checks(result: TensorResult) -> list[str]:
 def verdict_line(report: CompareReport) -> str:
     """``PARITY HOLDS: 12/12 tensors`` or ``PARITY FAILS: first failing tensor X (n of m tensors fail)``."""
     return verdict_from_counts(passed=report.passed, total=len(report.layers), fused=len(report.fused_here),
-                               failing=len(report.failing), first_failing=report.first_failing_layer)
+                               failing=len(report.failing), first_failing=report.first_failing_layer,
+                               absent=len(report.absent_here))
 
 
-def verdict_from_counts(*, passed: bool, total: int, fused: int, failing: int, first_failing: str | None) -> str:
+def verdict_from_counts(*, passed: bool, total: int, fused: int, failing: int, first_failing: str | None,
+                        absent: int = 0) -> str:
     """:func:`verdict_line` from the counts alone (also how a JSON report without ``verdict``,
-    written before the field existed, gets its line back)."""
-    fused_text = f" ({fused} fused here, judged through their enclosing modules)" if fused else ""
+    written before the field existed, gets its line back). A passing line counts every recorded
+    tensor and says how many of them were not compared here, and why."""
+    uncompared = ([f"{fused} fused here, judged through their enclosing modules"] if fused else []) + (
+        [f"{absent} absent here, outputs this host's module calls returned as None"] if absent else [])
+    uncompared_text = f" ({'; '.join(uncompared)})" if uncompared else ""
     if passed:
-        return f"PARITY HOLDS: {total}/{total} tensors{fused_text}"
+        return f"PARITY HOLDS: {total}/{total} tensors{uncompared_text}"
     if total == 0:
         return "PARITY FAILS: nothing was compared (0 tensors)"
     return f"PARITY FAILS: first failing tensor {printable(first_failing)} ({failing} of {total} tensors fail)"

@@ -91,7 +91,8 @@ def verdict_line(report: dict[str, Any]) -> str:
     summary = report.get("summary") or {}
     return verdict_from_counts(
         passed=bool(report.get("passed")), total=summary.get("layers", len(layers)),
-        fused=summary.get("fused_here") or 0, first_failing=summary.get("first_failing_layer"),
+        fused=summary.get("fused_here") or 0, absent=summary.get("absent_here") or 0,
+        first_failing=summary.get("first_failing_layer"),
         failing=summary.get("failing", sum(not layer.get("passed") for layer in layers)))
 
 
@@ -436,7 +437,8 @@ def _summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("rules", ", ".join(f"{name}: {count} tensors" for name, count in rules.items()) or "no tensor compared"),
         ("error budget", f"mode {budget.get('mode', '?')}; " + ("checked" if budget.get("checked") else "not checked")),
         ("tensors", f"{summary.get('layers', 0)}: {summary.get('passing', 0)} pass, {summary.get('failing', 0)} fail"
-         + (f", {summary['fused_here']} fused here" if summary.get("fused_here") else "")),
+         + (f", {summary['fused_here']} fused here" if summary.get("fused_here") else "")
+         + (f", {summary['absent_here']} absent here" if summary.get("absent_here") else "")),
         ("first failing tensor", printable(summary.get("first_failing_layer")) if summary.get("first_failing_layer") else "none"),
     ]
     if report.get("isolate"):

@@ -32,6 +32,8 @@ def _metrics_text(result: TensorResult) -> str:
     if result.budget is not None and result.budget.host_vs_reference is not None:
         lines += [f"rel_l2_vs_reference_here: {result.budget.host_rel_l2!r}",
                   f"rel_l2_vs_reference_golden: {result.budget.capture_rel_l2!r}"]
+    if result.note is not None:
+        lines.append(f"note: {result.note}")
     if result.isolated is not None:
         iso = result.isolated
         lines.append(f"isolated: {iso.status}" + (f", rel_l2 {iso.metrics.rel_l2!r}" if iso.metrics else "")

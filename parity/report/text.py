@@ -98,6 +98,8 @@ def verdict_cell(status: str, passed: bool, failed_checks: Mapping[str, Any]) ->
     """:func:`verdict_text` from a result's parts (live, or read back from the JSON)."""
     if status == "fused-here":
         return "fused here"
+    if status == "absent-here":
+        return "absent here"
     if passed:
         return "pass"
     special = {"missing-here": "FAIL missing here", "missing-in-golden": "FAIL missing in golden",

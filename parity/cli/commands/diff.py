@@ -19,7 +19,7 @@ weights (checksums in the manifests), bundles with no recorded tensor in common.
 Exit status: 0 parity holds, 1 it fails, 2 unusable input, 3 internal error.
 
 "This host" in the options above is B. A tensor only in A is missing (or fused, inside a
-compared module); one only in B is a warning (--strict-structure: a failure). The error budget
+compared module, or absent, where B recorded other outputs of its layer call); one only in B is a warning (--strict-structure: a failure). The error budget
 applies where both bundles hold references: B's error against A's reference at most k times
 A's own; --budget requires references in both.
 Tolerances: --tolerances FILE, else [tool.parity] of ./pyproject.toml, else built-in defaults.
