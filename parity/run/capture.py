@@ -25,6 +25,7 @@ import torch
 
 from parity.base import dtypes
 from parity.base.errors import UsageError
+from parity.base.text import plural, write_line
 from parity.bundle.shards import DEFAULT_SHARD_BYTES
 from parity.bundle import weights as checkpoint_weights
 from parity.bundle.writer import BundleWriter
@@ -101,7 +102,7 @@ def _reference_info(precision: str, scope: str, impl: str, device: torch.device,
 
 
 def stderr_progress(message: str) -> None:
-    print(f"parity capture: {message}", file=sys.stderr, flush=True)
+    write_line(sys.stderr, f"parity capture: {message}")
 
 
 def capture(
@@ -162,8 +163,8 @@ def capture(
             # once, into its shard arena, before this returns.
             writer.add(record.kind, record.name, record.tensor, layer=record.layer, module=record.module,
                        call_index=record.call_index, path=record.path, copy=True, device=str(record.tensor.device))
-            say.tick(lambda: f"recorded {len(recorder.calls)} layers, {recorder.tensor_count} tensors "
-                             f"({recorder.byte_count / 2**20:.1f} MiB)")
+            say.tick(lambda: f"recorded so far: {plural(len(recorder.calls), 'layer call')}, "
+                             f"{plural(recorder.tensor_count, 'tensor')} ({recorder.byte_count / 2**20:.1f} MiB)")
 
         recorder = Recorder(module, store, layers=layers, record_inputs=record_inputs, copy=False)  # checks the globs
         inputs = runner.make_inputs()
