@@ -118,8 +118,9 @@ def pack_mask_bits(visible: torch.Tensor) -> torch.Tensor:
     """bool [..., Sk] -> int32 [..., ceil(Sk / 32)]: bit ``k % 32`` of word ``k // 32`` = visible."""
     seq_k = visible.shape[-1]
     words = math.ceil(seq_k / 32)
-    padded = torch.zeros(*visible.shape[:-1], words * 32, dtype=torch.bool, device=visible.device)
-    padded[..., :seq_k] = visible
+    # uint8, padded by a pad rather than a bool slice assignment: Inductor's CPU code generator
+    # cannot compile a masked load of bools fused into the shifts below (torch 2.13).
+    padded = torch.nn.functional.pad(visible.to(torch.uint8), (0, words * 32 - seq_k))
     # One bit position at a time: peak memory is the int64 words, not 64 bits per element.
     packed = torch.zeros(*visible.shape[:-1], words, dtype=torch.int64, device=visible.device)
     for bit in range(32):
@@ -633,10 +634,12 @@ def _document_classes(mask: MaskSpec, q_doc: torch.Tensor, k_doc: torch.Tensor, 
     return _classes(any_visible, all_visible)[:, None]
 
 
-def _dense_classes(visible: torch.Tensor, block_m: int, block_n: int) -> tuple[torch.Tensor, bool]:
+def _dense_classes(visible: torch.Tensor, block_m: int, block_n: int, *,
+                   traceable: bool = False) -> tuple[torch.Tensor, bool]:
     """Tile classes of an element mask bool [B, H, Sq, Sk], by a reshape into tiles and a max /
     min per tile on the mask's device: ([B, H, nQ, nK] int8, whether some partial tile hides a
-    key inside seq_k: only then does the layout need the mask's bits)."""
+    key inside seq_k: only then does the layout need the mask's bits). ``traceable``: that
+    question (a host read) is not asked, and the answer is True."""
     batch, heads, seq_q, seq_k = visible.shape
     nq, nk = math.ceil(seq_q / block_m), math.ceil(seq_k / block_n)
     row_pad, key_pad = nq * block_m - seq_q, nk * block_n - seq_k
@@ -646,9 +649,13 @@ def _dense_classes(visible: torch.Tensor, block_m: int, block_n: int) -> tuple[t
     if key_pad:  # keys past seq_k are hidden
         tiles = torch.cat([tiles, tiles.new_zeros(batch, heads, nq * block_m, key_pad)], dim=3)
     # max / min over uint8 tiles: ~17x faster than bool any() / all() on the CPU.
-    tiles = tiles.contiguous().view(torch.uint8).view(batch, heads, nq, block_m, nk, block_n)
+    # Inductor cannot lower a bool -> uint8 view (torch.iinfo(torch.bool)); a cast traces cleanly.
+    tiles = tiles.to(torch.uint8) if traceable else tiles.contiguous().view(torch.uint8)
+    tiles = tiles.reshape(batch, heads, nq, block_m, nk, block_n)
     any_visible, all_visible = tiles.amax(dim=(3, 5)).bool(), tiles.amin(dim=(3, 5)).bool()
     classes = _classes(any_visible, all_visible)
+    if traceable:
+        return classes, True
     partial = any_visible & ~all_visible
     # A tile that is partial only because it runs past seq_k is masked by the kernel's k < seq_k
     # test: bits are needed only where a partial tile hides a key inside seq_k.
@@ -727,13 +734,17 @@ def _classes_from_mask(mask: MaskSpec, seq_q: int, seq_k: int, block_m: int, blo
 
 
 def _layout_from_classes(classes: torch.Tensor, seq_q: int, seq_k: int, block_m: int, block_n: int,
-                         mask: MaskSpec, kind: str, **element_masks) -> BlockLayout:
+                         mask: MaskSpec, kind: str, *, traceable: bool = False, **element_masks) -> BlockLayout:
     """Build count/index tensors from a [Bl, Hl, nQ, nK] class tensor, on its device.
 
     The builders' layouts are valid by construction (tests/test_kernels_layout_formula.py
     compares every builder with the element-by-element classification), so they are not
     re-validated here: ``validate`` reads every index on the host, which costs more than
-    building the layout (2.4 of 3.4 ms for a causal 16k x 16k layout of 64 x 64 tiles)."""
+    building the layout (2.4 of 3.4 ms for a causal 16k x 16k layout of 64 x 64 tiles).
+
+    ``traceable``: index lists nK wide instead of as wide as the longest list, so nothing is read
+    on the host and every shape follows from (Sq, Sk, blocks): what torch.compile and CUDA graphs
+    need. Slots past the count are never read by the kernel, so the extra width changes no result."""
     nk = classes.shape[-1]
     # 2-D [tile rows, nK]: torch's cumsum over the last dim of a 4-D tensor is several times slower
     rows = classes.reshape(-1, nk)
@@ -741,7 +752,10 @@ def _layout_from_classes(classes: torch.Tensor, seq_q: int, seq_k: int, block_m:
 
     def pack(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         counts = selected.sum(-1, dtype=torch.int32)
-        width = max(1, int(counts.max()) if counts.numel() else 1)  # the one host read
+        if traceable:
+            width = nk
+        else:
+            width = max(1, int(counts.max()) if counts.numel() else 1)  # the one host read
         # Each selected block goes to its rank among the selected (increasing block order); the
         # others to a spare last slot that is dropped. Slots past the count stay 0.
         slot = torch.where(selected, selected.cumsum(-1) - 1, width)
@@ -759,9 +773,9 @@ def _layout_from_classes(classes: torch.Tensor, seq_q: int, seq_k: int, block_m:
     )
 
 
-def _mask_layout(mask: MaskSpec, seq_q, seq_k, block_m, block_n, kind, device=None) -> BlockLayout:
+def _mask_layout(mask: MaskSpec, seq_q, seq_k, block_m, block_n, kind, device=None, traceable=False) -> BlockLayout:
     classes = _classes_from_mask(mask, seq_q, seq_k, block_m, block_n, device)[None, None]
-    return _layout_from_classes(classes, seq_q, seq_k, block_m, block_n, mask, kind)
+    return _layout_from_classes(classes, seq_q, seq_k, block_m, block_n, mask, kind, traceable=traceable)
 
 
 def _diagonal_offset(seq_q: int, seq_k: int, align: str, offset: int | None) -> int:
@@ -780,7 +794,8 @@ def _diagonal_offset(seq_q: int, seq_k: int, align: str, offset: int | None) -> 
 
 # ---- builders: predicates ------------------------------------------------------------------------
 def causal_layout(seq_q: int, seq_k: int, *, block_m: int = 128, block_n: int = 128,
-                  align: str = "bottom_right", offset: int | None = None, device=None) -> BlockLayout:
+                  align: str = "bottom_right", offset: int | None = None, device=None,
+                  traceable: bool = False) -> BlockLayout:
     """Causal mask: key k visible to query q when k <= q + offset.
 
     align: "bottom_right" (default, FlashAttention 2 >= 2.1: offset = Sk - Sq, the last query sees
@@ -788,19 +803,23 @@ def causal_layout(seq_q: int, seq_k: int, *, block_m: int = 128, block_n: int = 
     offset: an explicit diagonal; when given it replaces the one ``align`` implies.
     device: where the layout's tensors are made (default the CPU). Like every predicate layout it
     is classified from each tile's corners, in O(number of tiles).
+    traceable: no host read, shapes from the arguments alone (index lists num_kv_blocks wide), so
+    torch.compile(fullgraph=True) can trace the builder.
     """
     mask = MaskSpec(causal=True, offset=_diagonal_offset(seq_q, seq_k, align, offset))
-    return _mask_layout(mask, seq_q, seq_k, block_m, block_n, "causal", device)
+    return _mask_layout(mask, seq_q, seq_k, block_m, block_n, "causal", device, traceable)
 
 
 def sliding_window_layout(seq_q: int, seq_k: int, window: int, *, block_m: int = 128,
-                          block_n: int = 128, align: str = "bottom_right", offset: int | None = None, device=None) -> BlockLayout:
+                          block_n: int = 128, align: str = "bottom_right", offset: int | None = None, device=None,
+                          traceable: bool = False) -> BlockLayout:
     """Causal sliding window: each query sees its diagonal key and the ``window - 1`` keys before
-    it. The diagonal is aligned as in ``causal_layout`` (bottom-right by default)."""
+    it. The diagonal is aligned as in ``causal_layout`` (bottom-right by default); ``traceable``
+    as there."""
     if window < 1:
         raise LayoutError(f"window must be >= 1, got {window}")
     mask = MaskSpec(causal=True, window=window, offset=_diagonal_offset(seq_q, seq_k, align, offset))
-    return _mask_layout(mask, seq_q, seq_k, block_m, block_n, f"window{window}", device)
+    return _mask_layout(mask, seq_q, seq_k, block_m, block_n, f"window{window}", device, traceable)
 
 
 def sink_layout(seq_q: int, seq_k: int, window: int, sink_blocks: int = 1, *, block_m: int = 128,
@@ -866,7 +885,8 @@ def layout_from_block_mask(block_mask: torch.Tensor, seq_q: int, seq_k: int, *, 
 
 
 # ---- builders: element masks ---------------------------------------------------------------------
-def layout_from_dense_mask(mask: torch.Tensor, *, block_m: int = 128, block_n: int = 128) -> BlockLayout:
+def layout_from_dense_mask(mask: torch.Tensor, *, block_m: int = 128, block_n: int = 128,
+                           traceable: bool = False) -> BlockLayout:
     """Any element mask, exactly: mask bool [B or 1, H or 1, Sq, Sk] (or [Sq, Sk]), True = visible.
 
     Tiles with no visible element are skipped, all-visible tiles are full, the rest partial; the
@@ -875,6 +895,11 @@ def layout_from_dense_mask(mask: torch.Tensor, *, block_m: int = 128, block_n: i
     block-aligned up to the sequence end needs none). Rows with no visible key give 0 and LSE
     -inf. Classified on the mask's device (a reshape into tiles, a max and min per tile); the
     layout is on that device.
+
+    ``traceable``: nothing is read on the host and every shape follows from the mask's: the bits
+    are always kept, the tiles keep the mask's batch and head dims (no check whether they could
+    broadcast) and the index lists are num_kv_blocks wide. The same elements are visible as
+    without it; what torch.compile(fullgraph=True) and CUDA graphs need.
     """
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         raise LayoutError(f"mask must be a torch.bool tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
@@ -883,7 +908,10 @@ def layout_from_dense_mask(mask: torch.Tensor, *, block_m: int = 128, block_n: i
     if mask.dim() != 4 or mask.shape[2] < 1 or mask.shape[3] < 1:
         raise LayoutError(f"mask must have shape [B or 1, H or 1, Sq, Sk], got {list(mask.shape)}")
     seq_q, seq_k = mask.shape[2], mask.shape[3]
-    classes, bits_needed = _dense_classes(mask, block_m, block_n)
+    classes, bits_needed = _dense_classes(mask, block_m, block_n, traceable=traceable)
+    if traceable:
+        return _layout_from_classes(classes, seq_q, seq_k, block_m, block_n, MaskSpec(), "densemask",
+                                    traceable=True, mask_bits=pack_mask_bits(mask))
     bits = pack_mask_bits(mask) if bits_needed else None
     return _broadcast_layout(classes, seq_q, seq_k, block_m, block_n, "densemask", bits)
 

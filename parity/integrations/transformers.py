@@ -181,6 +181,10 @@ class ParityAttention(nn.Module):
         from parity.kernels import launch_config
         from parity.kernels.op import sparse_attention
 
+        if torch.compiler.is_compiling():
+            # the report is host bookkeeping (a Python dict on the module): it stays what the
+            # last eager call recorded, and the graph holds only the operator
+            return sparse_attention(query, key, value, layout, sm_scale=scaling)
         described = (query.shape[-1], query.dtype, query.device)
         if self._described is None or self._described[0] is not layout or self._described[1] != described:
             self.parity_launch_config = launch_config(query.device, query.shape[-1], query.dtype, layout).to_dict()
@@ -432,6 +436,8 @@ def _plan(mask: torch.Tensor | None, visible: torch.Tensor | None, documents, se
     """The layout of one kernel call: remembered for the mask (or the mask-less shape), else
     derived by :func:`kernel_layout` and remembered, on ``device``."""
     blocks = {"block_m": block_m, "block_n": block_n}
+    if torch.compiler.is_compiling():
+        return _traced_layout(visible, documents, seq_q, seq_k, is_causal, window, device, **blocks)
     if mask is not None:
         key = (block_m, block_n, device)
         layout = _PLANS.for_mask(mask, key)
@@ -450,6 +456,32 @@ def _plan(mask: torch.Tensor | None, visible: torch.Tensor | None, documents, se
                                device=device, **blocks).to(device)
         _PLANS.remember_shape(key, layout)
     return layout
+
+
+def _traced_layout(visible: torch.Tensor | None, documents, seq_q: int, seq_k: int, is_causal: bool, window: int,
+                   device: torch.device, *, block_m: int, block_n: int):
+    """The layout of one kernel call under torch.compile: tensor ops on ``device`` only, shapes
+    that follow from the call's shapes, no host read, so the graph holds it without a break and
+    a CUDA graph can replay it. A mask is classified into tiles as an element mask (its bits
+    always kept, whatever it is: recognising padding or documents would read it on the host);
+    a mask-less call gets the causal or window formula from the shapes. Each layer derives it
+    again inside the graph (there is no per-forward memory a graph can hold), at the cost of a
+    pass over the mask per layer; the eager path's remembered plans are untouched."""
+    from parity.kernels import layout as layouts
+
+    blocks = {"block_m": block_m, "block_n": block_n}
+    if visible is not None:
+        return layouts.layout_from_dense_mask(visible, traceable=True, **blocks)
+    if documents is not None:
+        raise NotImplementedError("cu_seq_lens without a mask are read on the host; under torch.compile pass "
+                                  "the 4-D mask transformers builds from position_ids instead")
+    if not is_causal:
+        every = torch.ones(1, 1, seq_q, seq_k, dtype=torch.bool, device=device)
+        return layouts.layout_from_dense_mask(every, traceable=True, **blocks)
+    if window:
+        return layouts.sliding_window_layout(seq_q, seq_k, window, align="bottom_right", device=device,
+                                             traceable=True, **blocks)
+    return layouts.causal_layout(seq_q, seq_k, align="bottom_right", device=device, traceable=True, **blocks)
 
 
 def _padding_layout(visible: torch.Tensor, *, block_m: int, block_n: int):
@@ -634,6 +666,9 @@ def _kernel_mask_function(block_m: int, block_n: int):
                                 kv_offset: int = 0, mask_function=None, attention_mask=None, **kwargs):
         from transformers.masking_utils import causal_mask_function
 
+        if torch.compiler.is_compiling():  # no remembered plans in a graph: _traced_layout
+            return _mask_function(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
+                                  attention_mask=attention_mask, **kwargs)
         _PLANS.new_forward()
         mask = _mask_function(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
                               attention_mask=attention_mask, **kwargs)
