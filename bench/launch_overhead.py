@@ -77,7 +77,7 @@ def _stubbed_launches():
 def _problem(name: str, device: torch.device, cpu: bool):
     """(layout, q, k, v, decode) for a row; on the CPU q, k, v are allocated and never written."""
     from parity.kernels import causal_layout
-    from parity.kernels import benchmark_table as table
+    from bench import benchmark_table as table
     from parity.kernels.testing import random_qkv
 
     def tensors(batch, hq, hkv, sq, sk, d, dtype):
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
     parser.add_argument("--calls", type=int, default=2000, help="calls per round on the CPU (default 2000)")
     args = parser.parse_args(argv)
-    from parity.kernels import benchmark_table as table
+    from bench import benchmark_table as table
 
     rows = [r.strip() for r in (args.rows or ",".join(DEFAULT_PREFILL + tuple(DECODE_ROWS))).split(",") if r.strip()]
     known = {case.name for case in table.CASES} | set(DECODE_ROWS)

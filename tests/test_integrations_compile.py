@@ -90,6 +90,30 @@ def test_one_layout_per_forward_for_every_layer(monkeypatch):
     assert built == ["padding-left", "padding-left", "causal"]
 
 
+@pytest.mark.slow  # a transformers model through the Triton interpreter
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_one_full_launch_per_forward_also_under_inference_mode(monkeypatch, mode):
+    """Every layer after a forward's first issues the launch plan the first one built: the
+    launcher's full path runs once per forward (prefill and each decode step), also under
+    torch.inference_mode, whose tensors have no version counter for the plan to check."""
+    from parity.kernels import attention
+
+    model = _model(parity_tf.KERNEL_NAME, layers=4)
+    full: list[int] = []
+    original = attention._launch
+
+    def counting(*args, **kwargs):
+        full.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "_launch", counting)
+    ids, mask = _prompt(pad=0)
+    with torch.inference_mode() if mode == "inference_mode" else torch.no_grad():
+        model.generate(ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False,
+                       pad_token_id=0)
+    assert len(full) == 4  # 4 forwards (a prefill and 3 decode steps) of 4 layers each
+
+
 @pytest.mark.slow  # a transformers model, compiled or through the Triton interpreter
 def test_a_mask_edited_in_place_gets_a_new_layout():
     q = torch.randn(1, 2, 20, 16)

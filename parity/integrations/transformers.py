@@ -65,6 +65,7 @@ registration with transformers' two interfaces; split, each part would import th
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -87,6 +88,8 @@ DEFAULT_BLOCK = 64
 
 # name -> (impl, block_m, block_n) of every implementation register() installed in this process
 _REGISTERED: dict[str, tuple[str, int, int]] = {}
+# SDPA's enable_gqa (torch 2.5 and later)
+_SDPA_GQA = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 # transformers' own implementations: register() refuses to replace them.
 _BUILTIN_NAMES = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3",
                   "flash_attention_4", "paged|eager")
@@ -288,17 +291,24 @@ def _sdpa(query, key, value, visible, scaling, is_causal, window) -> torch.Tenso
     if heads_kv == 0 or heads_q % heads_kv:
         raise ValueError(f"query heads ({heads_q}) must be a multiple of key/value heads ({heads_kv})")
     group = heads_q // heads_kv
-    if group > 1:  # GQA: query head h reads key/value head h // group, as in the kernel
-        key = key.repeat_interleave(group, dim=1)
-        value = value.repeat_interleave(group, dim=1)
     sdpa_causal = False
     if visible is None and is_causal:
         if seq_q == seq_k and not window:
             sdpa_causal = True  # top-left == bottom-right
         elif not (seq_q == 1 and (not window or seq_k <= window)):
             visible = _bottom_right_mask(seq_q, seq_k, window, query.device)  # a single query sees every key
+    gqa = {}
+    if group > 1:  # GQA: query head h reads key/value head h // group, as in the kernel
+        if visible is None and _SDPA_GQA:
+            # As transformers' own sdpa does without a mask: SDPA reads the shared K/V heads
+            # itself. Repeating them would copy the whole KV cache in every layer's call, a
+            # decode step's largest memory traffic after the weights.
+            gqa = {"enable_gqa": True}
+        else:  # a mask sends SDPA to a backend without GQA, which would repeat them anyway
+            key = key.repeat_interleave(group, dim=1)
+            value = value.repeat_interleave(group, dim=1)
     out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=visible,
-                                                           is_causal=sdpa_causal, scale=scaling)
+                                                           is_causal=sdpa_causal, scale=scaling, **gqa)
     if visible is not None:
         # The kernel's convention for a query that sees no key (left padding): 0. SDPA gives NaN
         # or a uniform average there depending on the backend; parity must compare like with like.
@@ -442,7 +452,8 @@ def _plan(mask: torch.Tensor | None, visible: torch.Tensor | None, documents, se
         key = (block_m, block_n, device)
         layout = _PLANS.for_mask(mask, key)
         if layout is None:
-            layout = kernel_layout(seq_q, seq_k, visible=visible, **blocks).to(device)
+            with _versioned():
+                layout = kernel_layout(seq_q, seq_k, visible=visible, **blocks).to(device)
             _PLANS.remember_mask(mask, key, layout)
         return layout
     if documents is not None:  # cu_seq_lens: already read on the host by their checks
@@ -452,10 +463,25 @@ def _plan(mask: torch.Tensor | None, visible: torch.Tensor | None, documents, se
         key = (seq_q, seq_k, is_causal, window, block_m, block_n, device)
     layout = _PLANS.for_shape(key)
     if layout is None:
-        layout = kernel_layout(seq_q, seq_k, documents=documents, is_causal=is_causal, window=window,
-                               device=device, **blocks).to(device)
+        with _versioned():
+            layout = kernel_layout(seq_q, seq_k, documents=documents, is_causal=is_causal, window=window,
+                                   device=device, **blocks).to(device)
         _PLANS.remember_shape(key, layout)
     return layout
+
+
+def _versioned():
+    """Where the integration makes a forward's layout: its tensors as ordinary tensors, also when
+    the model runs under ``torch.inference_mode`` (as ``generate`` callers and servers often do).
+    Tensors made in inference mode have no version counter, and the launcher reuses a launch plan
+    only for a layout whose in-place edits it can count (``BlockLayout.version``): without this,
+    every layer of an inference-mode forward would take the launcher's full path."""
+    if not torch.is_inference_mode_enabled():
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.inference_mode(False))
+    stack.enter_context(torch.no_grad())
+    return stack
 
 
 def _traced_layout(visible: torch.Tensor | None, documents, seq_q: int, seq_k: int, is_causal: bool, window: int,
@@ -685,9 +711,10 @@ def _kernel_mask_function(block_m: int, block_n: int):
                     padding = torch.nn.functional.pad(padding, (0, kv_length - padding.shape[1]))
             else:
                 return mask
-            layout = kernel_layout(q_length, kv_length, visible=mask, key_padding=padding.expand(batch_size, -1),
-                                   offset=q_offset - kv_offset, block_m=block_m, block_n=block_n)
-            _PLANS.remember_mask(mask, (block_m, block_n, mask.device), layout.to(mask.device))
+            with _versioned():
+                layout = kernel_layout(q_length, kv_length, visible=mask, key_padding=padding.expand(batch_size, -1),
+                                       offset=q_offset - kv_offset, block_m=block_m, block_n=block_n).to(mask.device)
+            _PLANS.remember_mask(mask, (block_m, block_n, mask.device), layout)
         return mask
 
     return mask_function_with_plan
