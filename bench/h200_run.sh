@@ -40,7 +40,7 @@ PY=${PYTHON:-python3}
 STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect inspect-decode"}
 # (also: "table-sweep" and "table", the prefill table of bench/benchmark_table.py, and
 # "launch-time", "host-parts" and "ncu", where a short case's time goes; "launch-overhead",
-# "hf-generate" and "hf-window", inference; not run by default)
+# "hf-generate", "hf-compiled" and "hf-window", inference; not run by default)
 
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2
@@ -104,6 +104,9 @@ step launch-overhead "${OVERHEAD_LIMIT:-240}" "$PY" -m bench.launch_overhead --d
 # shellcheck disable=SC2086
 step hf-generate "${HF_LIMIT:-420}" "$PY" -m bench.hf_generate --model llama8b --json "$R/hf-llama8b.json" \
     --deadline-s $(( ${HF_LIMIT:-420} - 60 )) ${HF_ARGS:-}
+# shellcheck disable=SC2086
+step hf-compiled "${HF_COMPILED_LIMIT:-420}" "$PY" -m bench.hf_generate --model llama8b --json "$R/hf-llama8b-compiled.json" \
+    --deadline-s $(( ${HF_COMPILED_LIMIT:-420} - 90 )) ${HF_COMPILED_ARGS:---cases 1x4096 --modes compiled}
 # shellcheck disable=SC2086
 step hf-window "${HF_WINDOW_LIMIT:-300}" "$PY" -m bench.hf_generate --model mistral7b --json "$R/hf-mistral7b.json" \
     --deadline-s $(( ${HF_WINDOW_LIMIT:-300} - 60 )) ${HF_WINDOW_ARGS:---cases 1x16384 --modes eager}
