@@ -134,7 +134,8 @@ def attention_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, te
                          mask=MaskSpec(causal=causal, window=window, sink_tokens=sink_tokens, offset=offset),
                          q_doc=q_doc, k_doc=k_doc, k_start=k_start, k_end=k_end, mask_bits=bits)
     result = _launch(q, k, v, layout, sm_scale=sm_scale, return_lse=return_lse,
-                     plan=(tensors, meta) if LAUNCH_CACHE_DEFAULT else None, launch_cache=LAUNCH_CACHE_DEFAULT)
+                     plan=(tensors, meta) if LAUNCH_CACHE_DEFAULT else None, launch_cache=LAUNCH_CACHE_DEFAULT,
+                     borrowed_only=True)
     return result if return_lse else (result, None)
 
 
@@ -204,10 +205,13 @@ def _planned(q, k, v, tensors, meta, sm_scale, return_lse):
 
 
 def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, out=None, lse_out=None, decode=None,
-            num_splits=None, launch_cache=None, plan=None):
+            num_splits=None, launch_cache=None, plan=None, borrowed_only=False):
     """The launcher's full path: checks, config, path, build, and the launch (through the cache
     where it applies). ``plan``: (layout tensors, metadata) of a plain call, whose entry is then
-    stored under the plain call's key (``_plan_key``) for ``_planned`` to find."""
+    stored under the plain call's key (``_plan_key``) for ``_planned`` to find. ``borrowed_only``
+    (the operator's calls): a plan is stored only where it keeps no tensor this call allocated
+    (``LaunchCache.launch``), since CUDA-graph trees record the operator and fail when a tensor
+    allocated in their pool outlives the call without being an output."""
     from .triton_attention import block_sparse_attn_fwd
 
     check_inputs(q, k, v, layout)
@@ -275,7 +279,7 @@ def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, ou
         _launch_cache(cache).launch(
             layout_tensors[0], _plan_key(q, k, v, layout_tensors, meta, sm_scale, return_lse),
             (q, k, v, staging, lse, *descriptors), build, version=_layout_version(layout_tensors), extra=recipe,
-            keep=tuple(t for t in layout_tensors[1:] if t is not None))
+            keep=tuple(t for t in layout_tensors[1:] if t is not None), borrowed_only=borrowed_only)
     elif cached:  # one cache per path, so the two paths' keys never meet
         _launch_cache(cache).launch(layout, key, (q, k, v, staging, lse, *descriptors), build)
     else:

@@ -163,6 +163,24 @@ def _globals_unchanged(kernel: Any) -> bool:
                for (name, _), (value, scope) in getattr(kernel, "used_global_vals", {}).items())
 
 
+def kept_tensors(entry: Entry) -> list[torch.Tensor]:
+    """Every tensor ``entry`` holds: its steps' bound values and ``keep``."""
+    held = [value for bound in entry.steps for value in bound.values] + list(entry.keep)
+    return [value for value in held if isinstance(value, torch.Tensor)]
+
+
+def _borrowed(entry: Entry, owners: Sequence[Any]) -> bool:
+    """Whether every tensor ``entry`` holds lies in the memory of one of ``owners``."""
+    spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in owners
+             if isinstance(t, torch.Tensor)]
+    for tensor in kept_tensors(entry):
+        storage = tensor.untyped_storage()
+        start = storage.data_ptr()
+        if not any(base <= start and start + storage.nbytes() <= base + size for base, size in spans):
+            return False
+    return True
+
+
 def _unlinked(value: Any) -> Any:
     """A tensor the entry keeps, as a tensor over the same memory that is not a view of its base
     (a view holds its base alive: an entry would keep a layout tensor, maybe its own anchor, alive
@@ -224,11 +242,15 @@ class LaunchCache:
 
     def launch(self, layout: Any, key: tuple, tensors: Sequence[Any], build: Callable[[], Sequence[LaunchStep]],
                *, version: Any = dataclasses.MISSING, state: Any = dataclasses.MISSING, extra: Any = None,
-               keep: tuple = ()) -> None:
+               keep: tuple = (), borrowed_only: bool = False) -> None:
         """Launch this call's kernels. ``tensors``: the per-call tensors, in ``per_call`` order,
         None where the launch builds a stand-in (whether each is None must be part of ``key``);
         ``build``: makes the call's launches, in order, when no entry matches, from the same
-        ``tensors``. ``version`` and ``state``: the caller's, where it has read them already."""
+        ``tensors``. ``version`` and ``state``: the caller's, where it has read them already.
+        ``borrowed_only``: store the entry only where every tensor it keeps shares memory with
+        ``layout`` or ``keep`` (a view of the caller's tensors), none the launch allocated (a
+        converted or reordered copy of a layout tensor): the call then leaves nothing it
+        allocated alive, as CUDA-graph trees require of an operator they record."""
         if state is dataclasses.MISSING:
             state = self._state(self.kernels)
         if version is dataclasses.MISSING:
@@ -249,6 +271,8 @@ class LaunchCache:
             compiled = step.dispatch()
             steps.append(self._bind(step, compiled if direct_launch_supported(compiled) else None, tensors, fresh))
         entry = Entry(tuple(steps), {name: spec for name, (spec, _) in fresh.items()}, version, extra, tuple(keep))
+        if borrowed_only and not _borrowed(entry, (layout, *keep)):
+            return
         with self._lock:
             entries = self._entries(layout)
             if entries is None:
@@ -324,7 +348,13 @@ class LaunchCache:
         for position, _ in slots:
             values[position] = None  # the entry does not keep this call's tensors alive
         made = []
-        for name in self._fresh:
+        # A per-call parameter the caller left None gets a stand-in the launch allocates (the LSE
+        # of a call without one): it is made anew on each hit like a workspace, so that the entry
+        # holds no tensor allocated by the call (CUDA-graph trees fail a recording after which a
+        # tensor allocated in their pool stays alive without being an output).
+        stand_ins = tuple(name for name, tensor in zip(self._per_call, tensors)
+                          if tensor is None and isinstance(given.get(name), torch.Tensor))
+        for name in self._fresh + stand_ins:
             if name in given:
                 tensor = given[name]
                 spec, first = fresh.setdefault(name, ((tuple(tensor.shape), tensor.stride(), tensor.dtype,

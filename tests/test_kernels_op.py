@@ -3,6 +3,8 @@
 on a GPU."""
 import pytest
 import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from parity.kernels import causal_layout, document_layout, padding_layout, sliding_window_layout
 from parity.kernels.op import op_arguments, sparse_attention
@@ -95,13 +97,60 @@ def test_the_wrapper_traces_to_the_operator(device):
     assert targets.count(torch.ops.parity.block_sparse_attention.default) == 1
 
 
+class _Allocations(TorchDispatchMode):
+    """Every tensor an op made in new memory while the mode was on (held, so that no address is
+    reused while a test compares them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        self.made += [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)
+                      and t.untyped_storage().nbytes() and t.untyped_storage().data_ptr() not in inputs]
+        return result
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_operator_keeps_nothing_it_allocated(case, return_lse, device):
+    """What CUDA-graph trees (torch.compile mode="reduce-overhead") require of a recorded
+    operator: once it returns, no tensor it allocated is alive but its outputs. The launch caches'
+    entries are walked for any tensor in memory the call allocated (the LSE stand-in of a call
+    without the LSE, a reordered tile list, a converted layout tensor); the first call builds the
+    plan, the second is its hit."""
+    from parity.kernels import attention, op
+
+    attention._LAUNCH_CACHES.clear()
+    q, k, v, layout = _problem(case, "fp32", device)
+    for call in range(2):
+        with _Allocations() as allocations:
+            # the implementation itself: a mode sees the operator's call, not the ops inside it
+            out, lse = op._implementation(*op_arguments(q, k, v, layout, 32 ** -0.5, return_lse))
+        made = {t.untyped_storage().data_ptr() for t in allocations.made} - {
+            out.untyped_storage().data_ptr(), lse.untyped_storage().data_ptr()}
+        assert len(allocations.made) > 1, "the mode saw the call's allocations"
+        held = [t for cache in attention._LAUNCH_CACHES.values() for _, entries in cache._by_layout.values()
+                for entry in entries.values()
+                for t in [value for bound in entry.steps for value in bound.values] + list(entry.keep)
+                if isinstance(t, torch.Tensor)]
+        leaked = [tuple(t.shape) for t in held if t.untyped_storage().data_ptr() in made]
+        assert leaked == [], (call, leaked)
+    cache = attention._launch_cache(attention._plan_path(q.shape[2], layout.block_m))
+    planned = cache.hits > 0  # a layout whose launch reorders or converts its tensors is not planned
+    assert planned == (not (layout.has_doc or layout.has_bits)), (cache.hits, cache.misses)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", ["prefill-causal", "prefill-documents", "decode-causal", "decode-padding"])
 def test_gpu_cuda_graph_capture_replays_the_eager_bits(case):
     """The wrapper captured in a CUDA graph (nothing reads the device from the host), replayed on
     new inputs copied into the captured ones: the eager bits of those inputs."""
     device = torch.device("cuda")
-    q, k, v, layout = _problem(case, "bf16", device, batch=4)
+    q, k, v, layout = _problem(case, "bf16", device)  # the padding layout is for batch 2
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         sparse_attention(q, k, v, layout)  # warm-up: compiles and plans off the capture
@@ -110,7 +159,7 @@ def test_gpu_cuda_graph_capture_replays_the_eager_bits(case):
     with torch.cuda.graph(graph, stream=stream):
         captured = sparse_attention(q, k, v, layout)
     for seed in (1, 2):
-        nq, nk, nv, _ = _problem(case, "bf16", device, seed=seed, batch=4)
+        nq, nk, nv, _ = _problem(case, "bf16", device, seed=seed)
         q.copy_(nq), k.copy_(nk), v.copy_(nv)
         graph.replay()
         torch.cuda.synchronize()
