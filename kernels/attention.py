@@ -182,6 +182,8 @@ def _planned(q, k, v, tensors, meta, sm_scale, return_lse):
     shape = q.shape
     if len(shape) != 4:
         return None  # the full path names the problem
+    if q.device.type != "cuda" and not platform.triton_interpreter_enabled():
+        return None  # plans hold GPU launches (or the interpreter's); anything else takes the full path
     cache = _launch_cache(_plan_path(shape[2], meta[2]))
     state = cache.state()
     if state is None:
@@ -249,7 +251,10 @@ def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, ou
            else torch.empty(batch, heads_q, seq_q, dtype=torch.float32, device=q.device) if return_lse
            else None)
 
-    cached = LAUNCH_CACHE_DEFAULT if launch_cache is None else launch_cache
+    # The cache holds launches on a GPU, or the interpreter's (whose hits run the kernel from the
+    # bound arguments, so the CPU tests exercise them); anything else (meta tensors) is dispatched.
+    cached = (LAUNCH_CACHE_DEFAULT if launch_cache is None else launch_cache) \
+        and (q.device.type == "cuda" or interpreter)
     if use_decode:
         cfg = config if isinstance(config, configs.DecodeConfig) else decode_config(q.device, head_dim, q.dtype)
         cfg = cfg.clamp(layout.block_n)

@@ -119,7 +119,8 @@ def dispatch_state(kernels: Sequence[Any]) -> tuple | None:
     from triton.runtime import driver
 
     if (any(getattr(kernel, "pre_run_hooks", None) for kernel in kernels)
-            or getattr(knobs.runtime, "add_stages_inspection_hook", None) or torch.cuda.is_current_stream_capturing()):
+            or getattr(knobs.runtime, "add_stages_inspection_hook", None)
+            or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())):
         return None
     device = driver.active.get_current_device()
     return (device, driver.active.get_current_stream(device), knobs.runtime.debug,

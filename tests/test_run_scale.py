@@ -114,14 +114,16 @@ def _peak_rss(tmp_path: Path, layers: int, scope: str) -> int:
 
 def test_peak_memory_grows_with_the_model_not_with_a_reference_copy_of_it(tmp_path):
     # 4 MiB of fp32 weights per linear map, 8 MiB per block: going from 4 to 20 blocks adds 128 MiB
-    # of weights. The whole-model fp64 reference adds a CPU copy and its fp64 cast (measured: 4.0x
-    # the added weights); the per-module one adds nothing (its copy is one 8 MiB fp64 linear map at
-    # any depth). 16 MiB shards keep the writer's ring (bounded by a shard) out of the difference.
+    # of weights. The whole-model fp64 reference adds at least its fp64 cast of them (2x the added
+    # weights; measured 2.0x or 4.0x: the fp32 CPU copy it is cast from is sometimes still alive at
+    # the peak, depending on when the cycle collector ran); the per-module one adds nothing (its
+    # copy is one 8 MiB fp64 linear map at any depth). 16 MiB shards keep the writer's ring
+    # (bounded by a shard) out of the difference.
     added_weights = 16 * 2 * 1024 * 1024 * 4
     module_growth = _peak_rss(tmp_path, 20, "module") - _peak_rss(tmp_path, 4, "module")
     model_growth = _peak_rss(tmp_path, 20, "model") - _peak_rss(tmp_path, 4, "model")
     assert module_growth < 1.4 * added_weights, (module_growth, model_growth)
-    assert model_growth > 2.4 * added_weights, (module_growth, model_growth)
+    assert model_growth > 1.8 * added_weights, (module_growth, model_growth)
 
 
 def test_decoder_builds_on_the_meta_device():
