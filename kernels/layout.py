@@ -745,6 +745,18 @@ def _layout_from_classes(classes: torch.Tensor, seq_q: int, seq_k: int, block_m:
     ``traceable``: index lists nK wide instead of as wide as the longest list, so nothing is read
     on the host and every shape follows from (Sq, Sk, blocks): what torch.compile and CUDA graphs
     need. Slots past the count are never read by the kernel, so the extra width changes no result."""
+    partial_counts, partial_indices, full_counts, full_indices = _pack_classes(classes, traceable=traceable)
+    return BlockLayout(
+        seq_q=seq_q, seq_k=seq_k, block_m=block_m, block_n=block_n,
+        kv_num_blocks=partial_counts, kv_indices=partial_indices,
+        full_kv_num_blocks=full_counts, full_kv_indices=full_indices,
+        mask=mask, kind=kind, **element_masks,
+    )
+
+
+def _pack_classes(classes: torch.Tensor, *, traceable: bool = False) -> tuple[torch.Tensor, ...]:
+    """(partial counts, partial indices, full counts, full indices) of a [Bl, Hl, nQ, nK] class
+    tensor, on its device (``_layout_from_classes``, which says what ``traceable`` does)."""
     nk = classes.shape[-1]
     # 2-D [tile rows, nK]: torch's cumsum over the last dim of a 4-D tensor is several times slower
     rows = classes.reshape(-1, nk)
@@ -765,12 +777,7 @@ def _layout_from_classes(classes: torch.Tensor, seq_q: int, seq_k: int, block_m:
 
     partial_counts, partial_indices = pack(rows == PARTIAL)
     full_counts, full_indices = pack(rows == FULL)
-    return BlockLayout(
-        seq_q=seq_q, seq_k=seq_k, block_m=block_m, block_n=block_n,
-        kv_num_blocks=partial_counts, kv_indices=partial_indices,
-        full_kv_num_blocks=full_counts, full_kv_indices=full_indices,
-        mask=mask, kind=kind, **element_masks,
-    )
+    return partial_counts, partial_indices, full_counts, full_indices
 
 
 def _mask_layout(mask: MaskSpec, seq_q, seq_k, block_m, block_n, kind, device=None, traceable=False) -> BlockLayout:
@@ -914,6 +921,21 @@ def layout_from_dense_mask(mask: torch.Tensor, *, block_m: int = 128, block_n: i
                                     traceable=True, mask_bits=pack_mask_bits(mask))
     bits = pack_mask_bits(mask) if bits_needed else None
     return _broadcast_layout(classes, seq_q, seq_k, block_m, block_n, "densemask", bits)
+
+
+def dense_mask_arguments(mask: torch.Tensor, *, block_m: int = 128, block_n: int = 128) -> tuple:
+    """``layout_from_dense_mask(mask, traceable=True)`` as the kernel operator's layout arguments
+    (``kernels.op``: kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, q_doc, k_doc,
+    k_start, k_end, mask_bits, block_m, block_n, causal, window, sink_tokens, offset), made of
+    tensor operations alone, with no ``BlockLayout`` or ``MaskSpec`` object: what a graph
+    traced by an older Dynamo holds (torch 2.11 cannot build those dataclasses inside a graph).
+    mask: bool [B or 1, H or 1, Sq, Sk]."""
+    if mask.dim() != 4 or mask.dtype != torch.bool:
+        raise LayoutError(f"mask must be a torch.bool tensor [B or 1, H or 1, Sq, Sk], got {mask.dtype} "
+                          f"{list(mask.shape)}")
+    classes, _ = _dense_classes(mask, block_m, block_n, traceable=True)
+    counts_indices = _pack_classes(classes, traceable=True)
+    return (*counts_indices, None, None, None, None, pack_mask_bits(mask), block_m, block_n, False, 0, 0, 0)
 
 
 def layout_from_mask_mod(mask_mod: Callable, B: int | None, H: int | None, Sq: int, Sk: int, *,

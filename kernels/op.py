@@ -86,6 +86,15 @@ def op_arguments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: Bloc
             float(sm_scale), bool(return_lse))
 
 
+def operator_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout_arguments: tuple,
+                  sm_scale: float | None = None) -> torch.Tensor:
+    """The operator on a layout given as its arguments (``layout.dense_mask_arguments``), for a
+    graph that holds no ``BlockLayout``: out [B, Hq, Sq, D]."""
+    scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
+    out, _ = torch.ops.parity.block_sparse_attention.default(q, k, v, *layout_arguments, float(scale), False)
+    return out
+
+
 def _tracing(q: torch.Tensor) -> bool:
     """Whether this call is being traced (torch.compile, export) or runs on tensor subclasses
     (FakeTensor, functional tensors): then the operator must appear in the graph."""

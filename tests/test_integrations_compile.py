@@ -319,6 +319,30 @@ def test_prefill_compiles_fullgraph_and_equals_eager(case, monkeypatch):
 
 
 @pytest.mark.slow
+def test_the_graph_builds_no_layout_object(monkeypatch):
+    """Under torch.compile the forward's graph holds tensors and the operator only: no
+    BlockLayout or MaskSpec is constructed while tracing (torch 2.11's Dynamo cannot build those
+    dataclasses inside a graph: 'Unexpected type in sourceless builder ... MaskSpec')."""
+    built: list[str] = []
+    for cls in (layouts.BlockLayout, layouts.MaskSpec):
+        original = cls.__post_init__
+
+        def counting(self, original=original, name=cls.__name__):
+            if torch.compiler.is_compiling():
+                built.append(name)
+            return original(self)
+
+        monkeypatch.setattr(cls, "__post_init__", counting)
+    subject, kernel, _ = _models(case="padded_left")
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(kernel, fullgraph=True, backend="aot_eager", dynamic=False)(**_prefill_inputs(subject, True))
+        torch.compile(kernel, fullgraph=True, backend="aot_eager", dynamic=False)(
+            **_prefill_inputs(subject, False))  # mask-less: the causal mask made from the shapes
+    assert built == []
+
+
+@pytest.mark.slow
 def test_prefill_compiles_with_inductor_on_the_cpu():
     """Inductor compiles the layout derivation around the opaque operator (its CPU code
     generator included); its own fusions of the rest of the model move the logits by a few ulps."""

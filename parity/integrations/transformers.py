@@ -184,10 +184,13 @@ class ParityAttention(nn.Module):
         from parity.kernels import launch_config
         from parity.kernels.op import sparse_attention
 
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or isinstance(layout, tuple):
             # the report is host bookkeeping (a Python dict on the module): it stays what the
-            # last eager call recorded, and the graph holds only the operator
-            return sparse_attention(query, key, value, layout, sm_scale=scaling)
+            # last eager call recorded, and the graph holds only the operator, on the layout's
+            # arguments (_traced_layout; a test runs them eagerly too)
+            from parity.kernels.op import operator_call
+
+            return operator_call(query, key, value, layout, sm_scale=scaling)
         described = (query.shape[-1], query.dtype, query.device)
         if self._described is None or self._described[0] is not layout or self._described[1] != described:
             self.parity_launch_config = launch_config(query.device, query.shape[-1], query.dtype, layout).to_dict()
@@ -485,29 +488,28 @@ def _versioned():
 
 
 def _traced_layout(visible: torch.Tensor | None, documents, seq_q: int, seq_k: int, is_causal: bool, window: int,
-                   device: torch.device, *, block_m: int, block_n: int):
-    """The layout of one kernel call under torch.compile: tensor ops on ``device`` only, shapes
-    that follow from the call's shapes, no host read, so the graph holds it without a break and
-    a CUDA graph can replay it. A mask is classified into tiles as an element mask (its bits
-    always kept, whatever it is: recognising padding or documents would read it on the host);
-    a mask-less call gets the causal or window formula from the shapes. Each layer derives it
-    again inside the graph (there is no per-forward memory a graph can hold), at the cost of a
-    pass over the mask per layer; the eager path's remembered plans are untouched."""
+                   device: torch.device, *, block_m: int, block_n: int) -> tuple:
+    """The layout of one kernel call under torch.compile, as the kernel operator's layout
+    arguments (``layout.dense_mask_arguments``): tensor ops on ``device`` only, shapes that follow
+    from the call's shapes, no host read and no ``BlockLayout``/``MaskSpec`` object, so the graph
+    holds it without a break (also for torch 2.11's Dynamo, which cannot build those dataclasses
+    in a graph) and a CUDA graph can replay it. The mask is classified into tiles as an element
+    mask, its bits always kept (recognising padding or documents would read it on the host); a
+    mask-less call gets the bottom-right causal (or window, or full) mask made from the shapes.
+    Each layer derives it again inside the graph (there is no per-forward memory a graph can
+    hold), at the cost of a pass over the mask per layer; the eager path's remembered plans are
+    untouched."""
     from parity.kernels import layout as layouts
 
-    blocks = {"block_m": block_m, "block_n": block_n}
-    if visible is not None:
-        return layouts.layout_from_dense_mask(visible, traceable=True, **blocks)
     if documents is not None:
         raise NotImplementedError("cu_seq_lens without a mask are read on the host; under torch.compile pass "
                                   "the 4-D mask transformers builds from position_ids instead")
-    if not is_causal:
-        every = torch.ones(1, 1, seq_q, seq_k, dtype=torch.bool, device=device)
-        return layouts.layout_from_dense_mask(every, traceable=True, **blocks)
-    if window:
-        return layouts.sliding_window_layout(seq_q, seq_k, window, align="bottom_right", device=device,
-                                             traceable=True, **blocks)
-    return layouts.causal_layout(seq_q, seq_k, align="bottom_right", device=device, traceable=True, **blocks)
+    if visible is None:
+        if is_causal:
+            visible = _bottom_right_mask(seq_q, seq_k, window, device)[None, None]
+        else:
+            visible = torch.ones(1, 1, seq_q, seq_k, dtype=torch.bool, device=device)
+    return layouts.dense_mask_arguments(visible, block_m=block_m, block_n=block_n)
 
 
 def _padding_layout(visible: torch.Tensor, *, block_m: int, block_n: int):
