@@ -390,23 +390,28 @@ def test_static_cache_generate_with_the_forward_compiled_fullgraph():
 
 @pytest.mark.gpu
 def test_gpu_reduce_overhead_static_cache_generate():
-    """mode="reduce-overhead" (CUDA graphs around the whole forward, the layout derivation and
-    the operator included) with a static cache: the tokens and logits of eager generate."""
+    """generate with a static cache compiling its decode step itself (``compile_config``:
+    torch.compile(fullgraph=True, mode="reduce-overhead"), CUDA graphs around the whole forward,
+    the layout derivation and the operator included, with the step marking that CUDA-graph trees
+    need between calls, which a hand-compiled forward lacks): the tokens and logits of eager
+    generate."""
+    from transformers.generation.configuration_utils import CompileConfig
+
     subject, kernel, reference = _models(case="decode", padding="left")
     kernel, reference = kernel.cuda(), reference.cuda()
 
-    def on_gpu(model):
+    def on_gpu(model, compiled: bool):
         tensors = {name: tensor.cuda() for name, tensor in subject.make_inputs().tensors.items()}
+        how = {"compile_config": CompileConfig(fullgraph=True)} if compiled else {"disable_compile": True}
         return model.generate(input_ids=tensors["input_ids"][:, :12], attention_mask=tensors["attention_mask"][:, :12],
                               max_new_tokens=4, do_sample=False, cache_implementation="static", pad_token_id=0,
-                              return_dict_in_generate=True, output_logits=True)
+                              return_dict_in_generate=True, output_logits=True, **how)
 
     with torch.no_grad():
-        want, eager = on_gpu(reference), on_gpu(kernel)
+        want, eager = on_gpu(reference, False), on_gpu(kernel, False)
         torch._dynamo.reset()
-        kernel.forward = torch.compile(kernel.forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
-        on_gpu(kernel)  # warm-up: CUDA-graph trees record on a later call
-        got = on_gpu(kernel)
+        on_gpu(kernel, True)  # warm-up: CUDA-graph trees record on a later call
+        got = on_gpu(kernel, True)
     assert torch.equal(got.sequences, eager.sequences)
     for compiled_logits, eager_logits, sdpa_logits in zip(got.logits, eager.logits, want.logits):
         torch.testing.assert_close(compiled_logits, eager_logits, **LOGITS_TOL)
