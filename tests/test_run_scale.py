@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -107,18 +108,22 @@ _RSS_CHILD = textwrap.dedent("""
 
 def _peak_rss(tmp_path: Path, layers: int, scope: str) -> int:
     script = _RSS_CHILD.format(tests=str(TESTS_DIR))
+    # A fixed environment: the child must not inherit what earlier tests in this worker set
+    # (the Triton interpreter switch, thread counts), which moves its baseline between runs.
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "OMP_NUM_THREADS": "1",
+           "PYTHONHASHSEED": "0"}
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path / f"{scope}{layers}"), str(layers), scope],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_peak_memory_grows_with_the_model_not_with_a_reference_copy_of_it(tmp_path):
     # 4 MiB of fp32 weights per linear map, 8 MiB per block: going from 4 to 20 blocks adds 128 MiB
     # of weights. The whole-model fp64 reference adds at least its fp64 cast of them (2x the added
-    # weights; measured 2.0x or 4.0x: the fp32 CPU copy it is cast from is sometimes still alive at
-    # the peak, depending on when the cycle collector ran); the per-module one adds nothing (its
-    # copy is one 8 MiB fp64 linear map at any depth). 16 MiB shards keep the writer's ring
-    # (bounded by a shard) out of the difference.
+    # weights; measured 3.0x: 421 -> 806 MiB); the per-module one adds the weights alone (measured
+    # 1.1x: 363 -> 508 MiB; its high-precision copy is one 8 MiB fp64 linear map at any depth).
+    # 16 MiB shards keep the writer's ring (bounded by a shard) out of the difference. The children
+    # get a fixed environment: inheriting an earlier test's settings gave 0x and 1.5-2x instead.
     added_weights = 16 * 2 * 1024 * 1024 * 4
     module_growth = _peak_rss(tmp_path, 20, "module") - _peak_rss(tmp_path, 4, "module")
     model_growth = _peak_rss(tmp_path, 20, "model") - _peak_rss(tmp_path, 4, "model")
