@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
 
 import torch  # noqa: E402
+
+from bench.launch_time import per_call_us  # noqa: E402  (the same timing loop as the host-parts table)
 
 # The decode rows of the targets (kernels/BENCHMARK.md's decode table: Hq=32, Hkv=8,
 # D=128, one token, bf16): name -> (batch, cache length).
@@ -101,18 +102,6 @@ def _problem(name: str, device: torch.device, cpu: bool):
     return (layout, *tensors(batch, case.heads_q, case.heads_kv, case.seq, case.seq, case.head_dim, dtype), False)
 
 
-def _per_call_us(fn, calls: int, rounds: int = 5) -> float:
-    for _ in range(min(calls, 50)):
-        fn()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return round(statistics.median(times), 2)
-
-
 def _gpu_us(fn) -> dict[str, float]:
     from triton.testing import do_bench, do_bench_cudagraph
 
@@ -147,7 +136,7 @@ def measure(rows: list[str], device: torch.device, calls: int) -> list[dict]:
                      "full": lambda: block_sparse_attention(q, k, v, layout, decode=decode)}
             row = {"row": name, "shape": {"q": list(q.shape), "k": list(k.shape), "dtype": str(q.dtype)}, **env}
             for path, fn in paths.items():
-                row[path] = {"us_per_call": _per_call_us(fn, calls)} if cpu else _gpu_us(fn)
+                row[path] = {"us_per_call": per_call_us(fn, calls)} if cpu else _gpu_us(fn)
             out.append(row)
             print(json.dumps(row), flush=True)
             del layout, q, k, v

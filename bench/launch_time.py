@@ -114,7 +114,8 @@ def ncu_target(cases: list[table.Case], device: torch.device) -> None:
         torch.cuda.profiler.stop()
 
 
-def _per_call_us(fn: Callable[[], Any], calls: int, rounds: int = 5) -> float:
+def per_call_us(fn: Callable[[], Any], calls: int, rounds: int = 5) -> float:
+    """Median over ``rounds`` of the wall microseconds per call of ``calls`` calls, after a warm-up."""
     for _ in range(min(calls, 100)):
         fn()
     times = []
@@ -152,14 +153,14 @@ def host_parts(cases: list[table.Case], device: torch.device, calls: int = 1000)
                 return configs.config_for(arch, head_dim, q.dtype, irregular=irregular).clamp(layout.block_m,
                                                                                             layout.block_n)
         row = {"case": case.name, "arch": arch, "runtime_arguments": len(built.args), **versions, "us_per_call": {
-            "checks": _per_call_us(lambda: attention.check_inputs(q, k, v, layout), calls),
-            "config": _per_call_us(config_lookup, calls),
-            "build_launch": _per_call_us(lambda: launch.build_launch(q, k, v, out, None, layout, cfg, sm_scale=scale,
+            "checks": per_call_us(lambda: attention.check_inputs(q, k, v, layout), calls),
+            "config": per_call_us(config_lookup, calls),
+            "build_launch": per_call_us(lambda: launch.build_launch(q, k, v, out, None, layout, cfg, sm_scale=scale,
                                                                      use_tma=use_tma), calls),
-            "triton_binder": _per_call_us(lambda: binder(**given, debug=False), calls),
-            "launch_key": _per_call_us(lambda: launch.launch_key(q, k, v, out, None, cfg, sm_scale=scale,
+            "triton_binder": per_call_us(lambda: binder(**given, debug=False), calls),
+            "launch_key": per_call_us(lambda: launch.launch_key(q, k, v, out, None, cfg, sm_scale=scale,
                                                                  use_tma=use_tma), calls),
-            "cached_hit": _per_call_us(_cached_hit(arg_names, q, k, v, out, layout, cfg, scale, use_tma), calls),
+            "cached_hit": per_call_us(_cached_hit(arg_names, q, k, v, out, layout, cfg, scale, use_tma), calls),
         }}
         rows.append(row)
         print(json.dumps(row), flush=True)
