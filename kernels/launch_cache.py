@@ -86,6 +86,9 @@ class _Bound:
     fresh: tuple[tuple[int, str], ...]  # (position in values, name of a tensor made anew per call)
     names: tuple[str, ...]  # the kernel's parameter names (the order of ``values``)
     options: dict[str, Any]  # compiler options, for a dispatch from ``values``
+    # ``values`` with every kept tensor as its device address (an int), where the cache issues
+    # addresses (``LaunchCache(addresses=True)``, a compiled kernel); None otherwise
+    addresses: list[Any] | None = None
 
 
 @dataclasses.dataclass
@@ -208,6 +211,11 @@ class LaunchCache:
     known) is never cached.
     ``issue`` and ``state``: how a cached launch is issued and what dispatch state it is keyed on
     (``issue_compiled``, ``dispatch_state``; tests pass stand-ins).
+    ``addresses``: a compiled kernel's hit passes every tensor as its device address (an int),
+    which Triton's launcher takes as is, instead of the tensor, which it validates with a driver
+    query per pointer on every launch. The key already pins what that query checks (every
+    per-call tensor on the entry's device; the entry's own tensors were checked when it was
+    built). False passes the tensors (tests that look at them).
 
     Where a launch returns no compiled kernel with the launch interface (the interpreter), its
     entry still binds the arguments and a hit dispatches the kernel from them: the same bound
@@ -222,8 +230,10 @@ class LaunchCache:
     def __init__(self, kernels: Sequence[Any], per_call: Sequence[str], *, fresh: Sequence[str] = (),
                  issue: Callable[[Any, tuple[int, ...], Sequence[Any], tuple], None] = issue_compiled,
                  state: Callable[[Sequence[Any]], tuple | None] = dispatch_state,
-                 version: Callable[[Any], Any] = lambda layout: (), max_per_layout: int = MAX_PER_LAYOUT):
+                 version: Callable[[Any], Any] = lambda layout: (), max_per_layout: int = MAX_PER_LAYOUT,
+                 addresses: bool = True):
         self.kernels = tuple(kernels)
+        self._addresses = addresses
         self._per_call = tuple(per_call)
         self._fresh = tuple(fresh)
         self._issue = issue
@@ -301,10 +311,23 @@ class LaunchCache:
 
     def issue(self, entry: Entry, tensors: Sequence[Any], state: tuple) -> None:
         """Issue a found entry's launches, in order, with this call's ``tensors`` and one new
-        workspace shared by its steps (as the build shared it)."""
+        workspace shared by its steps (as the build shared it). Where the steps carry addresses,
+        every tensor goes to the launcher as its device address: the workspace is freed when this
+        returns, which the caching allocator makes safe as for any tensor (its memory is reused
+        only by work queued later on the same stream)."""
         made = {name: torch.empty_strided(shape, strides, dtype=dtype, device=device)
                 for name, (shape, strides, dtype, device) in entry.fresh.items()} if entry.fresh else None
         for bound in entry.steps:
+            addresses = bound.addresses
+            if addresses is not None:
+                values = list(addresses)
+                for position, index in bound.slots:
+                    tensor = tensors[index]
+                    values[position] = tensor.data_ptr() if isinstance(tensor, torch.Tensor) else tensor
+                for position, name in bound.fresh:
+                    values[position] = made[name].data_ptr()
+                self._issue(bound.compiled, bound.grid, values, state)
+                continue
             values = list(bound.values)
             for position, index in bound.slots:
                 values[position] = tensors[index]
@@ -364,5 +387,12 @@ class LaunchCache:
                     raise RuntimeError(f"LaunchCache: the steps of one launch pass different {name} tensors")
                 made.append((names.index(name), name))
                 values[names.index(name)] = None
+        addresses = None
+        if self._addresses and compiled is not None:
+            # Triton's launcher turns a tensor argument into its address with a Python call
+            # (``data_ptr``) and a driver query (``cuPointerGetAttribute``) per pointer, on every
+            # launch; it takes an int as the address itself. The entry holds these tensors
+            # (``values``), so their addresses stay valid while it lives.
+            addresses = [value.data_ptr() if isinstance(value, torch.Tensor) else value for value in values]
         return _Bound(step.kernel, compiled, tuple(step.grid), values, slots, tuple(made), tuple(names),
-                      dict(step.options))
+                      dict(step.options), addresses)

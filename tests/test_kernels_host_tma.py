@@ -124,7 +124,8 @@ def test_a_cached_launch_takes_each_calls_own_descriptors():
     issued = []
     cache = LaunchCache((triton_attention.block_sparse_attn_fwd,), PER_CALL + DESCRIPTORS,
                         issue=lambda compiled, grid, values, state: issued.append(values),
-                        state=lambda kernels: ("device 0", "stream 7"), version=BlockLayout.version)
+                        state=lambda kernels: ("device 0", "stream 7"), version=BlockLayout.version,
+                        addresses=False)
     names = list(triton_attention.block_sparse_attn_fwd.arg_names)
 
     def call(seed):

@@ -285,7 +285,7 @@ def test_two_steps_are_issued_in_order_with_a_new_workspace_per_call():
     combine.arg_names = ["Work", "Out", "Lse", "rows"]
     cache = LaunchCache((split, combine), PER_CALL, fresh=("Work",),
                         issue=lambda c, g, vals, st: issued.append((c, g, vals)),
-                        state=lambda kernels: ("device", "stream"))
+                        state=lambda kernels: ("device", "stream"), addresses=False)
     layout, built = _Layout(), []
 
     def build(tensors):
@@ -359,6 +359,7 @@ def _tensors(lse=True):
 
 
 def _cache(kernel, issued, state=("device 0", "stream 7"), **kw):
+    kw.setdefault("addresses", False)  # the tests look at the tensors a hit passes
     return LaunchCache((kernel,), PER_CALL, issue=lambda c, g, vals, st: issued.append((c, g, vals)),
                        state=lambda kernels: state() if callable(state) else state, **kw)
 
@@ -430,6 +431,70 @@ def test_another_stream_or_device_is_another_entry():
     assert (cache.hits, cache.misses) == (2, 2)
 
 
+_KINDS = ([("prefill", kind) for kind in ("documents", "padding", "dense mask bits", "prefix lm", "window")]
+          + [("decode", kind) for kind in ("padding", "dense mask bits", "window")])
+
+
+@pytest.mark.parametrize("path, kind", _KINDS)
+def test_a_hit_passes_every_tensor_as_the_address_of_the_one_it_would_pass(monkeypatch, path, kind):
+    """The GPU's hits hand Triton's launcher addresses, not tensors (it validates a tensor's
+    pointer with a driver query per argument on every launch): each is the address of the tensor
+    the tensor path passes (the call's own, or the one the entry keeps alive), a new workspace's
+    for the workspace, and every other argument is passed as it is."""
+    from parity.kernels import triton_attention
+    from parity.kernels.decode import build_decode_launch, decode_steps
+    from parity.kernels.layout import BlockLayout
+
+    seq_q = 256 if path == "prefill" else 2
+    layout = _element_mask_layouts(seq_q)[kind]
+    monkeypatch.setattr(LaunchStep, "dispatch", lambda self: _Compiled())
+    kernels = ((triton_attention.block_sparse_attn_fwd,) if path == "prefill"
+               else (triton_attention.block_sparse_decode_fwd, triton_attention.decode_combine))
+
+    def steps(tensors):
+        q, k, v, out, lse = tensors
+        if path == "decode":
+            cfg = configs.decode_config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_n)
+            return decode_steps(build_decode_launch(q, k, v, out, lse, layout, cfg, sm_scale=0.125, num_splits=2,
+                                                    units=132))
+        cfg = configs.config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_m, layout.block_n)
+        launch = build_launch(q, k, v, out, lse, layout, cfg, sm_scale=0.125, use_tma=True)
+        return [LaunchStep(triton_attention.block_sparse_attn_fwd, launch.grid, launch.args, launch.constexprs,
+                           launch.options)]
+
+    q, k, v = random_qkv(2, 4, 2, seq_q, 256, 64, torch.bfloat16, 0, "cpu")
+    first = (q, k, v, torch.empty_like(q), torch.empty(2, 4, seq_q))
+    q, k, v = random_qkv(2, 4, 2, seq_q, 256, 64, torch.bfloat16, 1, "cpu")
+    second = (q, k, v, torch.empty_like(q), torch.empty(2, 4, seq_q))
+    issued = {}
+    for addresses in (False, True):
+        calls = issued[addresses] = []
+        cache = LaunchCache(kernels, PER_CALL, fresh=WORKSPACE if path == "decode" else (),
+                            issue=lambda compiled, grid, values, state, calls=calls: calls.append(values),
+                            state=lambda kernels: ("device 0", "stream 7"), version=BlockLayout.version,
+                            addresses=addresses)
+        cache.launch(layout, "key", first, lambda: steps(first))
+        cache.launch(layout, "key", second, lambda: steps(second))
+        assert cache.hits == 1
+        if addresses:
+            (entry,) = cache._by_layout[id(layout)][1].values()
+    assert len(issued[True]) == len(issued[False]) == len(kernels)
+    per_call = {id(tensor) for tensor in second}
+    checked = 0
+    for bound, as_tensors, as_addresses in zip(entry.steps, issued[False], issued[True]):
+        for name, kept, tensor, address in zip(bound.names, bound.values, as_tensors, as_addresses):
+            if not isinstance(tensor, torch.Tensor):
+                assert address == tensor or address is tensor, name
+            elif id(tensor) in per_call:
+                assert address == tensor.data_ptr(), name
+            elif name in WORKSPACE:
+                assert isinstance(address, int) and address != 0, name
+            else:  # kept by the entry: its address, and the same values as the tensor path's
+                assert address == kept.data_ptr() and torch.equal(kept, tensor), name
+            checked += isinstance(tensor, torch.Tensor)
+    assert checked >= 5 * len(kernels)
+
+
 def _same_argument(name, bound, built):
     """Whether a re-issued argument is what a fresh build passes: the call's own tensor, a
     workspace of the same make, an equal tensor of the same make (a copy the entry kept), or an
@@ -454,9 +519,7 @@ def _element_mask_layouts(seq_q):
             "window": sliding_window_layout(seq_q, 256, 100, block_m=64, block_n=64)}
 
 
-@pytest.mark.parametrize("path, kind", [("prefill", kind) for kind in ("documents", "padding", "dense mask bits",
-                                                                     "prefix lm", "window")]
-                         + [("decode", kind) for kind in ("padding", "dense mask bits", "window")])
+@pytest.mark.parametrize("path, kind", _KINDS)
 def test_every_kind_of_launch_binds_and_is_reissued_with_the_arguments_a_build_gives(monkeypatch, path, kind):
     """The launcher's real launches (element masks, TMA, GQA, the decode path's two kernels)
     through the cache with a compiled stand-in: the entry binds every parameter, and a hit issues,
@@ -473,7 +536,8 @@ def test_every_kind_of_launch_binds_and_is_reissued_with_the_arguments_a_build_g
                else (triton_attention.block_sparse_decode_fwd, triton_attention.decode_combine))
     cache = LaunchCache(kernels, PER_CALL, fresh=WORKSPACE if path == "decode" else (),
                         issue=lambda compiled, grid, values, state: issued.append((grid, values)),
-                        state=lambda kernels: ("device 0", "stream 7"), version=BlockLayout.version)
+                        state=lambda kernels: ("device 0", "stream 7"), version=BlockLayout.version,
+                        addresses=False)
 
     def steps(tensors):
         q, k, v, out, lse = tensors
@@ -868,7 +932,7 @@ def test_threads_sharing_a_cache_keep_it_consistent():
             issued.append(values[0])
 
     cache = LaunchCache((kernel,), PER_CALL, issue=record, state=lambda kernels: ("device", "stream"),
-                        max_per_layout=3)
+                        max_per_layout=3, addresses=False)
     layouts, errors, calls = [_Layout() for _ in range(2)], [], 400
 
     def work(seed):
