@@ -40,7 +40,7 @@ PY=${PYTHON:-python3}
 STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect inspect-decode"}
 # (also: "table-sweep" and "table", the prefill table of bench/benchmark_table.py, and
 # "launch-time", "host-parts" and "ncu", where a short case's time goes; "launch-overhead",
-# "hf-generate", "hf-compiled" and "hf-window", inference; not run by default)
+# "hf-host", "hf-generate", "hf-compiled" and "hf-window", inference; not run by default)
 
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2
@@ -101,6 +101,8 @@ step host-parts 60 "$PY" -m bench.launch_time --host-parts --cases "$LAUNCH_CASE
 # (bench/hf_generate.py, transformers from the host).
 # shellcheck disable=SC2086
 step launch-overhead "${OVERHEAD_LIMIT:-240}" "$PY" -m bench.launch_overhead --device cuda ${OVERHEAD_ROWS:+--rows "$OVERHEAD_ROWS"}
+# shellcheck disable=SC2086
+step hf-host "${HF_HOST_LIMIT:-240}" "$PY" -m bench.hf_host --json "$R/hf-host.json" ${HF_HOST_ARGS:-}
 # shellcheck disable=SC2086
 step hf-generate "${HF_LIMIT:-420}" "$PY" -m bench.hf_generate --model llama8b --json "$R/hf-llama8b.json" \
     --deadline-s $(( ${HF_LIMIT:-420} - 60 )) ${HF_ARGS:-}

@@ -4,7 +4,8 @@
     python bench/launch_overhead.py --device cuda         # GPU: call time minus CUDA-graph time
     python bench/launch_overhead.py --rows d64-s4k-causal,decode-b8-4k
 
-Two paths per row, in one run: ``plan`` is a model's call (``block_sparse_attention(q, k, v,
+Two paths per row, in one run (on a GPU a third, ``plan_tensors``: the plan's hit handing
+Triton's launcher the tensors instead of their addresses): ``plan`` is a model's call (``block_sparse_attention(q, k, v,
 layout)``, a hit of its launch plan, kernels/attention.py ``_planned``); ``full`` is the same call
 through the launcher's full path (checks, config, ``launch_key``, the launch cache's hit), which
 every call took before plans (forced here by passing the path explicitly, ``decode=``).
@@ -75,6 +76,23 @@ def _stubbed_launches():
         attention._LAUNCH_CACHES.update(saved)
 
 
+@contextlib.contextmanager
+def _tensor_arguments():
+    """Plans built and hit with tensors as the launcher's arguments (``LaunchCache(addresses=False)``),
+    in fresh caches, restored afterwards."""
+    from parity.kernels import attention
+
+    saved = dict(attention._LAUNCH_CACHES)
+    attention._LAUNCH_CACHES.clear()
+    try:
+        for path in ("prefill", "decode"):
+            attention._launch_cache(path)._addresses = False
+        yield
+    finally:
+        attention._LAUNCH_CACHES.clear()
+        attention._LAUNCH_CACHES.update(saved)
+
+
 def _problem(name: str, device: torch.device, cpu: bool):
     """(layout, q, k, v, decode) for a row; on the CPU q, k, v are allocated and never written."""
     from parity.kernels import causal_layout
@@ -137,6 +155,9 @@ def measure(rows: list[str], device: torch.device, calls: int) -> list[dict]:
             row = {"row": name, "shape": {"q": list(q.shape), "k": list(k.shape), "dtype": str(q.dtype)}, **env}
             for path, fn in paths.items():
                 row[path] = {"us_per_call": per_call_us(fn, calls)} if cpu else _gpu_us(fn)
+            if not cpu:  # the plan's hit handing the launcher tensors, as before it handed addresses
+                with _tensor_arguments():
+                    row["plan_tensors"] = _gpu_us(paths["plan"])
             out.append(row)
             print(json.dumps(row), flush=True)
             del layout, q, k, v

@@ -31,6 +31,7 @@ _AUTOTUNED: dict[tuple, configs.LaunchConfig] = {}
 # instead of 0.17-0.43.
 LAUNCH_CACHE_DEFAULT = True
 _LAUNCH_CACHES: dict[str, LaunchCache] = {}  # "prefill", "decode"
+_KERNELS_MODULE = None  # kernels.triton_attention, once imported
 
 
 def _arch(device: torch.device) -> str:
@@ -304,15 +305,23 @@ def _amd(device: torch.device, interpreter: bool) -> bool:
 def _launch_cache(path: str) -> LaunchCache:
     """The launch cache of the prefill or the decode path (made on first use: the kernel module
     imports Triton; made again if the module's kernels were replaced, as tests replace them)."""
-    from . import triton_attention
-
-    kernels = ((triton_attention.block_sparse_attn_fwd,) if path == "prefill"
-               else (triton_attention.block_sparse_decode_fwd, triton_attention.decode_combine))
+    global _KERNELS_MODULE
+    if _KERNELS_MODULE is None:  # imported once (an import statement per call costs the import machinery's lookup)
+        from . import triton_attention as _KERNELS_MODULE
+    module = _KERNELS_MODULE
     cache = _LAUNCH_CACHES.get(path)
-    if cache is None or cache.kernels != kernels:
-        per_call = PER_CALL + (DESCRIPTORS if path == "prefill" else ())
-        cache = _LAUNCH_CACHES[path] = LaunchCache(kernels, per_call, fresh=WORKSPACE if path == "decode" else (),
-                                                   version=BlockLayout.version)
+    if path == "prefill":
+        if cache is not None and cache.kernels[0] is module.block_sparse_attn_fwd:
+            return cache
+        kernels = (module.block_sparse_attn_fwd,)
+    else:
+        if (cache is not None and cache.kernels[0] is module.block_sparse_decode_fwd
+                and cache.kernels[1] is module.decode_combine):
+            return cache
+        kernels = (module.block_sparse_decode_fwd, module.decode_combine)
+    per_call = PER_CALL + (DESCRIPTORS if path == "prefill" else ())
+    cache = _LAUNCH_CACHES[path] = LaunchCache(kernels, per_call, fresh=WORKSPACE if path == "decode" else (),
+                                               version=BlockLayout.version)
     return cache
 
 

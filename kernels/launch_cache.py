@@ -118,8 +118,7 @@ def dispatch_state(kernels: Sequence[Any]) -> tuple | None:
     matters)."""
     if triton_interpreter_enabled():  # no device, no stream, no compiled kernel: dispatched from the entry
         return ("interpreter",)
-    from triton import knobs
-    from triton.runtime import driver
+    knobs, driver = _triton()
 
     if (any(getattr(kernel, "pre_run_hooks", None) for kernel in kernels)
             or getattr(knobs.runtime, "add_stages_inspection_hook", None)
@@ -131,12 +130,26 @@ def dispatch_state(kernels: Sequence[Any]) -> tuple | None:
             getattr(knobs.runtime, "override_arch", None))
 
 
+_TRITON: tuple = ()
+
+
+def _triton() -> tuple:
+    """(triton.knobs, triton.runtime.driver), imported once: every hit reads them, and an import
+    statement costs a lookup through the import machinery on each call."""
+    global _TRITON
+    if not _TRITON:
+        from triton import knobs
+        from triton.runtime import driver
+
+        _TRITON = (knobs, driver)
+    return _TRITON
+
+
 def issue_compiled(compiled: Any, grid: tuple[int, ...], values: Sequence[Any], state: tuple) -> None:
     """Launch a compiled Triton kernel on ``state``'s device and stream (``dispatch_state``), as
     ``JITFunction.run`` does once it has found it (launch hooks included, so profilers still see
     the launch)."""
-    from triton import knobs
-
+    knobs = _triton()[0]
     stream = state[1]
     metadata = compiled.launch_metadata(grid, stream, *values)
     grid = tuple(grid) + (1,) * (3 - len(grid))

@@ -1,0 +1,156 @@
+"""Where a Hugging Face model's decode step spends the host's time, per attention implementation.
+
+``bench/hf_generate.py`` times ``generate``; this looks inside one decode step of the same model
+(``--model llama8b``, random bf16 weights on the GPU), for ``sdpa``, ``parity_sdpa`` and
+``parity_sparse``, after a prefill of ``--seq`` tokens with the default dynamic cache:
+
+- ``synced_ms``: one decode forward, synchronized before and after (median of ``--steps``);
+- ``queued_ms``: ``--steps`` forwards issued back to back, one synchronize at the end, per step
+  (what ``generate`` sees: the host's time where the host is the bottleneck);
+- ``syncs_per_step``: host synchronizations per step (``torch.cuda.set_sync_debug_mode``'s
+  warnings: ``.item()``, ``bool(tensor)``, a copy to the host);
+- ``python``: cProfile of the queued steps, the functions with the most time of their own, µs per
+  step (cProfile adds its own cost to every Python call: compare implementations, not absolutes);
+- ``api``: torch.profiler's host-side events per step (CUDA runtime and driver calls, aten ops),
+  the largest by self time, with counts.
+
+    python -m bench.hf_host --model llama8b --batch 1 --seq 4096 --json hf-host.json
+
+Needs a CUDA GPU, transformers and the checkout on the path.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+
+import torch  # noqa: E402
+
+from bench.hf_generate import IMPLS, MODELS, build_model, prompt, use  # noqa: E402
+
+
+def _step_fn(model, batch: int, seq: int):
+    """(step, reset): ``step()`` runs one decode forward on the cache a prefill of ``seq`` tokens
+    made; ``reset()`` makes that prefill again (so every measurement starts from the same cache)."""
+    from transformers import DynamicCache
+
+    ids, mask = prompt(batch, seq, model.config.vocab_size)
+    state = {}
+
+    def reset():
+        with torch.inference_mode():
+            cache = DynamicCache(config=model.config)
+            out = model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            state.update(cache=cache, token=out.logits[:, -1:].argmax(-1), mask=mask)
+        torch.cuda.synchronize()
+
+    def step():
+        with torch.inference_mode():
+            state["mask"] = torch.cat([state["mask"], state["mask"].new_ones(batch, 1)], dim=1)
+            model(input_ids=state["token"], attention_mask=state["mask"], past_key_values=state["cache"],
+                  use_cache=True, logits_to_keep=1)
+
+    return step, reset
+
+
+def measure(model, impl: str, batch: int, seq: int, steps: int) -> dict:
+    use(model, impl)
+    step, reset = _step_fn(model, batch, seq)
+    row = {"impl": impl, "batch": batch, "seq": seq, "steps": steps}
+    reset()
+    for _ in range(3):  # warm-up: compiles, plans
+        step()
+    reset()
+    synced = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        synced.append((time.perf_counter() - start) * 1e3)
+    row["synced_ms"] = round(statistics.median(synced), 3)
+    reset()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    row["queued_ms"] = round((time.perf_counter() - start) * 1e3 / steps, 3)
+
+    reset()
+    torch.cuda.set_sync_debug_mode(1)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(4):
+                step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    row["syncs_per_step"] = len(caught) / 4
+    row["sync_sites"] = sorted({str(w.message).splitlines()[0][:160] for w in caught})[:5]
+
+    reset()
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(steps):
+        step()
+    profile.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profile, stream=io.StringIO())
+    top = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:30]  # by own time
+    row["python"] = [{"function": f"{Path(file).name}:{line}({name})", "calls_per_step": calls / steps,
+                      "own_us_per_step": round(own * 1e6 / steps, 1), "cum_us_per_step": round(cum * 1e6 / steps, 1)}
+                     for (file, line, name), (_, calls, own, cum, _) in top]
+
+    reset()
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(4):
+            step()
+        torch.cuda.synchronize()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:30]
+    row["api"] = [{"name": e.key[:80], "count_per_step": e.count / 4, "self_us_per_step": round(e.self_cpu_time_total / 4, 1)}
+                  for e in events]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="llama8b")
+    parser.add_argument("--layers", type=int, default=None, help="fewer layers than the model's")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("hf_host: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    from parity.integrations import transformers as parity_tf
+
+    parity_tf.register()
+    model = build_model(args.model, args.layers)
+    rows = []
+    for impl in args.impls.split(","):
+        rows.append(measure(model, impl, args.batch, args.seq, args.steps))
+        brief = {key: rows[-1][key] for key in ("impl", "synced_ms", "queued_ms", "syncs_per_step")}
+        print(json.dumps(brief), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps({"model": args.model, "device": torch.cuda.get_device_name(),
+                                             "torch": torch.__version__, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
