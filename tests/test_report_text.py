@@ -216,3 +216,45 @@ def test_ratios_have_one_formatter_and_never_read_7_3e0x():
 
     assert [format_ratio(value) for value in (7.3, 1.0, 0.5, 123.4, 2.1e4, 0.001, None)] == [
         "7.3x", "1x", "0.5x", "123x", "2.1e4x", "1.0e-3x", "-"]
+
+
+def test_header_wording_one_tensor_a_placeholder_subject_name_and_a_cpu_host():
+    from parity.report.text import header_lines
+
+    report = _report(_chain(1))
+    report.subject = {"name": "subject", "spec": "pkg.mod:make"}  # a Subject subclass that named nothing
+    lines = header_lines(report)
+    assert lines[0] == "parity compare: golden/x (subject pkg.mod:make, 1 tensor)"
+    assert lines[2].startswith("  this host:   cpu x86_64, torch 2.13.0+cpu")  # not "cpu cpu x86_64"
+    report.candidate = "bundles/b"
+    assert "(subject pkg.mod:make, 1 tensor; nothing was run)" in header_lines(report)[0]
+    report.layers = _chain(3)
+    assert "(subject pkg.mod:make, 3 tensors; nothing was run)" in header_lines(report)[0]
+
+
+def test_a_subject_class_that_sets_no_name_is_named_by_its_spec():
+    from parity.run.subjects.base import Subject, SubjectRunner
+
+    class Unnamed(Subject):
+        def make_inputs(self):
+            return {}
+
+        def build(self, impl, device="cpu"):
+            return None
+
+    class Named(Unnamed):
+        name = "decoder"
+
+    assert SubjectRunner("pkg.mod:make", Unnamed()).name == "pkg.mod:make"
+    assert SubjectRunner("pkg.mod:make", Named()).name == "decoder"
+
+
+def test_amdahl_bound_in_words_never_infx_or_7_3e0x():
+    from parity.speed.profile import headline
+    from parity.speed.tables import amdahl_text
+
+    assert amdahl_text(7.3) == "at most 7.3x faster" and amdahl_text(1.0) == "at most 1x faster"
+    line = headline({"module": "proj", "share": 1.0, "amdahl_bound": math.inf}, {"device_ns": 2_000_000, "steps": 2})
+    assert line == ("hot module proj: 100.0% of 2 ms of device time over 2 steps; porting it could make the forward "
+                    "faster without bound (it holds all of the counted time) (Amdahl)")
+    assert "at most 8.06x faster (Amdahl)" in headline({"module": "a", "share": 0.876, "amdahl_bound": 8.0645}, {"device_ns": 1})

@@ -44,3 +44,13 @@ def write_line(stream: TextIO, line: str) -> None:
     whole line below the pipe's atomic size (4 KiB on Linux) is never interleaved."""
     stream.write(line + "\n")
     stream.flush()
+
+
+def subject_name(name: object, spec: object = None) -> str:
+    """What follows the word "subject" in a message, printable: the subject's name, or its spec
+    where the name is missing or is the protocol's placeholder ``subject`` (a ``Subject`` subclass
+    that sets no name), which would print ``subject subject``."""
+    text = "" if name is None else str(name)
+    if not text.strip() or text == "subject":
+        text = "" if spec is None else str(spec)
+    return printable(text or "?")

@@ -45,7 +45,7 @@ from parity.run.recorder import RecordedTensor, Recorder
 from parity.judge.results import CompareReport, TensorResult, fingerprint_differences, hosts_summary
 from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
 from parity.run.subjects import Inputs, runner_from_manifest
-from parity.base.text import printable
+from parity.base.text import plural, printable
 from .capture import record_ranks
 from .group import Group, join
 from .placement import PlacementMap
@@ -163,7 +163,7 @@ def judge_rebuilt(golden: FullView, source: Iterator[Obtained], policy: Policy, 
                                                   candidate_label=candidate_label), fail=False)
         results.append(result)
         if say is not None:
-            say.tick(lambda: f"compared {len(results)} tensors ({sum(not r.passed for r in results)} failing)")
+            say.tick(lambda: f"compared {plural(len(results), 'tensor')} ({sum(not r.passed for r in results)} failing)")
     return judge.in_golden_order(results)
 
 
@@ -260,7 +260,7 @@ def compare_rank_set(
     device = check_device(device if device is not None else platform.default_device())
     check_triton_mode(impl, device)
     _check_budget(budget, view)
-    say(f"{describe(view)}: subject {runner.name}, {len(view.entries_of('output'))} recorded tensors")
+    say(f"{describe(view)}: subject {runner.name}, {plural(len(view.entries_of('output')), 'recorded tensor')}")
     module = runner.build(impl, state=view.rank0.subject_state(), device=device)
     stored = Inputs.of_bundle(view.rank0)
     inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in stored.tensors.items()}, stored.meta)
@@ -276,7 +276,7 @@ def compare_rank_set(
         if view.has(record.name):
             result = _with_reasons(result, locate(result, record.name, record.tensor, view, None), fail=False)
         results.append(result)
-        say.tick(lambda: f"compared {len(results)} tensors ({sum(not r.passed for r in results)} failing)")
+        say.tick(lambda: f"compared {plural(len(results), 'tensor')} ({sum(not r.passed for r in results)} failing)")
 
     say(f"run impl {impl} on {device}")
     with Recorder(module, on_tensor, layers=view.capture_layers, copy=False):
@@ -286,7 +286,7 @@ def compare_rank_set(
     report = _report(view, ordered, policy=policy, budget=budget, impl=impl, device=str(device),
                      here_platform=platform.fingerprint(device), warnings=[], started=started,
                      kernel_configs_here=launch_configs(module), candidate=None, integrity=view.integrity())
-    say(f"compared {len(ordered)} tensors in {report.seconds:.1f} s: {len(report.failing)} failing")
+    say(f"compared {plural(len(ordered), 'tensor')} in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
 
 
@@ -316,7 +316,7 @@ def diff_sets(
         raise UsageError(f"cannot diff {describe(expected)} and {describe(obtained)}: they have no recorded tensor in "
                          "common (were they captured with disjoint --layers?)")
     extra = [entry.name for entry in obtained.entries_of("output") if not expected.has(entry.name)]
-    say(f"{describe(obtained)} against {describe(expected)}: {len(common)} tensors in common")
+    say(f"{describe(obtained)} against {describe(expected)}: {plural(len(common), 'tensor')} in common")
     wording = _DIFF_WORDING if check_run else None
     same_layout = (expected.rank_set is not None and obtained.rank_set is not None
                    and expected.world_size == obtained.world_size

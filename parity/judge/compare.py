@@ -110,7 +110,7 @@ def compare_bundle(
     state = subject_state(bundle, weights_dir)  # a checkpoint that differs is refused here, before the build
 
     warnings: list[str] = []
-    say(f"{bundle.path}: subject {runner.name}, {len(bundle.entries_of('output'))} recorded tensors, captured with "
+    say(f"{bundle.path}: subject {runner.name}, {plural(len(bundle.entries_of('output')), 'recorded tensor')}, captured with "
         f"impl {bundle.impl} on {bundle.platform.get('device_name') or bundle.platform.get('arch')}")
     module = runner.build(impl, state=state, device=device)
     del state

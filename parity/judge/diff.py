@@ -80,7 +80,7 @@ def diff_bundles(
 
     extra = [entry.name for entry in obtained.entries_of("output") if not expected.has(entry.name)]
     judged = None if policy.strict_structure else common
-    say(f"{_show(obtained)} against {_show(expected)}: {len(common)} tensors in common")
+    say(f"{_show(obtained)} against {_show(expected)}: {plural(len(common), 'tensor')} in common")
     order = [entry.name for entry in obtained.entries_of("output") if judged is None or expected.has(entry.name)]
     judge = Judge(expected, policy, budget, has_reference=both_have_reference, wording=_WORDING, read_ahead=order)
     try:

@@ -26,12 +26,13 @@ from __future__ import annotations
 import html
 import math
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from parity.base.files import write_atomically
 from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_shape
-from parity.base.text import printable
+from parity.base.text import plural, printable, subject_name
 from parity.judge.policy import would_pass_from_checks
 from parity.judge.results import verdict_from_counts
 from parity.report.text import host_text, verdict_cell
@@ -42,6 +43,8 @@ NAME_LIMIT = 100_000  # names are escaped, not cut, in attributes (the page is c
 WIDTH, HEIGHT = 960, 330
 LEFT, RIGHT, TOP, BOTTOM = 72, 16, 26, 62
 BAND = 12  # distance of the "0" and "non-finite" bands from the plot area
+# x-axis labels: 11 px monospace advances 0.6 em per character, so a label's width is known here.
+TICK_CHARS, TICK_CHAR_WIDTH, TICK_GAP = 18, 6.6, 8.0
 
 
 def _esc(value: Any, limit: int = 2000) -> str:
@@ -176,6 +179,36 @@ def _decades(series: Sequence[Series]) -> tuple[int, int]:
     return (low, high) if high > low else (low - 1, high + 1)
 
 
+def tick_label(name: str, index: int) -> str:
+    """A tensor name as an x-axis label: its last TICK_CHARS characters (the most specific part,
+    ``…attn.core``), or its index where it has no name."""
+    text = printable(name) if name else str(index)
+    return text if len(text) <= TICK_CHARS else "\u2026" + text[-(TICK_CHARS - 1):]
+
+
+def x_ticks(names: Sequence[str], x_of: Callable[[float], float]) -> list[tuple[int, float, str]]:
+    """``(index, centre x, label)`` of the x axis: every ``stride``-th tensor's name, with the
+    smallest stride of 1, 2, 5, 10, 20, ... at which no two labels come closer than TICK_GAP
+    (widths estimated as TICK_CHAR_WIDTH per character of a monospace font, which is exact up to
+    the font's own advance). A label is moved inwards where it would leave the drawing."""
+    count = len(names)
+    labels = [tick_label(name, index) for index, name in enumerate(names)]
+    stride = 1
+    while count:
+        placed, right = [], -math.inf
+        for index in range(0, count, stride):
+            half = len(labels[index]) * TICK_CHAR_WIDTH / 2
+            centre = min(max(x_of(index), half + 1), WIDTH - half - 1)
+            if centre - half < right + TICK_GAP:
+                break
+            placed.append((index, centre, labels[index]))
+            right = centre + half
+        else:
+            return placed
+        stride = next(nice for nice in (s * 10 ** e for e in range(12) for s in (1, 2, 5)) if nice > stride)
+    return []
+
+
 def render_plot(report: dict[str, Any], quantity: str) -> str:
     """One inline SVG plot of ``quantity`` against tensor order, with its legend."""
     series = plot_series(report, quantity)
@@ -208,12 +241,12 @@ def render_plot(report: dict[str, Any], quantity: str) -> str:
                      f'<text class="tick" x="{LEFT - 6}" y="{y + 4:.2f}" text-anchor="end">1e{decade}</text>')
     parts.append(f'<text class="tick" x="{LEFT - 6}" y="{TOP + plot_h + BAND + 4}" text-anchor="end">0</text>'
                  f'<text class="tick" x="{LEFT - 6}" y="{TOP - BAND + 4}" text-anchor="end">inf/nan</text>')
-    ticks = sorted({0, count - 1, *range(0, count, max(1, math.ceil(count / 10)))})
-    for index in ticks:
-        parts.append(f'<text class="tick" x="{x_of(index):.2f}" y="{TOP + plot_h + BAND + 20}" '
-                     f'text-anchor="middle">{index}</text>')
+    for index, center, label in x_ticks([layer.get("name", "") for layer in layers], x_of):
+        parts.append(f'<text class="xtick" data-index="{index}" x="{center:.2f}" y="{TOP + plot_h + BAND + 20}" '
+                     f'text-anchor="middle">{_esc(label)}<title>#{index} {_esc(layers[index].get("name", ""), 300)}'
+                     f'</title></text>')
     parts.append(f'<text class="axis" x="{LEFT + plot_w / 2:.2f}" y="{HEIGHT - 8}" text-anchor="middle">'
-                 f'tensor, in execution order (depth); hover a point for its name</text>'
+                 f'tensor, in execution order (depth); hover a point or a name for the full name</text>'
                  f'<text class="axis" x="14" y="{TOP + plot_h / 2:.2f}" text-anchor="middle" '
                  f'transform="rotate(-90 14 {TOP + plot_h / 2:.2f})">{title} (log)</text>')
 
@@ -233,15 +266,14 @@ def render_plot(report: dict[str, Any], quantity: str) -> str:
             index = next((i for i, l in enumerate(layers) if l.get("layer") == name), None)
         if index is not None:
             marks.append(("introducing", layers[index].get("name", name), "introduces error"))
-    for number, (kind, name, text) in enumerate(marks):
+    # A mark is a line only; its words are in the legend under the plot, where no label can fall on
+    # another label or on the data (several marks often share one tensor, e.g. the first failing
+    # tensor is also the one that introduces the error).
+    for kind, name, text in marks:
         x = x_of(index_of[name])
-        label_y = TOP + 12 + 12 * (number % 3)
-        anchor = "start" if x < LEFT + plot_w * 0.7 else "end"
-        dx = 4 if anchor == "start" else -4
         parts.append(f'<g class="mark {kind}" data-mark="{kind}" data-name="{_name_attr(name)}" '
                      f'data-index="{index_of[name]}"><line x1="{x:.2f}" y1="{TOP}" x2="{x:.2f}" y2="{TOP + plot_h}"/>'
-                     f'<text x="{x + dx:.2f}" y="{label_y}" text-anchor="{anchor}">{_esc(text)}: {_esc(name, 80)}</text>'
-                     f'</g>')
+                     f'<title>{_esc(text)}: #{index_of[name]} {_esc(name, 300)}</title></g>')
 
     failing = {index for index, layer in enumerate(layers) if not layer.get("passed", True)}
     for s in series:
@@ -268,10 +300,13 @@ def render_plot(report: dict[str, Any], quantity: str) -> str:
     parts.append("</svg>")
     legend = "".join(f'<li><span class="swatch {s.css}{" dashed" if s.bound else ""}"></span>{_esc(s.label)}</li>'
                      for s in series)
-    legend += ('<li><span class="swatch m-first"></span>first failing tensor</li>' if any(
-        m[0] == "first-failing" for m in marks) else "")
-    legend += ('<li><span class="swatch m-intro"></span>layer that introduces the error (--isolate)</li>' if any(
-        m[0] == "introducing" for m in marks) else "")
+    for kind, css, words in (("first-failing", "m-first", "first failing tensor"),
+                             ("introducing", "m-intro", "introduces the error (--isolate)")):
+        named = [name for mark_kind, name, _ in marks if mark_kind == kind]
+        if named:
+            where = ", ".join(f"#{index_of[name]} {_esc(name, 200)}" for name in named)
+            legend += (f'<li class="mark-label" data-mark="{kind}"><span class="swatch {css}"></span>'
+                       f'{words}: <code>{where}</code></li>')
     return (f'<figure class="plot-figure"><figcaption>{title} against depth</figcaption>{"".join(parts)}'
             f'<ul class="legend">{legend}</ul></figure>')
 
@@ -300,7 +335,8 @@ def _cell(text: str, sort: Any = None, css: str = "") -> str:
     return f"<td{attrs}>{text}</td>"
 
 
-def _row(report: dict[str, Any], index: int, layer: dict[str, Any]) -> str:
+def _row(report: dict[str, Any], index: int, layer: dict[str, Any], keep: Sequence[bool] | None = None) -> str:
+    """One result's ``<tr>``; ``keep`` (one flag per column) leaves out the columns not kept."""
     metrics = layer.get("metrics") or {}
     shape = format_shape(layer.get("shape"))
     if layer.get("status") == "shape-mismatch":
@@ -331,6 +367,8 @@ def _row(report: dict[str, Any], index: int, layer: dict[str, Any]) -> str:
         budget = layer.get("budget") or {}
         cells += [_cell(_esc(format_number(_number(budget.get(key)))), budget.get(key))
                   for key in ("host_rel_l2", "capture_rel_l2", "allowed_rel_l2")]
+    if keep is not None:
+        cells = [cell for cell, kept in zip(cells, keep) if kept]
     state = "pass" if layer.get("passed") else "fail"
     return (f'<tr class="{state}" data-index="{index}" data-name="{_name_attr(layer.get("name"))}" '
             f'data-status="{_esc(layer.get("status"))}" data-passed="{"true" if layer.get("passed") else "false"}">'
@@ -343,9 +381,27 @@ def _breakable(name: Any) -> str:
     return _esc(name, 500).replace(".", ".<wbr>").replace("/", "/<wbr>")
 
 
+_EMPTY_CELL = re.compile(r"<td[^>]*>-?</td>")
+
+
+def _filled_columns(report: dict[str, Any]) -> list[bool]:
+    """Per column: whether any row shows a value in it (not only "" or "-"). A column empty in
+    every row (``error`` where no layer was attributed) is left out of the table."""
+    filled = [False] * len(_columns(report))
+    if not report.get("layers"):
+        return [True] * len(filled)
+    for index, layer in enumerate(report.get("layers") or []):
+        cells = re.findall(r"<td[^>]*>.*?</td>", _row(report, index, layer))
+        for column, cell in enumerate(cells[:len(filled)]):
+            filled[column] = filled[column] or not _EMPTY_CELL.fullmatch(cell)
+    return filled
+
+
 def render_table(report: dict[str, Any]) -> str:
-    head = "".join(f'<th data-type="{kind}" scope="col">{_esc(name)}</th>' for name, kind in _columns(report))
-    rows = "\n".join(_row(report, index, layer) for index, layer in enumerate(report.get("layers") or []))
+    keep = _filled_columns(report)
+    head = "".join(f'<th data-type="{kind}" scope="col">{_esc(name)}</th>'
+                   for (name, kind), kept in zip(_columns(report), keep) if kept)
+    rows = "\n".join(_row(report, index, layer, keep) for index, layer in enumerate(report.get("layers") or []))
     # The wide table scrolls sideways inside its own box instead of running off the page.
     return (f'<div class="table-scroll"><table id="results" class="results"><thead><tr>{head}</tr></thead>'
             f'<tbody>\n{rows}\n</tbody></table></div>')
@@ -369,10 +425,12 @@ table.results td.name{text-align:left;white-space:normal;overflow-wrap:normal;wo
 table.results th{background:#f4f4f6;position:sticky;top:0;cursor:pointer;white-space:normal;vertical-align:bottom}
 table.results td.verdict,table.results td.iso-verdict{white-space:normal}table.results tr.fail td{background:#fff0ee}table.results tr.fail td.verdict{color:#b3261e;font-weight:bold}
 table.results.failures-only tr.pass{display:none}
-.controls{margin:.5em 0}.controls label{margin-right:1.5em}
+.controls{margin:.5em 0}.controls label{margin-right:1.5em}.controls details.columns{margin-top:.3em}
+#column-toggles label{margin-right:1em;white-space:nowrap;display:inline-block}
 figure{margin:.5em 0 1.5em}figcaption{font-weight:600}
 svg.plot{max-width:100%;height:auto;background:#fff}
 svg .frame{fill:none;stroke:#999}svg .grid{stroke:#e6e6e6}svg .tick,svg .axis{font:11px sans-serif;fill:#555}
+svg .xtick{font:11px ui-monospace,SFMono-Regular,Menlo,monospace;fill:#555}
 svg .line{fill:none;stroke-width:1.2}svg .point{stroke-width:0}
 svg .point.fail{stroke:#b3261e;stroke-width:1.5}
 svg .bound{stroke-width:1.6;stroke-dasharray:4 2}
@@ -380,7 +438,7 @@ svg .s-golden .line{stroke:#1f5fbf}svg .s-golden circle{fill:#1f5fbf}
 svg .s-host .line{stroke:#e07b00}svg .s-host circle{fill:#e07b00}
 svg .s-capture .line{stroke:#2c9a44}svg .s-capture circle{fill:#2c9a44}
 svg .s-budget line{stroke:#c0392b}svg .s-threshold line{stroke:#7b7b7b}
-svg .mark line{stroke-width:1.5}svg .mark text{font:11px sans-serif}
+svg .mark line{stroke-width:1.5}ul.legend code{font-size:11px;overflow-wrap:anywhere}
 svg .first-failing line{stroke:#b3261e}svg .first-failing text{fill:#b3261e}
 svg .introducing line{stroke:#8e44ad;stroke-dasharray:5 3}svg .introducing text{fill:#8e44ad}
 ul.legend{list-style:none;padding:0;margin:.2em 0;display:flex;flex-wrap:wrap;gap:.3em 1.4em;font-size:12px}
@@ -416,6 +474,16 @@ _JS = """
         var v=cell.getAttribute('data-sort');if(v===null)return -Infinity;v=parseFloat(v);return isNaN(v)?Infinity:v;}
       rows.sort(function(a,b){var x=key(a),y=key(b);var c=numeric?(x-y||0):(x<y?-1:x>y?1:0);return asc?c:-c;});
       rows.forEach(function(row){body.appendChild(row);});});});
+  var toggles=document.getElementById('column-toggles');
+  Array.prototype.forEach.call(table.tHead.rows[0].cells,function(th,column){
+    if(column<2)return;  // the index and the name always stay
+    var box=document.createElement('input');box.type='checkbox';box.checked=true;
+    var label=document.createElement('label');label.appendChild(box);
+    label.appendChild(document.createTextNode(' '+th.textContent));toggles.appendChild(label);
+    box.addEventListener('change',function(){
+      var show=box.checked?'':'none';th.style.display=show;
+      Array.prototype.forEach.call(table.tBodies[0].rows,function(row){
+        if(row.cells[column])row.cells[column].style.display=show;});});});
 })();
 """
 
@@ -429,12 +497,12 @@ def _summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     budget = report.get("budget") or {}
     rows = [
         ("golden bundle", printable(report.get("golden"))),
-        ("subject", f"{printable(subject.get('name') or subject.get('spec') or '?')} (spec {printable(subject.get('spec'))})"),
+        ("subject", f"{subject_name(subject.get('name'), subject.get('spec'))} (spec {printable(subject.get('spec'))})"),
         ("golden host", f"{host_text(hosts.get('golden'))}; impl {printable(report.get('golden_impl'))}"),
         ("candidate host" if report.get("candidate") else "this host", f"{host_text(hosts.get('here'))}; impl {printable(report.get('impl'))} on {printable(report.get('device'))}"),
         ("policy", printable(policy.get("source") or "?")
          + ("; layers replayed on golden inputs (--isolate)" if report.get("isolate") else "")),
-        ("rules", ", ".join(f"{name}: {count} tensors" for name, count in rules.items()) or "no tensor compared"),
+        ("rules", ", ".join(f"{name}: {plural(count, 'tensor')}" for name, count in rules.items()) or "no tensor compared"),
         ("error budget", f"mode {budget.get('mode', '?')}; " + ("checked" if budget.get("checked") else "not checked")),
         ("tensors", f"{summary.get('layers', 0)}: {summary.get('passing', 0)} pass, {summary.get('failing', 0)} fail"
          + (f", {summary['fused_here']} fused here" if summary.get("fused_here") else "")
@@ -478,7 +546,7 @@ def render_html(report: dict[str, Any]) -> str:
     verdict = verdict_line(report)
     subject = report.get("subject") or {}
     command = "diff" if "candidate" in report else "compare"  # a diff report names its candidate bundle
-    title = f"parity {command}: {printable(subject.get('name') or subject.get('spec') or '?', limit=120)}: {verdict}"
+    title = f"parity {command}: {subject_name(subject.get('name'), subject.get('spec'))[:120]}: {verdict}"
     summary = "".join(f"<tr><th>{_esc(key)}</th><td>{_esc(value, 4000)}</td></tr>" for key, value in _summary_rows(report))
     warnings = [d.get("message") or d.get("key") for d in report.get("fingerprint_differences") or []]
     warnings += [w for w in report.get("warnings") or [] if w not in warnings]
@@ -495,7 +563,7 @@ def render_html(report: dict[str, Any]) -> str:
 </head>
 <body>
 <header>
-<h1>parity {command}: {_esc(subject.get('name') or subject.get('spec') or '?', 200)}</h1>
+<h1>parity {command}: {_esc(subject_name(subject.get('name'), subject.get('spec')), 200)}</h1>
 <p id="verdict" class="verdict {'pass' if passed else 'fail'}" data-passed="{'true' if passed else 'false'}">{_esc(verdict, 1000)}</p>
 </header>
 <section id="summary"><h2>Summary</h2><table class="kv"><tbody>{summary}</tbody></table></section>
@@ -508,7 +576,8 @@ error budget's bound on this host's.</p>
 {_failures(report)}
 <section id="table"><h2>Every tensor</h2>
 <div id="controls" class="controls" hidden="hidden"><label><input type="checkbox" id="failures-only"/> failures only</label>
-<label>layer name contains <input type="search" id="name-filter"/></label> (click a column header to sort)</div>
+<label>layer name contains <input type="search" id="name-filter"/></label> (click a column header to sort)
+<details class="columns"><summary>columns shown</summary><span id="column-toggles"></span></details></div>
 {render_table(report)}
 </section>
 <footer>Written by parity from the JSON report (format {_esc(report.get('format'))} version {_esc(report.get('version'))}); self-contained, no network.</footer>

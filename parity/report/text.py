@@ -57,7 +57,7 @@ from typing import Any
 from tabulate import tabulate
 
 from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_ratio, format_shape
-from parity.base.text import printable
+from parity.base.text import plural, printable, subject_name
 from parity.judge.policy import MISMATCH_ALTERNATIVES
 from parity.judge.results import CompareReport, TensorResult, unrelaxable_checks, verdict_line, would_pass_text
 
@@ -370,17 +370,17 @@ def rules_text(report: CompareReport) -> str:
 
 
 def header_lines(report: CompareReport) -> list[str]:
-    subject = report.subject.get("name") or report.subject.get("spec") or "?"
+    subject = subject_name(report.subject.get("name"), report.subject.get("spec"))
     if report.candidate is None:
         lines = [
-            f"parity compare: {printable(report.golden)} (subject {printable(subject)}, {len(report.layers)} tensors)",
+            f"parity compare: {printable(report.golden)} (subject {subject}, {plural(len(report.layers), 'tensor')})",
             f"  golden host: {printable(host_text(report.hosts['golden']))}; impl {printable(report.golden_impl)}",
             f"  this host:   {host_text(report.hosts['here'])}; impl {report.impl} on {report.device}",
         ]
     else:
         lines = [
             f"parity diff: golden {printable(report.golden)} vs candidate {printable(report.candidate)} "
-            f"(subject {printable(subject)}, {len(report.layers)} tensors; nothing was run)",
+            f"(subject {subject}, {plural(len(report.layers), 'tensor')}; nothing was run)",
             f"  golden host:    {printable(host_text(report.hosts['golden']))}; impl {printable(report.golden_impl)}",
             f"  candidate host: {printable(host_text(report.hosts['here']))}; impl {printable(report.impl)} on "
             f"{printable(report.device)}",

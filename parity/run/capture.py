@@ -168,7 +168,7 @@ def capture(
 
         recorder = Recorder(module, store, layers=layers, record_inputs=record_inputs, copy=False)  # checks the globs
         inputs = runner.make_inputs()
-        say(f"{runner.name}: {len(recorder.modules)} modules selected; inputs made on the CPU")
+        say(f"{runner.name}: {plural(len(recorder.modules), 'module')} selected; inputs made on the CPU")
         for name, tensor in inputs.tensors.items():
             writer.add("input", name, tensor)
         weights_info = None

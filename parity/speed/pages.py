@@ -1,7 +1,9 @@
 """The profile and bench reports as self-contained HTML pages, drawn from their JSON documents.
 
-Inline CSS and inline SVG bar charts, no script, no external URL, font or image: a page opened
-from an artifact store shows everything. Every string from a document (module and kernel names
+Inline CSS and inline SVG bar charts, no external URL, font or image: a page opened from an
+artifact store shows everything. The profile page's tables (largest rows first, nsys's columns,
+times as integers in one unit per table) sort and filter with a few lines of inline script and
+fold past their largest rows behind a "show all" box that works without it. Every string from a document (module and kernel names
 come from a model or an imported CSV) is escaped. Pages fit a 1024-pixel window: tables wrap
 long names at dots and underscores (``overflow-wrap:anywhere``) instead of widening the page.
 """
@@ -12,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parity.base.text import printable
-from .tables import against_table, against_title, fmt_percent, fmt_time, time_unit
+from .tables import against_table, against_title, amdahl_text, fmt_integer_time, fmt_percent, fmt_time, integer_time_unit, time_unit
 
 BAR_WIDTH, BAR_HEIGHT, BAR_LABEL = 900, 22, 330
 MAX_BARS = 15
@@ -32,12 +34,48 @@ table.view td.name,table.view th.name{text-align:left;white-space:normal;overflo
 table.view td.text{text-align:left;white-space:normal;overflow-wrap:break-word}
 table.view th{background:#f4f4f6;white-space:normal}
 table.view tr.fail td{background:#fff0ee}
+.table-scroll{overflow-x:auto;max-width:100%}
+table.sortable th{cursor:pointer;position:sticky;top:0}
+input.show-all{margin:.3em .3em .3em 0}label.show-all{font-size:12px;color:#555}
+input.show-all:not(:checked)~.table-scroll table:not(.filtering) tr.extra{display:none}
+.view-controls{margin:.3em 0;font-size:12px}
 svg.bars{max-width:100%;height:auto;background:#fff}
 svg.bars text{font:12px ui-monospace,monospace;fill:#333}svg.bars rect.bar{fill:#1f5fbf}
 svg.bars rect.bar.hot{fill:#e07b00}svg.bars rect.bar.fail{fill:#b3261e}svg.bars rect.bar.base{fill:#7b7b7b}
 svg.bars line.one{stroke:#555;stroke-dasharray:4 2}
 footer{margin-top:2em;color:#777;font-size:12px}
 @media (max-width:1100px){body{padding:0 .5em}}
+"""
+
+
+# Sorting (click a header) and a name filter for every sortable table. The filter is hidden until
+# this runs, so a page opened without JavaScript shows no control that does nothing. A folded
+# table (data-fold) keeps its largest rows in view: after a sort, the first rows of the new order.
+_SORT_JS = """
+(function(){
+  function refold(table){var n=parseInt(table.getAttribute('data-fold')||'0',10);if(!n)return;
+    Array.prototype.forEach.call(table.tBodies[0].rows,function(row,i){row.classList.toggle('extra',i>=n);});}
+  Array.prototype.forEach.call(document.querySelectorAll('table.sortable'),function(table){
+    Array.prototype.forEach.call(table.tHead.rows[0].cells,function(th,column){
+      th.addEventListener('click',function(){
+        var numeric=th.getAttribute('data-type')==='num',dir=th.getAttribute('data-dir');
+        var asc=numeric?dir==='desc':dir!=='asc';  // numbers: largest first on the first click
+        Array.prototype.forEach.call(table.tHead.rows[0].cells,function(other){other.removeAttribute('data-dir');});
+        th.setAttribute('data-dir',asc?'asc':'desc');
+        var body=table.tBodies[0],rows=Array.prototype.slice.call(body.rows);
+        function key(row){var cell=row.cells[column];if(!numeric)return cell.textContent;
+          var v=cell.getAttribute('data-sort');v=parseFloat(v===null?cell.textContent.replace(/,/g,''):v);
+          return isNaN(v)?-Infinity:v;}
+        rows.sort(function(a,b){var x=key(a),y=key(b);var c=numeric?(x-y||0):(x<y?-1:x>y?1:0);return asc?c:-c;});
+        rows.forEach(function(row){body.appendChild(row);});refold(table);});});});
+  Array.prototype.forEach.call(document.querySelectorAll('input.name-filter'),function(input){
+    var table=document.getElementById(input.getAttribute('data-table'));if(!table)return;
+    input.parentNode.hidden=false;
+    input.addEventListener('input',function(){var text=input.value.toLowerCase();
+      table.classList.toggle('filtering',!!text);
+      Array.prototype.forEach.call(table.tBodies[0].rows,function(row){
+        row.style.display=(!text||row.getAttribute('data-name').toLowerCase().indexOf(text)>=0)?'':'none';});});});
+})();
 """
 
 
@@ -54,7 +92,8 @@ def _num(value: Any) -> float | None:
         return None
 
 
-def _page(title: str, heading: str, verdict: str, verdict_class: str, body: str, document: Mapping[str, Any]) -> str:
+def _page(title: str, heading: str, verdict: str, verdict_class: str, body: str, document: Mapping[str, Any],
+          script: str = "") -> str:
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -70,6 +109,7 @@ def _page(title: str, heading: str, verdict: str, verdict_class: str, body: str,
 </header>
 {body}
 <footer>Written by parity from the JSON report (format {_esc(document.get('format'))} version {_esc(document.get('version'))}); self-contained, no network.</footer>
+{f"<script>{script}</script>" if script else ""}
 </body>
 </html>
 """
@@ -121,26 +161,54 @@ def bar_chart(bars: Sequence[tuple[str, float, str]], *, label: str, reference: 
 # profile
 
 
-def _view_table(rows: Sequence[Mapping[str, Any]], *, name_header: str, wall: bool, kind: bool = False) -> str:
-    unit, scale = time_unit([(_num(r.get("total_ns")) or 0) / 1e9 for r in rows])
-    headers = [name_header] + (["kind"] if kind else []) + ["calls", f"total {unit}", f"average {unit}",
-                                                            f"median {unit}", f"min {unit}", f"max {unit}",
-                                                            "% device"] + (["% wall"] if wall else [])
-    head = "".join(f'<th{" class=name" if i == 0 else ""}>{_esc(h)}</th>' for i, h in enumerate(headers))
+VIEW_ROWS = 15  # rows of a profile table shown before "show all": the top of a sorted table
+
+
+def _time_columns() -> list[tuple[str, str]]:
+    """(row key, header) of a view's time columns, as nsys: total, avg, median, min, max, stddev."""
+    return [("total_ns", "total"), ("avg_ns", "avg"), ("median_ns", "median"), ("min_ns", "min"),
+            ("max_ns", "max"), ("stddev_ns", "stddev")]
+
+
+def _view_table(rows: Sequence[Mapping[str, Any]], *, key: str, name_header: str, wall: bool,
+                kind: bool = False) -> str:
+    """One profile view as nsys's ``cuda_gpu_kern_sum`` shows kernels: largest total first, times
+    as integers in the unit the table calls for (:func:`integer_time_unit`), a standard deviation
+    column; sortable and filterable where JavaScript runs. Rows past VIEW_ROWS are folded behind a
+    "show all" box (a checkbox and CSS, so it works without JavaScript too)."""
+    rows = sorted(rows, key=lambda r: -(_num(r.get("total_ns")) or 0.0))
+    times = _time_columns()
+    # The unit comes from the times, not their spread: a small stddev reads as a small integer.
+    unit, per = integer_time_unit([_num(r.get(field)) for r in rows for field, _ in times if field != "stddev_ns"])
+    headers = ([(name_header, "text")] + ([("kind", "text")] if kind else []) + [("calls", "num")]
+               + [(f"{title} {unit}", "num") for _, title in times] + [("% device", "num")]
+               + ([("% wall", "num")] if wall else []))
+    head = "".join(f'<th data-type="{sort}"{" class=name" if i == 0 else ""} scope="col">{_esc(h)}</th>'
+                   for i, (h, sort) in enumerate(headers))
     body = []
-    for r in rows:
+    for number, r in enumerate(rows):
         cells = [f'<td class="name">{_esc(r.get("name"))}</td>']
         if kind:
             cells.append(f'<td class="text">{_esc(r.get("kind"))}</td>')
-        cells.append(f"<td>{_esc(r.get('calls'))}</td>")
-        for key in ("total_ns", "avg_ns", "median_ns", "min_ns", "max_ns"):
-            value = _num(r.get(key))
-            cells.append(f"<td>{_esc(fmt_time(None if value is None else value / 1e9, scale))}</td>")
-        cells.append(f"<td>{_esc(fmt_percent(r.get('share')))}</td>")
+        cells.append(_sort_cell(_esc(r.get("calls")), r.get("calls")))
+        cells += [_sort_cell(_esc(fmt_integer_time(r.get(field), per)), r.get(field)) for field, _ in times]
+        cells.append(_sort_cell(_esc(fmt_percent(r.get("share"))), r.get("share")))
         if wall:
-            cells.append(f"<td>{_esc(fmt_percent(r.get('wall_share')))}</td>")
-        body.append(f"<tr>{''.join(cells)}</tr>")
-    return f'<table class="view"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+            cells.append(_sort_cell(_esc(fmt_percent(r.get("wall_share"))), r.get("wall_share")))
+        extra = ' class="extra"' if number >= VIEW_ROWS else ""
+        body.append(f'<tr{extra} data-name="{_esc(r.get("name"), 100000)}">{"".join(cells)}</tr>')
+    table = (f'<div class="table-scroll"><table class="view sortable" id="table-{key}" data-fold="{VIEW_ROWS}">'
+             f'<thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>')
+    fold = (f'<input type="checkbox" class="show-all" id="all-{key}"/><label for="all-{key}" class="show-all">show all '
+            f'{len(rows)} rows (the largest {VIEW_ROWS} are shown)</label>' if len(rows) > VIEW_ROWS else "")
+    search = (f'<label class="filter" hidden="hidden">name contains <input type="search" class="name-filter" '
+              f'data-table="table-{key}"/></label>')
+    return f'<div class="view-controls">{search}</div>{fold}{table}'
+
+
+def _sort_cell(text: str, value: Any) -> str:
+    number = _num(value)
+    return f'<td data-sort="{number!r}">{text}</td>' if number is not None else f"<td>{text}</td>"
 
 
 def render_profile(document: Mapping[str, Any]) -> str:
@@ -159,7 +227,7 @@ def render_profile(document: Mapping[str, Any]) -> str:
                  ("busy", f"{_ns_text(totals.get('busy_ns'))} ({fmt_percent(totals.get('busy_share'))} of wall)")]
     if hot:
         rows.append(("hot module", f"{hot['module']}: {fmt_percent(hot['share'])} of device time; porting it could "
-                                   f"give at most {_num(hot['amdahl_bound']):.2f}x (Amdahl)"))
+                                   f"make the forward {amdahl_text(hot['amdahl_bound'])} (Amdahl)"))
     body = [f'<section id="summary"><h2>Summary</h2>{_kv(rows)}</section>', _warnings(document)]
     primary = document.get("modules") or document.get("kernels") or []
     if primary:
@@ -177,9 +245,10 @@ def render_profile(document: Mapping[str, Any]) -> str:
                                      ("ops", "Ops", "op", False), ("kernels", "Kernels", "kernel", True)):
         if document.get(key):
             body.append(f'<section id="{key}"><h2>{_esc(title)}</h2>'
-                        + _view_table(document[key], name_header=header, wall=wall, kind=kind) + "</section>")
+                        + _view_table(document[key], key=key, name_header=header, wall=wall, kind=kind)
+                        + "</section>")
     return _page(f"parity profile: {printable(name, limit=120)}", f"parity profile: {printable(name, limit=200)}",
-                 verdict, "info", "\n".join(body), document)
+                 verdict, "info", "\n".join(body), document, script=_SORT_JS)
 
 
 def _ns_text(value: Any) -> str:
@@ -193,12 +262,14 @@ def _ns_text(value: Any) -> str:
 def _against_section(against: Mapping[str, Any]) -> str:
     """The side by side (:func:`parity.speed.tables.against_table`), every cell escaped."""
     headers, cells = against_table(against)
-    head = "".join(f'<th{" class=name" if i == 0 else ""}>{_esc(h)}</th>' for i, h in enumerate(headers))
-    body = "".join('<tr><td class="name">' + "</td><td>".join(_esc(cell) for cell in row) + "</td></tr>"
-                   for row in cells)
+    head = "".join(f'<th data-type="{"num" if i else "text"}"{"" if i else " class=name"}>{_esc(h)}</th>'
+                   for i, h in enumerate(headers))
+    body = "".join(f'<tr data-name="{_esc(row[0], 100000)}"><td class="name">' + "</td><td>".join(_esc(cell) for cell in row)
+                   + "</td></tr>" for row in cells)
     title = against_title(against)
     return (f'<section id="against"><h2>{_esc(title[:1].upper() + title[1:])}</h2>'
-            f'<table class="view"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>')
+            f'<div class="table-scroll"><table class="view sortable" id="table-against"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{body}</tbody></table></div></section>')
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,7 +61,7 @@ from parity.run.runtime import check_device, check_triton_mode
 from parity.run.subjects import load_subject
 from parity.run import platform
 from .quiet import profiler_chatter_filtered
-from .tables import fmt_time, time_unit
+from .tables import amdahl_text, fmt_time, time_unit
 
 RANGE_PREFIX = "parity/"
 STEP_PREFIX = "ProfilerStep"
@@ -393,7 +393,7 @@ def headline(hot: Mapping[str, Any] | None, totals: Mapping[str, Any], what: str
     if not hot:
         return f"no module ranges: {where}"
     return (f"hot module {hot['module']}: {100 * float(hot['share']):.1f}% of {where}; porting it could make the "
-            f"forward at most {float(hot['amdahl_bound']):.2f}x faster (Amdahl)")
+            f"forward {amdahl_text(hot['amdahl_bound'])} (Amdahl)")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,11 +6,13 @@ the largest value of the column (ns, us, ms, s).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parity.report.text import TABLE_FORMAT, shorten_name
-from parity.base.text import printable
+from parity.base.numbers import format_ratio
+from parity.base.text import printable, subject_name
 from tabulate import tabulate
 
 NAME_WIDTH = 48
@@ -36,9 +38,43 @@ def time_unit(seconds: Sequence[float | None]) -> tuple[str, float]:
     return "ns", 1e9
 
 
+# The smallest non-zero time of a table, in the unit chosen for it, is at least this: two digits.
+INTEGER_DIGITS_FLOOR = 10
+
+
+def integer_time_unit(nanoseconds: Sequence[float | None]) -> tuple[str, float]:
+    """(unit, ns per unit) for a table of times shown as integers, as ``nsys stats`` and ``rocprof``
+    show ns: the largest of ms, us and ns in which the smallest non-zero time still reads as at
+    least INTEGER_DIGITS_FLOOR, so no row of the table rounds to 0 or 1 and large rows keep every
+    digit (grouped by thousands)."""
+    smallest = min((abs(v) for v in nanoseconds if v), default=None)
+    for unit, per in (("ms", 1e6), ("us", 1e3)):
+        if smallest is not None and smallest / per >= INTEGER_DIGITS_FLOOR:
+            return unit, per
+    return "ns", 1.0
+
+
+def fmt_integer_time(nanoseconds: Any, per: float) -> str:
+    """A time in ns as an integer count of the unit ``per`` ns, grouped by thousands (``12,345``)."""
+    value = _number(nanoseconds)
+    return "-" if value is None else f"{round(value / per):,}"
+
+
 def fmt_time(seconds: Any, scale: float) -> str:
     value = _number(seconds)
     return "-" if value is None else f"{value * scale:.3g}" if value * scale < 100 else f"{value * scale:.0f}"
+
+
+def amdahl_text(bound: Any) -> str:
+    """Amdahl's bound on the whole forward's speedup in words: ``at most 6.67x faster``
+    (:func:`parity.base.numbers.format_ratio`); a module that holds all the device time has no
+    bound, which ``f"{inf:.2f}x"`` would print as ``infx``."""
+    value = _number(bound)
+    if value is None or math.isnan(value):
+        return "faster by an unknown factor"
+    if math.isinf(value):
+        return "faster without bound (it holds all of the counted time)"
+    return f"at most {format_ratio(value)} faster"
 
 
 def fmt_percent(fraction: Any) -> str:
@@ -57,7 +93,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> str:
 
 def bench_text(document: Mapping[str, Any]) -> str:
     settings = document["settings"]
-    lines = [f"parity bench: subject {printable(document['subject'].get('name'))} on {document['device']}, "
+    lines = [f"parity bench: subject {subject_name(document['subject'].get('name'), document['subject'].get('spec'))} on {document['device']}, "
              f"{settings['reps']} interleaved rounds after {settings['warmup']} warm-up calls each (seed "
              f"{settings['seed']}); inputs: {printable(document['inputs'])}",
              f"cache flush: {settings['cache_flush']}; judged: {settings['judged']} against "
@@ -163,7 +199,7 @@ def profile_text(document: Mapping[str, Any], *, views: Sequence[str] = ("module
     settings = document.get("settings") or {}
     lines = []
     if document.get("subject"):
-        lines.append(f"parity profile: subject {printable(document['subject'].get('name'))}, impl "
+        lines.append(f"parity profile: subject {subject_name(document['subject'].get('name'), document['subject'].get('spec'))}, impl "
                      f"{printable(document.get('impl'))} on {document.get('device')}; {settings.get('schedule')}; "
                      f"counted: {settings.get('counted')}")
     else:

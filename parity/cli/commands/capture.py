@@ -16,6 +16,7 @@ from parity.base import dtypes
 from parity.base.errors import UsageError, require_dependency
 from parity.base.overrides import json_value, parse_overrides
 from parity.cli.options import DEPRECATED_UNTIL, HelpFormatter, add_cli_options, resolve_device
+from parity.base.text import plural
 
 # Bounds of numeric options: beyond these a value is a typo, not a wish.
 MAX_SHARD_MIB = 2**20  # 1 TiB: no single safetensors shard should be larger
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         reference_scope=args.reference_scope,
         weights_from=args.weights_from,
     )
-    print(f"wrote {result.path}: {result.layers} layers, {result.tensors} tensors, "
+    print(f"wrote {result.path}: {plural(result.layers, 'layer')}, {plural(result.tensors, 'tensor')}, "
           f"{result.bytes / 2**20:.1f} MiB; hooks on/off bitwise equal")
     return 0
 

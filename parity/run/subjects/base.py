@@ -518,7 +518,10 @@ class SubjectRunner:
         _check_json_safe(args, f"arguments of subject {spec!r}")
         self.spec = spec
         self.subject = subject
-        self.name = str(getattr(subject, "name", None) or spec)
+        # The protocol's placeholder name ("subject", a Subject subclass that names nothing) says
+        # nothing and reads "subject subject" in every message: the spec names it instead.
+        name = getattr(subject, "name", None)
+        self.name = str(name) if name and str(name) != Subject.name else spec
         self.args: dict[str, Any] = json.loads(json.dumps(args))
         impls = getattr(subject, "impls", None)
         self.impls: tuple[str, ...] | None = tuple(impls) if impls is not None else None
