@@ -314,7 +314,7 @@ def test_module_share_comes_from_the_same_calls_and_noisy_modules_are_warned():
              "new": [call(4.0, a) for a in (1.0, 1.5, 2.0, 2.5, 3.0)]}
     warnings: list[str] = []
     section = _modules_section(calls, ["layers.*.attn"], ["ref", "new"],
-                               SimpleNamespace(min_effect=0.02, seed=0), warnings)
+                               SimpleNamespace(min_effect=0.02, seed=0, equivalence=0.02), warnings)
     assert section["baseline_share"] == {"layers.*.attn": 0.8}
     new = next(row for row in section["rows"] if row["impl"] == "new")
     assert new["vs_baseline"]["speedup"] == 4.0  # median 8 / median 2
