@@ -172,8 +172,8 @@ def check_same_setup(now: Mapping[str, Any], previous: Mapping[str, Any], *, pat
             raise UsageError(f"{where} timed other inputs ({printable(shapes, limit=200)}): a regression check "
                              "compares the same shapes and dtypes")
     then_platform, now_platform = previous["platform"], now["platform"]
-    device = _first_difference({"device": previous["device"], **{k: then_platform.get(k) for k in DEVICE_KEYS}},
-                               {"device": now["device"], **{k: now_platform.get(k) for k in DEVICE_KEYS}})
+    device = _first_difference({"--device": previous["device"], **{k: then_platform.get(k) for k in DEVICE_KEYS}},
+                               {"--device": now["device"], **{k: now_platform.get(k) for k in DEVICE_KEYS}})
     if device is not None:
         raise UsageError(f"{where} ran on another device ({printable(device, limit=200)}): timings of two "
                          "devices are not a regression check")
