@@ -176,6 +176,11 @@ def test_end_to_end_same_then_regressed_then_refused(tmp_path, capsys, virtual_c
     assert rows["fast"]["status"] == "REGRESSED" and rows["fast"]["ratio"] == pytest.approx(1.2, rel=0.07)
     assert rows["reference"]["status"] == "SAME"
     assert f"; REGRESSED against {then}: fast " in regressed["verdict"]
+    from parity.speed.pages import render_bench
+
+    page = render_bench(regressed)
+    assert '<tr class="fail"><td class="name">fast</td>' in page[page.index('id="baseline-run"'):]
+    assert 'data-name="fast (then)"' in page and page.count('<g class="row then"') == 2  # the saved run, grey
     jsonschema.validate(regressed, schema_for("parity-bench-report"))
 
     # Saved on another device: refused before any timing, one line, exit 2.

@@ -231,7 +231,7 @@ def compare_runs(now_times: Mapping[str, Sequence[float]], previous: Mapping[str
             continue
         ratio, low, high = stats.bootstrap_ratio(times, then_times[impl], seed=seed, confidence=confidence)
         rows.append({"impl": impl, "then_median_s": stats.median(then_times[impl]), "now_median_s": stats.median(times),
-                     "then_n": len(then_times[impl]), "ratio": ratio, "ci_low": low, "ci_high": high,
+                     "then_n": len(then_times[impl]), "then_times_s": list(then_times[impl]), "ratio": ratio, "ci_low": low, "ci_high": high,
                      "status": regression_status(low, high, threshold)})
     regressed = [row["impl"] for row in rows if row["status"] == REGRESSED]
     return {"path": path, "threshold": threshold, "confidence": confidence,
