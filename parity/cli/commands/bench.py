@@ -12,6 +12,7 @@ from parity.base.text import printable
 from parity.base.overrides import json_value, parse_overrides
 from ._output import stderr_progress
 from parity.base import jsonformat
+from parity.speed import regression
 from ._speed_output import check_report_files, run_reporting_errors, write_reports
 
 EPILOG = """\
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from parity.run import platform
     from parity.judge.policy import policy_for_cli
     from parity.run.runtime import check_device, enable_triton_interpreter
-    from parity.speed import bench, pages, regression, tables
+    from parity.speed import bench, pages, tables
     from parity.run.subjects.base import add_cwd_to_sys_path, check_trusted, remove_from_sys_path
 
     impls = bench.parse_impls(args.impls)
