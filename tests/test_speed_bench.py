@@ -314,7 +314,7 @@ def test_module_share_comes_from_the_same_calls_and_noisy_modules_are_warned():
              "new": [call(4.0, a) for a in (1.0, 1.5, 2.0, 2.5, 3.0)]}
     warnings: list[str] = []
     section = _modules_section(calls, ["layers.*.attn"], ["ref", "new"],
-                               SimpleNamespace(min_effect=0.02, seed=0), warnings)
+                               SimpleNamespace(min_effect=0.02, seed=0, equivalence=0.02), warnings)
     assert section["baseline_share"] == {"layers.*.attn": 0.8}
     new = next(row for row in section["rows"] if row["impl"] == "new")
     assert new["vs_baseline"]["speedup"] == 4.0  # median 8 / median 2
@@ -357,3 +357,37 @@ def test_bench_page_shows_the_spread_and_a_slower_row_as_slower(tmp_path, virtua
     assert "min\u2013max" in page and "valid: parity holds" not in page
     low, high = min(slow["times_s"]), max(slow["times_s"])
     assert low < high  # the virtual clock's jitter: a spread to show
+
+
+def test_bench_page_draws_each_impls_timings_and_the_equivalence_verdict(tmp_path, virtual_clock):
+    import re
+
+    from parity.speed.pages import render_bench
+    from parity.speed.tables import bench_text
+
+    status, document = bench(tmp_path, "--subject", MATMUL_SPEC, "--impls", "reference,fast,wrong", "--reps", "9",
+                             "--no-modules", "--no-device-time")
+    page = render_bench(document)
+    plot = page[page.index('<section id="distribution">'):]
+    plot = plot[:plot.index("</section>")]
+    rows = re.findall(r'<g class="row ([a-z]*)" data-name="([^"]+)" data-n="(\d+)"', plot)
+    assert rows == [("", "reference", "9"), ("", "fast", "9"), ("fail", "wrong", "9")]  # wrong fails parity: red
+    assert plot.count("<circle") == 27 and plot.count('class="box"') == 3
+    assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    fast = by_impl(document)["fast"]["vs_baseline"]["equivalence"]
+    assert fast["equivalent"] is False and fast["margin"] == 0.02 and fast["confidence"] == 0.9  # 16x faster
+    assert "not shown within \u00b12% [" in page and "equivalence [90% CI]" in bench_text(document)
+
+
+def test_equivalence_margin_from_the_cli_and_an_equivalent_row_in_the_verdict_line(tmp_path, virtual_clock):
+    from parity.speed.bench import _verdict_line
+
+    status, document = bench(tmp_path, "--subject", MATMUL_SPEC, "--impls", "reference,fast", "--reps", "12",
+                             "--no-modules", "--no-device-time", "--equivalence", "0.5")
+    fast = by_impl(document)["fast"]["vs_baseline"]["equivalence"]
+    assert document["settings"]["equivalence"] == 0.5 and fast["margin"] == 0.5
+    assert not fast["equivalent"] and fast["ci_low"] > 1.5  # 16.5x faster is far outside +-50%
+    rows = [{"impl": "ref"}, {"impl": "twin", "vs_baseline": {"equivalence": {"equivalent": True, "margin": 0.02}}}]
+    outcomes = {"ref": outcome("baseline"), "twin": outcome("holds")}
+    assert _verdict_line("ref", outcomes, rows, "ref") == ("NO SPEEDUP: the baseline ref is the fastest; twin "
+                                                           "EQUIVALENT within \u00b12% of it")

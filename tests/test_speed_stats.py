@@ -118,3 +118,49 @@ def test_mann_whitney_p_matches_known_values():
     assert stats.mann_whitney_p([1.0, 1.0], [1.0, 1.0]) == 1.0  # all tied
     result = stats.compare(normal_sample(15, 0.3, 30, 1), normal_sample(10, 0.2, 30, 2))
     assert result.p_value < 1e-6
+
+
+def test_equivalent_within_1_percent_and_its_90_percent_interval():
+    # The candidate takes 1% longer than the baseline, with 0.5% noise: 1/1.01 = 0.990 speedup.
+    baseline = normal_sample(10.0, 0.05, 40, seed=21)
+    candidate = normal_sample(10.1, 0.05, 40, seed=22)
+    result = stats.compare(baseline, candidate, seed=0)
+    tost = result.equivalence
+    assert result.speedup == pytest.approx(1 / 1.01, abs=0.004)
+    assert tost.confidence == 0.90 and tost.margin == 0.02
+    assert tost.equivalent and result.to_dict()["equivalence"]["verdict"] == "EQUIVALENT within \u00b12%"
+    # The 90% interval comes from the same resamples as the 95% one, so it lies inside it.
+    assert result.low <= tost.low <= result.speedup <= tost.high <= result.high
+    assert tost.low > 0.98 and tost.high < 1.0
+    # At a margin of 0.5% the same data are not shown equivalent (the point estimate is 1% off).
+    assert not stats.compare(baseline, candidate, seed=0, equivalence=0.005).equivalence.equivalent
+
+
+def test_not_equivalent_when_different_or_too_noisy():
+    slower = stats.compare(normal_sample(10.0, 0.05, 40, seed=23), normal_sample(10.3, 0.05, 40, seed=24))
+    assert slower.verdict == stats.SLOWER and not slower.equivalence.equivalent
+    assert slower.equivalence.high < 0.98
+    noisy = stats.compare(normal_sample(10.0, 1.0, 10, seed=25), normal_sample(10.0, 1.0, 10, seed=26))
+    assert noisy.verdict == stats.UNCLEAR and not noisy.equivalence.equivalent  # same mean, too noisy to show
+    assert noisy.to_dict()["equivalence"]["verdict"] == "not shown within \u00b12%"
+    assert noisy.equivalence.low < 0.98 or noisy.equivalence.high > 1.02
+
+
+def test_equivalence_boundaries_and_margin():
+    assert stats.equivalent(0.98, 1.02) and stats.equivalent(0.99, 1.0)
+    assert not stats.equivalent(0.9799, 1.0) and not stats.equivalent(1.0, 1.0201)
+    assert stats.equivalent(0.96, 1.04, margin=0.05) and not stats.equivalent(0.94, 1.0, margin=0.05)
+    for margin in (0.0, 1.0, float("nan")):
+        with pytest.raises(ValueError):
+            stats.equivalent(1.0, 1.0, margin)
+
+
+def test_tost_claims_equivalence_at_the_margin_about_5_percent_of_the_time():
+    # True ratio of medians exactly 1.02, the margin itself: equivalence must not be shown more
+    # often than alpha = 5% (TOST's size); 40 replicates: 2 expected, more than 6 would be a broken rule.
+    claimed = 0
+    for replicate in range(40):
+        baseline = normal_sample(10.2, 0.1, 40, seed=300 + 2 * replicate)
+        candidate = normal_sample(10.0, 0.1, 40, seed=301 + 2 * replicate)
+        claimed += stats.compare(baseline, candidate, seed=replicate, resamples=500).equivalence.equivalent
+    assert claimed <= 6

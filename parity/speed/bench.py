@@ -27,8 +27,12 @@ Procedure (:func:`run_bench`):
    against the first impl's timed output (the baseline, not itself judged then).
 5. Statistics (:mod:`parity.speed.stats`): per impl the median, IQR, p20/p80; per candidate the
    ratio of medians over the baseline (the first impl) with a bootstrap 95% interval and a
-   verdict. A speedup is ``valid`` only for an impl whose parity holds; the report says
-   ``not valid: parity fails at TENSOR`` otherwise.
+   verdict, and the equivalence verdict (TOST: the 90% interval inside +-``equivalence``).
+   A speedup is ``valid`` only for an impl whose parity holds; the report says
+   ``not valid: parity fails at TENSOR`` otherwise. With a saved run (``previous``, a report
+   of an earlier ``bench --json``), each impl in both runs gets its time ratio now / then and a
+   REGRESSED / IMPROVED / SAME / UNCLEAR status (:mod:`parity.speed.regression`); the setup
+   check against it runs before any timing.
 6. Device time: 3 more calls of each impl under ``torch.profiler``
    (:func:`parity.speed.profile.device_time_per_call`): the time of its kernels, memcpy and
    memset per call next to the wall time (on a CPU, the CPU ops' self time), and the
@@ -41,7 +45,8 @@ Procedure (:func:`run_bench`):
    whose ids name the root's children, as the attention subject's) gets a per-case time and
    verdict, and the fast_p line: how many cases hold parity and are at least ``fast_p`` faster.
 
-The verdict: exit status 1 when the fastest impl fails parity (its speed claims nothing).
+The verdict: exit status 1 when the fastest impl fails parity (its speed claims nothing) or an
+impl REGRESSED against the saved run.
 """
 from __future__ import annotations
 
@@ -56,10 +61,11 @@ import torch
 from torch import nn
 
 from parity.run import platform
+from parity.base.text import printable
 from parity.base.errors import UsageError
 from parity.base.jsonformat import BENCH_REPORT, envelope, finite
 from parity.run.recorder import ROOT, flatten, tensor_name
-from . import clocks, stats
+from . import clocks, regression, stats
 from .profile import device_time_per_call
 from .timing import (CacheFlush, Rounds, glob_seconds, hot_group, module_rounds, protected_memory, synchronize,
                      timed_rounds)
@@ -87,6 +93,8 @@ class BenchOptions:
     modules: tuple[str, ...] | None = None  # globs; None: the hot module group, found by timing
     module_timing: bool = True
     device_time: bool = True  # a few profiled calls per impl: kernel-only time next to the wall time
+    equivalence: float = stats.DEFAULT_EQUIVALENCE
+    regression_threshold: float = regression.DEFAULT_THRESHOLD
 
     def check(self) -> None:
         if len(self.impls) < 2:
@@ -101,6 +109,10 @@ class BenchOptions:
             raise UsageError(f"--min-effect must be in [0, 1), got {self.min_effect}")
         if not (math.isfinite(self.fast_p) and self.fast_p > 0):
             raise UsageError(f"--fast-p must be a positive number, got {self.fast_p}")
+        if not (math.isfinite(self.equivalence) and 0 < self.equivalence < 1):
+            raise UsageError(f"--equivalence must be in (0, 1), got {self.equivalence}")
+        if not (math.isfinite(self.regression_threshold) and 0 < self.regression_threshold < 1):
+            raise UsageError(f"--regression-threshold must be in (0, 1), got {self.regression_threshold}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,6 +153,12 @@ def prepare(subject: str | None, subject_args: Mapping[str, Any] | None, *, impl
     runner.check_inputs(inputs)
     modules = {impl: runner.build(impl, state=state, device=device) for impl in impls}
     return Prepared(runner, inputs, modules, bundle, source)
+
+
+def input_shapes(inputs: Any) -> dict[str, dict[str, Any]]:
+    """Each input tensor's dtype and shape: what a saved run must match to be compared."""
+    return {name: {"dtype": str(tensor.dtype).removeprefix("torch."), "shape": list(tensor.shape)}
+            for name, tensor in sorted(inputs.tensors.items())}
 
 
 def _forward(prepared: Prepared, impl: str) -> Any:
@@ -240,8 +258,10 @@ def case_ids(prepared: Prepared) -> list[str]:
 
 def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = None, bundle: Any | None = None,
               options: BenchOptions, device: torch.device | str = "cpu", policy: Any = None,
-              trusted: Sequence[str] = (), progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the benchmark and return the report document (``parity-bench-report``)."""
+              trusted: Sequence[str] = (), progress: Callable[[str], None] | None = None,
+              previous: Mapping[str, Any] | None = None, previous_path: str = "") -> dict[str, Any]:
+    """Run the benchmark and return the report document (``parity-bench-report``); with
+    ``previous`` (a saved report, :func:`parity.speed.regression.load_previous`), compared with it."""
 
     options.check()
     started = time.monotonic()
@@ -251,6 +271,10 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
     impls = list(options.impls)
     prepared = prepare(subject, subject_args, impls=impls, device=device, bundle=bundle, trusted=trusted)
     say(f"{prepared.runner.name}: {len(impls)} impls on {device}; inputs from {prepared.source}")
+    identity = {"subject": prepared.runner.describe(), "device": str(device),
+                "platform": platform.fingerprint(device), "input_shapes": input_shapes(prepared.inputs)}
+    setup_warnings = (regression.check_same_setup(identity, previous, path=previous_path, impls=impls)
+                      if previous is not None else [])
 
     first_call: dict[str, float] = {}
     for impl in impls:
@@ -279,8 +303,8 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
     summaries = {impl: stats.summarize(times[impl]) for impl in impls}
     baseline = impls[0]
     rows, timing_warnings = impl_rows(times, outcomes, impls, min_effect=options.min_effect, seed=options.seed,
-                                      first_call=first_call, rounds=rounds)
-    warnings: list[str] = watch.warnings() + timing_warnings
+                                      first_call=first_call, rounds=rounds, equivalence=options.equivalence)
+    warnings: list[str] = setup_warnings + watch.warnings() + timing_warnings
     fastest = min(impls, key=lambda impl: summaries[impl].median)
     if options.device_time:
         say("device time: 3 profiled calls of each impl")
@@ -296,14 +320,25 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
         if cases:
             fast_p_section = _fast_p_section(calls, cases, impls, options, outcomes)
 
-    passed = outcomes[fastest].holds
+    against = None
     verdict = _verdict_line(fastest, outcomes, rows, baseline)
+    if previous is not None:
+        against = regression.compare_runs(times, previous, path=previous_path,
+                                          threshold=options.regression_threshold, seed=options.seed)
+        if (previous.get("settings") or {}).get("cache_flush") != flush.note:
+            warnings.append(f"--baseline {printable(previous_path, limit=200)}: its cache flush was "
+                            f"{(previous.get('settings') or {}).get('cache_flush')!r}, this run's {flush.note!r}: "
+                            "cold and warm caches time differently")
+        verdict += "; " + against["line"]
+    passed = outcomes[fastest].holds and not (against and against["regressed"])
     document = {
         **envelope(BENCH_REPORT),
         "subject": prepared.runner.describe(), "bundle": str(prepared.bundle.path) if prepared.bundle else None,
-        "inputs": prepared.source, "device": str(device), "platform": platform.fingerprint(device),
+        "inputs": prepared.source, "input_shapes": identity["input_shapes"], "device": str(device),
+        "platform": identity["platform"],
         "settings": {"impls": impls, "baseline": baseline, "warmup": options.warmup, "reps": options.reps,
                      "seed": options.seed, "min_effect": options.min_effect, "fast_p": options.fast_p,
+                     "equivalence": options.equivalence, "equivalence_confidence": stats.EQUIVALENCE_CONFIDENCE,
                      "confidence": stats.DEFAULT_CONFIDENCE, "resamples": stats.DEFAULT_RESAMPLES,
                      "cache_flush": flush.note, "cache_flush_bytes": flush.nbytes,
                      "timer": "host clock between whole-device synchronisations",
@@ -318,7 +353,7 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
                      "orders": orders[:5]},
         "clocks": watch.to_dict(),
         "impls": rows, "fastest": fastest, "passed": passed, "verdict": verdict,
-        "modules": modules_section, "cases": fast_p_section,
+        "modules": modules_section, "cases": fast_p_section, "baseline_run": against,
         "warnings": warnings, "seconds": time.monotonic() - started,
     }
     return finite(document)
@@ -326,8 +361,8 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
 
 def impl_rows(times: Mapping[str, Sequence[float]], outcomes: Mapping[str, ParityOutcome], impls: Sequence[str], *,
               min_effect: float = stats.DEFAULT_MIN_EFFECT, seed: int = 0,
-              first_call: Mapping[str, float] | None = None,
-              rounds: Rounds | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+              first_call: Mapping[str, float] | None = None, rounds: Rounds | None = None,
+              equivalence: float = stats.DEFAULT_EQUIVALENCE) -> tuple[list[dict[str, Any]], list[str]]:
     """The whole forward's row of each impl (statistics, speedup over the first impl, parity, valid
     or not) and the warnings they raise: noisy timings (IQR/median above 0.1), a speedup above 10x,
     an output buffer reused between calls. A pure function of the timings and the parity outcomes."""
@@ -350,7 +385,8 @@ def impl_rows(times: Mapping[str, Sequence[float]], outcomes: Mapping[str, Parit
                                 "fresh output); that output was NaN-poisoned before each call, so parity says "
                                 "whether the timed call really rewrote it")
         if impl != baseline:
-            comparison = stats.compare(times[baseline], times[impl], min_effect=min_effect, seed=seed, what=impl)
+            comparison = stats.compare(times[baseline], times[impl], min_effect=min_effect, seed=seed, what=impl,
+                                       equivalence=equivalence)
             warnings.extend(comparison.warnings)
             row["vs_baseline"] = comparison.to_dict()
             row["valid"] = outcomes[impl].holds and outcomes[baseline].holds
@@ -402,7 +438,10 @@ def _verdict_line(fastest: str, outcomes: Mapping[str, ParityOutcome], rows: lis
         return (f"SPEEDUP NOT VALID: the fastest impl, {fastest}, fails parity at {outcome.failing[0]} "
                 f"({len(outcome.failing)} of {outcome.tensors} tensors fail)")
     if fastest == baseline:
-        return f"NO SPEEDUP: the baseline {baseline} is the fastest"
+        shown = [row["impl"] for row in rows[1:] if row["vs_baseline"].get("equivalence", {}).get("equivalent")]
+        margin = rows[1]["vs_baseline"].get("equivalence", {}).get("margin") if len(rows) > 1 else None
+        return (f"NO SPEEDUP: the baseline {baseline} is the fastest"
+                + (f"; {', '.join(shown)} {stats.equivalence_text(margin, True)} of it" if shown and margin else ""))
     row = next(row for row in rows if row["impl"] == fastest)
     cmp = row["vs_baseline"]
     if not row["valid"]:
@@ -433,7 +472,8 @@ def _modules_section(calls, patterns, impls, options, warnings) -> dict[str, Any
                 warnings.append(noisy)
             if impl != baseline and min(per_impl[impl]) > 0:
                 comparison = stats.compare(per_impl[baseline], per_impl[impl], min_effect=options.min_effect,
-                                           seed=options.seed, what=f"{impl} {pattern}")
+                                           seed=options.seed, what=f"{impl} {pattern}",
+                                           equivalence=options.equivalence)
                 warnings.extend(comparison.warnings)
                 row["vs_baseline"] = comparison.to_dict()
                 row["amdahl_whole_forward"] = stats.amdahl(min(1.0, share), comparison.speedup)
@@ -466,7 +506,7 @@ def _fast_p_section(calls, cases, impls, options, outcomes) -> dict[str, Any]:
 
 
 def exit_status(document: Mapping[str, Any]) -> int:
-    """0 when the fastest impl holds parity, 1 when it fails (its speed claims nothing)."""
+    """0 when the fastest impl holds parity and none regressed against a saved run, else 1."""
     return 0 if document["passed"] else 1
 
 
@@ -477,5 +517,5 @@ def parse_impls(text: str) -> tuple[str, ...]:
     return impls
 
 
-__all__ = ["BenchOptions", "Prepared", "exit_status", "impl_rows", "judge_outputs", "parse_impls", "prepare",
-           "run_bench"]
+__all__ = ["BenchOptions", "Prepared", "exit_status", "impl_rows", "input_shapes", "judge_outputs", "parse_impls",
+           "prepare", "run_bench"]

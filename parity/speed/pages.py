@@ -14,10 +14,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parity.base.text import printable
-from .tables import against_table, against_title, amdahl_text, fmt_integer_time, fmt_percent, fmt_time, integer_time_unit, time_unit
+from . import stats
+from .tables import (against_run_title, against_table, against_title, amdahl_text, equivalence_cell,
+                     fmt_integer_time, fmt_percent, fmt_time, integer_time_unit, ratio_cell, time_unit)
 
 BAR_WIDTH, BAR_HEIGHT, BAR_LABEL = 900, 22, 330
 MAX_BARS = 15
+STRIP_WIDTH, STRIP_ROW, STRIP_LABEL, STRIP_AXIS = 900, 34, 230, 28
+MAX_POINTS = 400  # points drawn per row; the box is computed from every timing
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5em auto;max-width:1200px;padding:0 1em;color:#1d1d1f}
@@ -43,6 +47,13 @@ svg.bars{max-width:100%;height:auto;background:#fff}
 svg.bars text{font:12px ui-monospace,monospace;fill:#333}svg.bars rect.bar{fill:#1f5fbf}
 svg.bars rect.bar.hot{fill:#e07b00}svg.bars rect.bar.fail{fill:#b3261e}svg.bars rect.bar.base{fill:#7b7b7b}
 svg.bars line.one{stroke:#555;stroke-dasharray:4 2}
+svg.strip{max-width:100%;height:auto;background:#fff}svg.strip text{font:12px ui-monospace,monospace;fill:#333}
+svg.strip .box{fill:#dbe6f7;stroke:#1f5fbf}svg.strip .median{stroke:#1f5fbf;stroke-width:2}
+svg.strip .whisker{stroke:#1f5fbf}svg.strip circle{fill:#1f5fbf;fill-opacity:.45}
+svg.strip .fail .box{fill:#fbe0dc;stroke:#b3261e}svg.strip .fail .median,svg.strip .fail .whisker{stroke:#b3261e}
+svg.strip .fail circle{fill:#b3261e}svg.strip .then .box{fill:#eee;stroke:#7b7b7b}
+svg.strip .then .median,svg.strip .then .whisker{stroke:#7b7b7b}svg.strip .then circle{fill:#7b7b7b}
+svg.strip .axis line{stroke:#999}svg.strip .grid{stroke:#eee}
 footer{margin-top:2em;color:#777;font-size:12px}
 @media (max-width:1100px){body{padding:0 .5em}}
 """
@@ -153,6 +164,61 @@ def bar_chart(bars: Sequence[tuple[str, float, str]], *, label: str, reference: 
     if reference:
         x = BAR_LABEL + span * reference / top
         parts.append(f'<line class="one" x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{height}"/>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def strip_plot(rows: Sequence[tuple[str, Sequence[float], str]], *, label: str) -> str:
+    """Each row's timings (seconds) as a box plot (q1 to q3, the median, whiskers to min and max)
+    over its points, on one shared time axis; ``(name, times, css class)``. Points are spread
+    vertically by their index, so equal times stay visible; at most :data:`MAX_POINTS` per row
+    (every k-th of the sorted times) are drawn."""
+    rows = [(name, [t for t in (_num(v) for v in times) if t is not None], css) for name, times, css in rows]
+    rows = [row for row in rows if row[1]]
+    if not rows:
+        return ""
+    low = min(min(times) for _, times, _ in rows)
+    high = max(max(times) for _, times, _ in rows)
+    pad = (high - low) * 0.05 or abs(high) * 0.05 or 1e-9
+    low, high = max(0.0, low - pad), high + pad
+    unit, scale = time_unit([high])
+    span = STRIP_WIDTH - STRIP_LABEL - 20
+
+    def x_of(value: float) -> float:
+        return STRIP_LABEL + span * (value - low) / (high - low)
+
+    height = STRIP_ROW * len(rows) + STRIP_AXIS
+    parts = [f'<svg class="strip" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {STRIP_WIDTH} {height}" '
+             f'width="{STRIP_WIDTH}" height="{height}" role="img" aria-label="{_esc(label)}">']
+    ticks = [low + (high - low) * k / 5 for k in range(6)]
+    axis_y = STRIP_ROW * len(rows) + 4
+    parts.append('<g class="axis">')
+    for tick in ticks:
+        x = x_of(tick)
+        parts.append(f'<line class="grid" x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{axis_y}"/>'
+                     f'<text x="{x:.1f}" y="{axis_y + 16}" text-anchor="middle">{_esc(fmt_time(tick, scale))}</text>')
+    parts.append(f'<text x="{STRIP_LABEL - 6}" y="{axis_y + 16}" text-anchor="end">{_esc(unit)}</text></g>')
+    for index, (name, times, css) in enumerate(rows):
+        summary = stats.summarize(times)
+        middle = index * STRIP_ROW + STRIP_ROW / 2
+        shown = printable(name, limit=2000)
+        short = shown if len(shown) <= 30 else shown[:12] + "\u2026" + shown[-17:]
+        parts.append(f'<g class="row {css}" data-name="{_esc(name, 100000)}" data-n="{summary.n}" '
+                     f'data-median="{summary.median!r}"><title>{_esc(name)}: median '
+                     f'{_esc(fmt_time(summary.median, scale))} {unit}, IQR {_esc(fmt_time(summary.iqr, scale))} '
+                     f'{unit}, {summary.n} timings</title>'
+                     f'<text x="{STRIP_LABEL - 6}" y="{middle + 4:.1f}" text-anchor="end">{_esc(short)}</text>'
+                     f'<line class="whisker" x1="{x_of(summary.min):.1f}" y1="{middle:.1f}" '
+                     f'x2="{x_of(summary.max):.1f}" y2="{middle:.1f}"/>'
+                     f'<rect class="box" x="{x_of(summary.q1):.1f}" y="{middle - 9:.1f}" '
+                     f'width="{max(1.0, x_of(summary.q3) - x_of(summary.q1)):.1f}" height="18"/>'
+                     f'<line class="median" x1="{x_of(summary.median):.1f}" y1="{middle - 11:.1f}" '
+                     f'x2="{x_of(summary.median):.1f}" y2="{middle + 11:.1f}"/>')
+        ordered = sorted(times)
+        step = max(1, -(-len(ordered) // MAX_POINTS))
+        for k, value in enumerate(ordered[::step]):
+            parts.append(f'<circle cx="{x_of(value):.1f}" cy="{middle + ((k * 5) % 11 - 5) * 1.4:.1f}" r="2.2"/>')
+        parts.append("</g>")
     parts.append("</svg>")
     return "".join(parts)
 
@@ -289,13 +355,17 @@ def render_bench(document: Mapping[str, Any]) -> str:
                    ("clock throttling", (document.get("clocks") or {}).get("summary", "not recorded")),
                    ("judged", f"{settings.get('judged')} against {settings.get('judged_against')}"),
                    ("verdict rule", f"FASTER/SLOWER only when the {100 * (_num(settings.get('confidence')) or 0.95):.0f}% "
-                                    f"interval clears 1 \u00b1 {_num(settings.get('min_effect'))}")])
+                                    f"interval clears 1 \u00b1 {_num(settings.get('min_effect'))}"),
+                   ("equivalence rule", "EQUIVALENT when the "
+                                        f"{100 * (_num(settings.get('equivalence_confidence')) or 0.9):.0f}% interval lies "
+                                        f"inside 1 \u00b1 {_num(settings.get('equivalence'))} (two one-sided tests)"
+                                        if settings.get("equivalence") is not None else "not recorded")])
     unit, scale = time_unit([_num(r["summary"]["median"]) for r in rows])
     device = any("device_time" in r for r in rows)
     head = "".join(f"<th{' class=name' if i == 0 else ''}>{_esc(h)}</th>" for i, h in enumerate(
         ["impl", f"median {unit}", f"IQR {unit}", f"p20\u2013p80 {unit}", f"min\u2013max {unit}", "n"]
         + ([f"device {unit} (speedup)"] if device else [])
-        + ["speedup [95% CI]", "verdict", "parity", "speedup valid?"]))
+        + ["speedup [95% CI]", "verdict", "equivalence [90% CI]", "parity", "speedup valid?"]))
     body = []
     bars = []
     for r in rows:
@@ -316,10 +386,11 @@ def render_bench(document: Mapping[str, Any]) -> str:
                          f"{'' if ratio is None else f'<br/>({ratio:.3f}x)'}</td>")
         if cmp:
             cells += [f"<td>{_num(cmp['speedup']):.3f}x<br/>[{_num(cmp['ci_low']):.3f}, {_num(cmp['ci_high']):.3f}]</td>",
-                      f"<td>{_esc(cmp['verdict'])}</td>"]
+                      f"<td>{_esc(cmp['verdict'])}</td>",
+                      f'<td class="text">{_esc(equivalence_cell(cmp.get("equivalence")))}</td>']
             bars.append((r["impl"], _num(cmp["speedup"]) or 0.0, "fail" if not r.get("valid") else ""))
         else:
-            cells += ["<td>baseline</td>", "<td>-</td>"]
+            cells += ["<td>baseline</td>", "<td>-</td>", "<td>-</td>"]
             bars.append((r["impl"], 1.0, "base"))
         cells.append(f'<td class="text">{_esc(parity.get("status"))}</td>')
         cells.append(f'<td class="text">{_esc(r.get("validity", "-"))}</td>')
@@ -329,7 +400,8 @@ def render_bench(document: Mapping[str, Any]) -> str:
              '<section id="chart"><h2>Speedup over the baseline (whole forward; red: not valid, parity fails)</h2>'
              + bar_chart(bars, label="speedup over the baseline", reference=1.0, value_text=lambda v: f"{v:.2f}x")
              + "</section>",
-             f'<section id="impls"><h2>Whole forward</h2>{table}</section>']
+             f'<section id="impls"><h2>Whole forward</h2>{table}</section>',
+             _distribution_section(document), _against_run_section(document.get("baseline_run"))]
     modules = document.get("modules")
     if modules and modules.get("rows"):
         munit, mscale = time_unit([_num(r["summary"]["median"]) for r in modules["rows"]])
@@ -363,3 +435,37 @@ def render_bench(document: Mapping[str, Any]) -> str:
     return _page(f"parity bench: {printable(subject.get('name'), limit=120)}",
                  f"parity bench: {printable(subject.get('name'), limit=200)}", document.get("verdict") or "",
                  "pass" if passed else "fail", "\n".join(p for p in parts if p), document)
+
+
+def _distribution_section(document: Mapping[str, Any]) -> str:
+    """Every timing of each impl (and of the saved run's, grey, with --baseline) as a box over its points."""
+    against = document.get("baseline_run") or {}
+    then = {row["impl"]: row.get("then_times_s") or [] for row in against.get("rows") or []}
+    rows = []
+    for r in document.get("impls") or []:
+        css = "fail" if (r.get("parity") or {}).get("status") == "fails" else ""
+        rows.append((r["impl"], r.get("times_s") or [], css))
+        if then.get(r["impl"]):
+            rows.append((f"{r['impl']} (then)", then[r["impl"]], "then"))
+    plot = strip_plot(rows, label="timings of the whole forward per implementation")
+    if not plot:
+        return ""
+    return ('<section id="distribution"><h2>Timings of the whole forward (box: q1 to q3 and the median; whiskers: '
+            'min to max; red: parity fails' + ("; grey: the saved run" if then else "") + ")</h2>" + plot + "</section>")
+
+
+def _against_run_section(against: Mapping[str, Any] | None) -> str:
+    if not against:
+        return ""
+    rows = against.get("rows") or []
+    unit, scale = time_unit([_num(r["then_median_s"]) for r in rows] + [_num(r["now_median_s"]) for r in rows])
+    head = "".join(f"<th{' class=name' if i == 0 else ''}>{_esc(h)}</th>" for i, h in enumerate(
+        ["impl", f"then median {unit}", f"now median {unit}", "now / then [95% CI]", "status"]))
+    body = "".join(
+        f'<tr class="{"fail" if r["status"] == "REGRESSED" else "pass"}"><td class="name">{_esc(r["impl"])}</td>'
+        f'<td>{_esc(fmt_time(r["then_median_s"], scale))}</td><td>{_esc(fmt_time(r["now_median_s"], scale))}</td>'
+        f'<td>{_esc(ratio_cell(r))}</td><td class="text">{_esc(r["status"])}</td></tr>' for r in rows)
+    title = against_run_title(against)
+    return (f'<section id="baseline-run"><h2>{_esc(title[:1].upper() + title[1:])}</h2>'
+            f'<p>{_esc(against.get("line"))}</p>'
+            f'<table class="view"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>')

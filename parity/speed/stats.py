@@ -14,6 +14,15 @@ Verdict (NVBench's compare is the anchor: a difference is named only when it cle
 - ``SAME`` when the whole interval lies inside ``[1 - min_effect, 1 + min_effect]``;
 - ``UNCLEAR`` otherwise (the data cannot tell; more repetitions or a quieter machine may).
 
+Equivalence (two one-sided tests, TOST; Schuirmann 1987, J. Pharmacokinet. Biopharm. 15:657):
+``EQUIVALENT within +-m`` when the ``1 - 2*alpha`` interval of the same bootstrap (90% for
+alpha = 0.05) lies inside ``[1 - m, 1 + m]``. Each one-sided test at level alpha rejects "slower
+by more than m" (resp. "faster by more than m") exactly when that interval's bound clears it, so
+both reject together when the whole 90% interval is inside the margin. Not shown equivalent is
+not a difference: the interval may straddle the margin because the data are too few or noisy.
+The band is --min-effect's (``1 +- m`` on the speedup), so with equal margins a SAME verdict
+(its 95% interval inside) implies EQUIVALENT.
+
 The Mann-Whitney U test's two-sided p-value is reported next to the interval (informational).
 
 Warnings: a sample whose IQR/median exceeds :data:`NOISY_REL_IQR` (0.10, torch.utils.benchmark's
@@ -30,6 +39,8 @@ from collections.abc import Sequence
 DEFAULT_MIN_EFFECT = 0.02
 DEFAULT_RESAMPLES = 2000
 DEFAULT_CONFIDENCE = 0.95
+DEFAULT_EQUIVALENCE = 0.02  # the margin of --equivalence: --min-effect's 2%, so SAME implies EQUIVALENT
+EQUIVALENCE_CONFIDENCE = 0.90  # TOST at alpha = 0.05: two one-sided 5% tests = one two-sided 90% interval
 NOISY_REL_IQR = 0.10
 SUSPICIOUS_SPEEDUP = 10.0
 
@@ -111,14 +122,11 @@ def _median_sorted(data: list[float]) -> float:
     return data[middle] if n % 2 else 0.5 * (data[middle - 1] + data[middle])
 
 
-def bootstrap_ratio(baseline: Sequence[float], candidate: Sequence[float], *, seed: int = 0,
-                    resamples: int = DEFAULT_RESAMPLES,
-                    confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, float]:
-    """``(ratio, low, high)``: median(baseline) / median(candidate) and its percentile bootstrap
-    interval at ``confidence``; deterministic for a given ``seed``."""
+def bootstrap_ratios(baseline: Sequence[float], candidate: Sequence[float], *, seed: int = 0,
+                     resamples: int = DEFAULT_RESAMPLES) -> tuple[float, list[float]]:
+    """``(ratio, resampled)``: median(baseline) / median(candidate) and the sorted ratios of
+    ``resamples`` bootstrap resamples; deterministic for a given ``seed``."""
     base, cand = _checked(baseline, "baseline sample"), _checked(candidate, "candidate sample")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     if resamples < 10:
         raise ValueError(f"resamples must be at least 10, got {resamples}")
     if min(base) <= 0 or min(cand) <= 0:
@@ -130,8 +138,26 @@ def bootstrap_ratio(baseline: Sequence[float], candidate: Sequence[float], *, se
         resampled_base = sorted(rng.choices(base, k=len(base)))
         resampled_cand = sorted(rng.choices(cand, k=len(cand)))
         ratios.append(_median_sorted(resampled_base) / _median_sorted(resampled_cand))
+    return ratio, sorted(ratios)
+
+
+def percentile_interval(resampled: Sequence[float], confidence: float) -> tuple[float, float]:
+    """The central ``confidence`` interval of a bootstrap distribution (percentile method)."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     tail = (1.0 - confidence) / 2.0
-    return ratio, quantile(ratios, tail), quantile(ratios, 1.0 - tail)
+    return quantile(resampled, tail), quantile(resampled, 1.0 - tail)
+
+
+def bootstrap_ratio(baseline: Sequence[float], candidate: Sequence[float], *, seed: int = 0,
+                    resamples: int = DEFAULT_RESAMPLES,
+                    confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, float]:
+    """``(ratio, low, high)``: median(baseline) / median(candidate) and its percentile bootstrap
+    interval at ``confidence``; deterministic for a given ``seed``."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    ratio, ratios = bootstrap_ratios(baseline, candidate, seed=seed, resamples=resamples)
+    return (ratio, *percentile_interval(ratios, confidence))
 
 
 def mann_whitney_p(first: Sequence[float], second: Sequence[float]) -> float:
@@ -176,6 +202,34 @@ def verdict(low: float, high: float, min_effect: float = DEFAULT_MIN_EFFECT) -> 
     return UNCLEAR
 
 
+def equivalent(low: float, high: float, margin: float = DEFAULT_EQUIVALENCE) -> bool:
+    """TOST: whether the ``1 - 2*alpha`` interval ``[low, high]`` of a speedup lies inside
+    ``[1 - margin, 1 + margin]`` (both one-sided tests reject a difference beyond the margin)."""
+    if not (math.isfinite(margin) and 0.0 < margin < 1.0):
+        raise ValueError(f"equivalence margin must be in (0, 1), got {margin}")
+    return low >= 1.0 - margin and high <= 1.0 + margin
+
+
+def equivalence_text(margin: float, holds: bool) -> str:
+    """``EQUIVALENT within +-2%`` or ``not shown within +-2%`` (a verdict cell, not a difference)."""
+    return f"{'EQUIVALENT' if holds else 'not shown'} within \u00b1{100 * margin:g}%"
+
+
+@dataclasses.dataclass(frozen=True)
+class Equivalence:
+    """The TOST verdict of one comparison: the 90% interval and whether it lies inside the margin."""
+
+    margin: float
+    confidence: float
+    low: float
+    high: float
+    equivalent: bool
+
+    def to_dict(self) -> dict[str, object]:
+        return {"margin": self.margin, "confidence": self.confidence, "ci_low": self.low, "ci_high": self.high,
+                "equivalent": self.equivalent, "verdict": equivalence_text(self.margin, self.equivalent)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Comparison:
     """A candidate sample against a baseline sample."""
@@ -188,11 +242,16 @@ class Comparison:
     confidence: float
     warnings: tuple[str, ...] = ()
     p_value: float | None = None  # Mann-Whitney U, two-sided
+    equivalence: Equivalence | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {"speedup": self.speedup, "ci_low": self.low, "ci_high": self.high, "verdict": self.verdict,
-                "min_effect": self.min_effect, "confidence": self.confidence, "warnings": list(self.warnings),
-                "mann_whitney_p": self.p_value}
+        document: dict[str, object] = {
+            "speedup": self.speedup, "ci_low": self.low, "ci_high": self.high, "verdict": self.verdict,
+            "min_effect": self.min_effect, "confidence": self.confidence, "warnings": list(self.warnings),
+            "mann_whitney_p": self.p_value}
+        if self.equivalence is not None:
+            document["equivalence"] = self.equivalence.to_dict()
+        return document
 
 
 def suspicious_speedup(ratio: float | None, what: str, kind: str = "speedup") -> str | None:
@@ -205,14 +264,18 @@ def suspicious_speedup(ratio: float | None, what: str, kind: str = "speedup") ->
 
 def compare(baseline: Sequence[float], candidate: Sequence[float], *, min_effect: float = DEFAULT_MIN_EFFECT,
             seed: int = 0, resamples: int = DEFAULT_RESAMPLES, confidence: float = DEFAULT_CONFIDENCE,
-            what: str = "candidate") -> Comparison:
-    """The speedup of ``candidate`` over ``baseline`` with its interval, verdict and warnings."""
-    ratio, low, high = bootstrap_ratio(baseline, candidate, seed=seed, resamples=resamples, confidence=confidence)
+            what: str = "candidate", equivalence: float = DEFAULT_EQUIVALENCE) -> Comparison:
+    """The speedup of ``candidate`` over ``baseline`` with its interval, verdict, equivalence
+    (TOST, from the same resamples at :data:`EQUIVALENCE_CONFIDENCE`) and warnings."""
+    ratio, ratios = bootstrap_ratios(baseline, candidate, seed=seed, resamples=resamples)
+    low, high = percentile_interval(ratios, confidence)
+    eq_low, eq_high = percentile_interval(ratios, EQUIVALENCE_CONFIDENCE)
+    tost = Equivalence(equivalence, EQUIVALENCE_CONFIDENCE, eq_low, eq_high, equivalent(eq_low, eq_high, equivalence))
     suspicious = suspicious_speedup(ratio, what)
     warnings = [suspicious] if suspicious else []
     return Comparison(speedup=ratio, low=low, high=high, verdict=verdict(low, high, min_effect),
                       min_effect=min_effect, confidence=confidence, warnings=tuple(warnings),
-                      p_value=mann_whitney_p(baseline, candidate))
+                      p_value=mann_whitney_p(baseline, candidate), equivalence=tost)
 
 
 def amdahl(share: float, speedup: float = math.inf) -> float:
@@ -226,6 +289,8 @@ def amdahl(share: float, speedup: float = math.inf) -> float:
     return math.inf if rest == 0 else 1.0 / rest
 
 
-__all__ = ["Comparison", "DEFAULT_CONFIDENCE", "DEFAULT_MIN_EFFECT", "DEFAULT_RESAMPLES", "FASTER", "NOISY_REL_IQR",
-           "SAME", "SLOWER", "SUSPICIOUS_SPEEDUP", "Summary", "UNCLEAR", "VERDICTS", "amdahl", "bootstrap_ratio",
-           "compare", "mann_whitney_p", "median", "noise_warning", "quantile", "summarize", "suspicious_speedup", "verdict"]
+__all__ = ["Comparison", "DEFAULT_CONFIDENCE", "DEFAULT_EQUIVALENCE", "DEFAULT_MIN_EFFECT", "DEFAULT_RESAMPLES",
+           "EQUIVALENCE_CONFIDENCE", "Equivalence", "FASTER", "NOISY_REL_IQR", "SAME", "SLOWER", "SUSPICIOUS_SPEEDUP",
+           "Summary", "UNCLEAR", "VERDICTS", "amdahl", "bootstrap_ratio", "bootstrap_ratios", "compare", "equivalence_text",
+           "equivalent", "mann_whitney_p", "median", "noise_warning", "percentile_interval", "quantile", "summarize",
+           "suspicious_speedup", "verdict"]

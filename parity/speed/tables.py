@@ -105,7 +105,7 @@ def bench_text(document: Mapping[str, Any]) -> str:
     device = any("device_time" in row for row in rows_json)
     headers = ["impl", f"median {unit}", f"IQR {unit}", f"p20 {unit}", f"p80 {unit}", "n"]
     headers += [f"device {unit}", "device speedup"] if device else []
-    headers += ["speedup [95% CI]", "verdict", "parity", "speedup valid?"]
+    headers += ["speedup [95% CI]", "verdict", "equivalence [90% CI]", "parity", "speedup valid?"]
     rows = []
     for row in rows_json:
         s, parity = row["summary"], row["parity"]
@@ -114,8 +114,9 @@ def bench_text(document: Mapping[str, Any]) -> str:
             cmp = row["vs_baseline"]
             speed = f"{_number(cmp['speedup']):.3f}x [{_number(cmp['ci_low']):.3f}, {_number(cmp['ci_high']):.3f}]"
             verdict, validity = cmp["verdict"], row["validity"]
+            equivalence = equivalence_cell(cmp.get("equivalence"))
         else:
-            speed, verdict, validity = "1 (baseline)", "-", "-"
+            speed, verdict, validity, equivalence = "1 (baseline)", "-", "-", "-"
         cells = [printable(row["impl"]), fmt_time(s["median"], scale), fmt_time(s["iqr"], scale),
                  fmt_time(s["p20"], scale), fmt_time(s["p80"], scale), str(s["n"])]
         if device:
@@ -123,7 +124,7 @@ def bench_text(document: Mapping[str, Any]) -> str:
             ratio = _number(measured.get("speedup"))
             cells += [fmt_time(measured.get("per_call_s"), scale),
                       "-" if ratio is None else f"{ratio:.3f}x"]
-        rows.append(cells + [speed, verdict, parity_cell, printable(validity, limit=200)])
+        rows.append(cells + [speed, verdict, equivalence, parity_cell, printable(validity, limit=200)])
     lines.append("whole forward" + (f" (device: {printable(settings['device_time'], limit=200)})"
                                     if device and settings.get("device_time") else "") + ":")
     lines.append(_table(headers, rows))
@@ -150,10 +151,37 @@ def bench_text(document: Mapping[str, Any]) -> str:
         lines += cases["lines"]
         for r in failing[:5]:
             lines.append(f"  {printable(r['impl'])} {shorten_name(r['case'], 80)}: parity fails")
+    against = document.get("baseline_run")
+    if against:
+        lines += ["", against_run_title(against) + ":"]
+        unit, scale = time_unit([_number(r["then_median_s"]) for r in against["rows"]]
+                                + [_number(r["now_median_s"]) for r in against["rows"]])
+        lines.append(_table(["impl", f"then median {unit}", f"now median {unit}", "now / then [95% CI]", "status"],
+                            [[printable(r["impl"]), fmt_time(r["then_median_s"], scale),
+                              fmt_time(r["now_median_s"], scale), ratio_cell(r), r["status"]]
+                             for r in against["rows"]]))
     for warning in document.get("warnings") or []:
         lines.append(f"warning: {printable(warning, limit=500)}")
     lines += ["", document["verdict"]]
     return "\n".join(lines)
+
+
+def equivalence_cell(equivalence: Mapping[str, Any] | None) -> str:
+    """``EQUIVALENT within ±2% [0.991, 1.004]`` (or ``not shown ...``); ``-`` in a report without it."""
+    if not equivalence:
+        return "-"
+    return (f"{printable(equivalence['verdict'])} [{_number(equivalence['ci_low']):.3f}, "
+            f"{_number(equivalence['ci_high']):.3f}]")
+
+
+def ratio_cell(row: Mapping[str, Any]) -> str:
+    return f"{_number(row['ratio']):.3f} [{_number(row['ci_low']):.3f}, {_number(row['ci_high']):.3f}]"
+
+
+def against_run_title(against: Mapping[str, Any]) -> str:
+    return (f"against the saved run {printable(against['path'], limit=200)} (REGRESSED: the "
+            f"{100 * _number(against['confidence']):.0f}% interval of median(now) / median(then) above "
+            f"1 + {_number(against['threshold']):g})")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from parity.base.text import printable
 from parity.base.overrides import json_value, parse_overrides
 from ._output import stderr_progress
 from parity.base import jsonformat
+from parity.speed import regression
 from ._speed_output import check_report_files, run_reporting_errors, write_reports
 
 EPILOG = """\
@@ -22,13 +23,17 @@ a CPU) and between two whole-device synchronisations. The output of each impl's 
 is judged with the default rule against the bundle's golden, or without --bundle against the
 first impl's output. The first impl is the baseline: each other impl's speedup is the ratio of
 medians with a bootstrap 95% interval, FASTER/SLOWER only when the interval clears --min-effect,
-else SAME or UNCLEAR. A speedup is valid only where parity holds ("not valid: parity fails at
+else SAME or UNCLEAR; EQUIVALENT within +-E when the 90% interval lies inside 1 +- --equivalence
+(two one-sided tests). A speedup is valid only where parity holds ("not valid: parity fails at
 TENSOR"). Modules are then timed with hooks in separate rounds: the hot module group (or
 --module GLOB) gets its own speedup and Amdahl's prediction for the whole forward; a subject with
 several cases (attention) gets a fast_p line. Each impl's kernel-only time per call (3 profiled
 calls: kernels, memcpy, memset; the CPU ops' self time on a CPU) is shown next to its wall time.
-Exit status: 0 the fastest impl holds parity, 1 the fastest impl fails parity, 2 unusable input,
-3 internal error.
+--baseline PREVIOUS.json compares each impl with a saved bench --json run of the same subject on
+the same device (another subject, shapes or device: exit 2; other software: a warning):
+REGRESSED when the 95% interval of median(now) / median(then) lies above 1 + --regression-threshold.
+Exit status: 0 the fastest impl holds parity and nothing regressed, 1 the fastest impl fails
+parity or an impl REGRESSED, 2 unusable input, 3 internal error.
 """
 
 
@@ -53,6 +58,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of the round order and of the bootstrap")
     parser.add_argument("--min-effect", type=float, default=0.02, metavar="F",
                         help="smallest speedup named FASTER/SLOWER: the interval must clear 1 +- F")
+    parser.add_argument("--equivalence", type=float, default=0.02, metavar="E",
+                        help="margin of the equivalence verdict: EQUIVALENT when the 90%% interval of the "
+                             "speedup lies inside 1 +- E (TOST at alpha 0.05)")
+    parser.add_argument("--baseline", dest="previous", default=None, metavar="PREVIOUS.json",
+                        help="a saved bench --json report of the same subject and device: each impl's time "
+                             "now against then, exit 1 on a regression")
+    parser.add_argument("--regression-threshold", type=float, default=None, metavar="F",
+                        help="with --baseline: REGRESSED when the 95%% interval of median(now) / median(then) "
+                             "lies above 1 + F (default 0.05)")
     parser.add_argument("--fast-p", type=float, default=1.2, metavar="P",
                         help="the fast_p threshold over cases: parity holds and speedup >= P")
     parser.add_argument("--no-flush", dest="flush", action="store_false",
@@ -87,11 +101,17 @@ def run(args: argparse.Namespace) -> int:
         require_dependency("triton", "--impls triton")
     device = check_device(resolve_device(args.device)) if args.device is not None else platform.default_device()
     enable_triton_interpreter("triton" if "triton" in impls else impls[0], device)
+    if args.regression_threshold is not None and args.previous is None:
+        raise UsageError("--regression-threshold applies only with --baseline PREVIOUS.json")
     options = bench.BenchOptions(impls=impls, warmup=args.warmup, reps=args.reps, seed=args.seed,
                                  min_effect=args.min_effect, fast_p=args.fast_p, flush=args.flush,
                                  modules=tuple(args.modules) if args.modules else None,
-                                 module_timing=args.module_timing, device_time=args.device_time)
+                                 module_timing=args.module_timing, device_time=args.device_time,
+                                 equivalence=args.equivalence,
+                                 regression_threshold=(args.regression_threshold if args.regression_threshold
+                                                       is not None else regression.DEFAULT_THRESHOLD))
     options.check()
+    previous = regression.load_previous(args.previous) if args.previous is not None else None
     # A tolerance file inside the bundle is refused (a bundle is data, not configuration).
     policy = policy_for_cli(args.tolerances, bundles=[args.bundle] if args.bundle is not None else [])
     bundle = None
@@ -120,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     subject_args = parse_overrides(args.arg, flag="--set", convert=json_value(max_int=2**63 - 1))
     document = bench.run_bench(args.subject, subject_args=subject_args, bundle=bundle, options=options,
                                device=device, policy=policy, trusted=trusted,
-                               progress=None if args.quiet else stderr_progress("bench"))
+                               progress=None if args.quiet else stderr_progress("bench"),
+                               previous=previous, previous_path=args.previous or "")
     write_reports(document, args, tables.bench_text, pages.render_bench)
     return bench.exit_status(document)
