@@ -13,6 +13,9 @@ Per implementation, mode and case (``BxS``: batch x prompt tokens):
   ``--repeats`` after a warm-up);
 - ``ms_per_token``: (time of ``generate`` with N new tokens - time with 1) / (N - 1): the decode
   steps alone, host included, as a user of ``generate`` sees them;
+- ``interleaved`` (eager, ``--rounds``): prefill and ms per token again, every implementation
+  timed in turn round after round, so that a drifting host moves all alike (the rows above time
+  each implementation's repeats together): the numbers to compare implementations by;
 - ``tokens``: the greedy tokens. Each implementation's tokens are compared with ``sdpa``'s in the
   same mode: at the first step where a batch row differs, both runs had the same prefix, so the
   reference's top-2 logit margin there is set against the largest logit difference between the
@@ -144,6 +147,36 @@ def run_case(model, impl: str, mode: str, batch: int, seq: int, new_tokens: int,
     return row
 
 
+def interleaved(model, impls: list[str], batch: int, seq: int, new_tokens: int, rounds: int) -> dict:
+    """Eager prefill and ms per token of every implementation, timed in turn, round after round:
+    a host whose speed drifts (a shared machine, clocks) moves every implementation alike, where
+    timing one implementation's repeats after the other's would charge the drift to one of them.
+    Per implementation: the medians over the rounds and every round's value."""
+    ids, mask = prompt(batch, seq, model.config.vocab_size)
+    samples = {impl: {"prefill_ms": [], "ms_per_token": []} for impl in impls}
+
+    def wall(fn) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) * 1e3
+
+    def prefill():
+        with torch.inference_mode():
+            model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
+
+    for _ in range(rounds):
+        for impl in impls:
+            use(model, impl)
+            samples[impl]["prefill_ms"].append(wall(prefill))
+            one = wall(lambda: generate(model, ids, mask, 1, "eager"))
+            many = wall(lambda: generate(model, ids, mask, new_tokens, "eager"))
+            samples[impl]["ms_per_token"].append((many - one) / (new_tokens - 1))
+    return {impl: {**{key: statistics.median(values) for key, values in by.items()},
+                   **{f"{key}_rounds": values for key, values in by.items()}} for impl, by in samples.items()}
+
+
 def compare_tokens(row: dict, reference: dict) -> dict:
     """Where ``row``'s greedy tokens first leave ``reference``'s, per batch row, and whether the
     reference's top-2 margin there is within twice the largest logit difference."""
@@ -174,6 +207,8 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check of the script)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="eager: rounds of every implementation timed in turn after the rows (0: none)")
     parser.add_argument("--deadline-s", type=float, default=540, help="skip rows once this much time has passed")
     parser.add_argument("--json", required=True)
     args = parser.parse_args(argv)
@@ -229,6 +264,13 @@ def main(argv=None) -> int:
                 write()
             for row in report["rows"]:  # the case's logits were needed only for its comparisons
                 row.pop("_logits", None)
+            done = [row["impl"] for row in report["rows"] if (row["mode"], row["batch"], row["seq"]) == (mode, batch, seq)]
+            if mode == "eager" and args.rounds and len(done) > 1 and time.perf_counter() - started < args.deadline_s:
+                report.setdefault("interleaved", []).append(
+                    {"batch": batch, "seq": seq, "rounds": args.rounds,
+                     "impls": interleaved(model, done, batch, seq, args.new_tokens, args.rounds)})
+                print(json.dumps(report["interleaved"][-1]), flush=True)
+                write()
     write()
     return 0
 

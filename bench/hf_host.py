@@ -6,7 +6,9 @@
 
 - ``synced_ms``: one decode forward, synchronized before and after (median of ``--steps``);
 - ``queued_ms``: ``--steps`` forwards issued back to back, one synchronize at the end, per step
-  (what ``generate`` sees: the host's time where the host is the bottleneck);
+  (what ``generate`` sees: the host's time where the host is the bottleneck); again at the end
+  for ``--rounds`` rounds with the implementations in turn (``queued_ms_rounds``), the numbers
+  to compare implementations by on a host whose speed drifts;
 - ``syncs_per_step``: host synchronizations per step (``torch.cuda.set_sync_debug_mode``'s
   warnings: ``.item()``, ``bool(tensor)``, a copy to the host);
 - ``python``: cProfile of the queued steps, the functions with the most time of their own, µs per
@@ -132,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--impls", default=",".join(IMPLS))
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of queued steps, implementations in turn")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -146,10 +149,32 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(measure(model, impl, args.batch, args.seq, args.steps))
         brief = {key: rows[-1][key] for key in ("impl", "synced_ms", "queued_ms", "syncs_per_step")}
         print(json.dumps(brief), flush=True)
-        if args.json:
-            args.json.write_text(json.dumps({"model": args.model, "device": torch.cuda.get_device_name(),
-                                             "torch": torch.__version__, "rows": rows}, indent=1))
+        write(args.json, args.model, rows)
+    # Every implementation again, in turn, round after round (a drifting host moves all alike)
+    for _ in range(args.rounds):
+        for row in rows:
+            use(model, row["impl"])
+            step, reset = _step_fn(model, args.batch, args.seq)
+            reset()
+            step()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            torch.cuda.synchronize()
+            row.setdefault("queued_ms_rounds", []).append(round((time.perf_counter() - start) * 1e3 / args.steps, 3))
+    for row in rows:
+        if row.get("queued_ms_rounds"):
+            row["queued_ms_interleaved"] = statistics.median(row["queued_ms_rounds"])
+            print(json.dumps({key: row[key] for key in ("impl", "queued_ms_rounds")}), flush=True)
+    write(args.json, args.model, rows)
     return 0
+
+
+def write(path: Path | None, model: str, rows: list[dict]) -> None:
+    if path:
+        path.write_text(json.dumps({"model": model, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                    "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

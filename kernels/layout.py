@@ -363,8 +363,9 @@ class BlockLayout:
                 raise LayoutError(f"mask_bits sets bits of keys past seq_k={self.seq_k}")
 
     # ---- conversion --------------------------------------------------------------------------
-    def to(self, device: torch.device | str) -> "BlockLayout":
-        moved = {name: getattr(self, name).to(device) for name in _TENSOR_FIELDS + self.element_masks}
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "BlockLayout":
+        moved = {name: getattr(self, name).to(device, non_blocking=non_blocking)
+                 for name in _TENSOR_FIELDS + self.element_masks}
         return dataclasses.replace(self, **moved)
 
     def to_tensors(self) -> dict[str, torch.Tensor]:
@@ -781,6 +782,13 @@ def _pack_classes(classes: torch.Tensor, *, traceable: bool = False) -> tuple[to
 
 
 def _mask_layout(mask: MaskSpec, seq_q, seq_k, block_m, block_n, kind, device=None, traceable=False) -> BlockLayout:
+    if not traceable and device is not None and torch.device(device).type != "cpu":
+        # Made on the CPU and copied without waiting: on a GPU the index lists' width is read on
+        # the host (``_pack_classes``), a synchronization with every kernel queued before it (a
+        # model builds its mask-less layout in the first layer of each forward, behind the
+        # embedding). A CPU build of O(tiles) costs less than the wait; the copy of a pageable
+        # buffer is staged at once, so the CPU tensors may go.
+        return _mask_layout(mask, seq_q, seq_k, block_m, block_n, kind).to(device, non_blocking=True)
     classes = _classes_from_mask(mask, seq_q, seq_k, block_m, block_n, device)[None, None]
     return _layout_from_classes(classes, seq_q, seq_k, block_m, block_n, mask, kind, traceable=traceable)
 

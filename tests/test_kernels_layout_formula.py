@@ -296,3 +296,26 @@ def test_the_oracle_can_fail():
     with pytest.raises(AssertionError):
         assert_same_layout(layout, classes, mask=layout.mask, kind="causal")
     assert math.isfinite(layout.density())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("build", ["causal decode", "causal 4k", "window 16k"])
+def test_gpu_predicate_layouts_are_made_without_waiting_for_the_gpu(build):
+    """A model makes its mask-less layout in the first layer of each forward, behind the work
+    already queued: the builder must not synchronize with the GPU (it reads the index lists' width
+    on the host, so it makes them on the CPU and copies them without waiting), and the layout on
+    the GPU is the CPU's, value for value."""
+    assert torch.cuda.is_available()
+    make = {"causal decode": lambda device: layouts.causal_layout(1, 4099, block_m=64, block_n=64, device=device),
+            "causal 4k": lambda device: layouts.causal_layout(4096, 4096, block_m=64, block_n=64, device=device),
+            "window 16k": lambda device: layouts.sliding_window_layout(16384, 16384, 4096, block_m=64, block_n=64,
+                                                                       device=device)}[build]
+    torch.cuda._sleep(50_000_000)  # work queued ahead, as a forward's embedding
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        on_gpu = make("cuda")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    on_cpu = make(None)
+    for name, tensor in on_cpu.to_tensors().items():
+        assert torch.equal(on_gpu.to_tensors()[name], tensor), name

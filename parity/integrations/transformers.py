@@ -124,8 +124,9 @@ class ParityAttention(nn.Module):
     def __init__(self, impl: str = "reference", *, block_m: int = DEFAULT_BLOCK, block_n: int = DEFAULT_BLOCK):
         super().__init__()
         self.configure(impl, block_m=block_m, block_n=block_n)
-        self.parity_launch_config: dict[str, Any] | None = None
-        self._described: tuple | None = None  # what parity_launch_config was looked up for
+        # (head dim, dtype, device, layout) of the last kernel call: its launch config is looked
+        # up when asked for (``parity_launch_config``), not in every layer's call
+        self._last_call: tuple | None = None
 
     def configure(self, impl: str, *, block_m: int = DEFAULT_BLOCK, block_n: int = DEFAULT_BLOCK) -> None:
         if impl not in IMPLS:
@@ -133,6 +134,16 @@ class ParityAttention(nn.Module):
         _check_block("block_m", block_m)
         _check_block("block_n", block_n)
         self.impl, self.block_m, self.block_n = impl, block_m, block_n
+
+    @property
+    def parity_launch_config(self) -> dict[str, Any] | None:
+        """The launch config of the last kernel call (recorded in bundles), None before any."""
+        if self._last_call is None:
+            return None
+        from parity.kernels import launch_config
+
+        head_dim, dtype, device, layout = self._last_call
+        return launch_config(device, head_dim, dtype, layout).to_dict()
 
     def extra_repr(self) -> str:
         return f"impl={self.impl}, block_m={self.block_m}, block_n={self.block_n}"
@@ -178,12 +189,8 @@ class ParityAttention(nn.Module):
         """Every kernel call of the integration goes through here: [B, Hq, Sq, D].
 
         A plain call (no config): the launcher picks the pinned config itself and, for the
-        layout a forward shares with every layer, reuses one launch plan. The config is looked
-        up here only to be reported (``parity_launch_config``, recorded in bundles), once per
-        layout, shape and dtype rather than in every call."""
-        from parity.kernels import launch_config
-        from parity.kernels.op import sparse_attention
-
+        layout a forward shares with every layer, reuses one launch plan. The config is only
+        reported (``parity_launch_config``, recorded in bundles), looked up when asked for."""
         if torch.compiler.is_compiling() or isinstance(layout, tuple):
             # the report is host bookkeeping (a Python dict on the module): it stays what the
             # last eager call recorded, and the graph holds only the operator, on the layout's
@@ -191,11 +198,17 @@ class ParityAttention(nn.Module):
             from parity.kernels.op import operator_call
 
             return operator_call(query, key, value, layout, sm_scale=scaling)
-        described = (query.shape[-1], query.dtype, query.device)
-        if self._described is None or self._described[0] is not layout or self._described[1] != described:
-            self.parity_launch_config = launch_config(query.device, query.shape[-1], query.dtype, layout).to_dict()
-            self._described = (layout, described)  # holds the layout until the next call's
-        return sparse_attention(query, key, value, layout, sm_scale=scaling)
+        self._last_call = (query.shape[-1], query.dtype, query.device, layout)  # holds the layout until the next call
+        return _sparse_attention()(query, key, value, layout, sm_scale=scaling)
+
+
+@functools.lru_cache(maxsize=None)
+def _sparse_attention():
+    """``parity.kernels.op.sparse_attention``, imported once (the kernel package imports Triton,
+    so not at this module's import; an import statement in every layer's call costs a lookup)."""
+    from parity.kernels.op import sparse_attention
+
+    return sparse_attention
 
 
 def _check_block(name: str, value: Any) -> None:
@@ -645,7 +658,8 @@ def _attention_function(impl: str, block_m: int, block_n: int):
             _check_mask_function(module)
         causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
         core = _core_of(module)
-        core.configure(impl, block_m=block_m, block_n=block_n)
+        if core.impl != impl or core.block_m != block_m or core.block_n != block_n:
+            core.configure(impl, block_m=block_m, block_n=block_n)
         out = core(query, key, value, attention_mask, scaling=scaling, sliding_window=sliding_window,
                    is_causal=bool(causal), cu_seq_lens_q=kwargs.get("cu_seq_lens_q"),
                    cu_seq_lens_k=kwargs.get("cu_seq_lens_k"))
@@ -661,7 +675,7 @@ def _check_mask_function(module: nn.Module) -> None:
     without a registered mask function it passes None for padded batches too."""
     config = getattr(module, "config", None)
     name = getattr(config, "_attn_implementation", None)
-    if name is None:
+    if name is None or name in _REGISTERED:  # register() installed its mask function
         return
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
