@@ -408,6 +408,12 @@ def _check_capture(c: _Checker, value: Any) -> dict[str, Any] | None:
             c.opt_str(reference.get(key), f"capture.reference.{key}", limit=200)
         if reference.get("outputs_without_reference") is not None:
             c.str_list(reference["outputs_without_reference"], "capture.reference.outputs_without_reference")
+    repeat = c.opt_obj(info.get("repeat"), "capture.repeat")  # capture --repeat N (parity.run.repeats)
+    if repeat is not None:
+        c.int(repeat.get("runs"), "capture.repeat.runs", minimum=1)
+        c.bool(repeat.get("bitwise_equal"), "capture.repeat.bitwise_equal")
+        c.opt_str(repeat.get("first_nondeterministic"), "capture.repeat.first_nondeterministic")
+        c.str_list(repeat.get("nondeterministic", []), "capture.repeat.nondeterministic")
     return info
 
 

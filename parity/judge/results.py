@@ -312,6 +312,8 @@ class CompareReport:
     integrity: dict[str, Any] = dataclasses.field(default_factory=dict)
     candidate: str | None = None
     independent_cases: int = 0  # the subject's case count where its cases do not feed one another
+    # ``compare --repeat N``: a parity.run.repeats.DeterminismReport of this host's N runs (None: one run).
+    determinism: Any = None
 
     @property
     def tensors(self) -> list[TensorResult]:
@@ -319,8 +321,10 @@ class CompareReport:
 
     @property
     def passed(self) -> bool:
-        """Parity holds: at least one tensor compared, and every end-to-end result passes."""
-        return bool(self.layers) and all(result.passed for result in self.layers)
+        """Parity holds: at least one tensor compared, every end-to-end result passes, and (with
+        ``--repeat``) every tensor not allowed to vary was bitwise equal run to run."""
+        return (bool(self.layers) and all(result.passed for result in self.layers)
+                and (self.determinism is None or self.determinism.passed))
 
     @property
     def failing(self) -> list[TensorResult]:
@@ -410,6 +414,7 @@ class CompareReport:
             "kernel_configs": self.kernel_configs,
             "integrity": self.integrity,
             "seconds": round(self.seconds, 3),
+            **({"determinism": self.determinism.to_dict()} if self.determinism is not None else {}),
             "layers": [result.to_dict() for result in self.layers],
         }
 
@@ -491,7 +496,15 @@ def unrelaxable_checks(result: TensorResult) -> list[str]:
 
 
 def verdict_line(report: CompareReport) -> str:
-    """``PARITY HOLDS: 12/12 tensors`` or ``PARITY FAILS: first failing tensor X (n of m tensors fail)``."""
+    """``PARITY HOLDS: 12/12 tensors`` or ``PARITY FAILS: first failing tensor X (n of m tensors fail)``;
+    where every tensor passes but a repeated run was not bitwise equal, ``PARITY FAILS: not
+    deterministic: first X (n of m tensors differ run to run)``."""
+    determinism = report.determinism
+    if (determinism is not None and not determinism.passed and report.layers
+            and all(result.passed for result in report.layers)):
+        return (f"PARITY FAILS: not deterministic: first {printable(determinism.first_nondeterministic)} "
+                f"({len(determinism.failing)} of {len(determinism.tensors)} tensors differ run to run "
+                f"over {determinism.runs} runs)")
     return verdict_from_counts(passed=report.passed, total=len(report.layers), fused=len(report.fused_here),
                                failing=len(report.failing), first_failing=report.first_failing_layer,
                                absent=len(report.absent_here))
