@@ -17,6 +17,7 @@ import parity.cli.main
 from parity.base.errors import UsageError
 from parity.bundle.reader import open_bundle
 from parity.run.repeats import RepeatTracker, check_runs, spread
+from test_report_json_schemas import validate
 
 SUBJECT = "repeat_subject:make_subject"
 pytest_plugins = ["pytester"]
@@ -117,6 +118,7 @@ def test_a_nondeterministic_impl_fails_naming_mix_first_with_its_spread(capsys, 
     assert 0 < rows["mix"]["spread"] < 1e-5
     assert report["verdict"].startswith("PARITY FAILS: not deterministic: first mix (3 of 4 tensors")
     assert "mix: differs in 2 of 2 later runs, spread max|run_i - run_0|" in out
+    validate(report)  # the determinism object is in the compare report's schema
 
 
 def test_allowed_tensors_are_reported_but_do_not_fail(capsys, golden, tmp_path):
