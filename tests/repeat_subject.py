@@ -23,7 +23,7 @@ from torch import nn
 
 from parity.run.subjects import Inputs, Subject
 
-CLIP = 2.5
+CLIP = 3.0
 FEATURES = 64
 
 

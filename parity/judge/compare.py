@@ -54,9 +54,11 @@ from parity.judge.engine import (Judge, Obtained, absent_warning, fused_warning,
 from parity.judge.policy import Policy, as_policy
 from parity.run.repeats import DeterminismReport, RepeatTracker, capture_repeat_warning, check_runs
 from parity.judge.results import CompareReport, TensorResult, fingerprint_differences, hosts_summary
+from parity.judge.seeds import combine
 from parity.run import platform
 from parity.run.recorder import RecordedTensor, Recorder, select_modules
 from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
+from parity.run.seeds import DrawView, draw_views
 from parity.run.subjects import Inputs, runner_from_manifest
 from parity.run.subjects.base import StateSource, SubjectRunner, check_trusted
 
@@ -158,6 +160,16 @@ def compare_bundle(
         determinism = repeat_runs(tracker, runner, module, inputs, globs, say)
     del inputs
     ordered = judge.in_golden_order(results)
+    seeds_report = None
+    views = draw_views(bundle)
+    if views:
+        draws = [(bundle.seeds["values"][0], ordered)]
+        for view in views:
+            say(f"input draw of seed {view.seed}: impl {impl} on {device}")
+            draws.append((view.seed, judge_draw(view, runner, module, device, policy, budget, globs, per_module)))
+        ordered, seeds_report = combine(draws)
+        say(f"judged {len(draws)} input draws (seeds {', '.join(str(seed) for seed, _ in draws)}): each tensor on "
+            "its worst")
 
     if isolate:
         replay_judge = Judge(bundle, policy, budget)
@@ -181,9 +193,32 @@ def compare_bundle(
         integrity=integrity(bundle),
         independent_cases=len(runner.case_ids(dict(module.named_children()))),
         determinism=determinism,
+        seeds=seeds_report,
     )
     say(f"compared {plural(len(ordered), 'tensor')} in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
+
+
+def judge_draw(view: DrawView, runner: SubjectRunner, module: torch.nn.Module, device: torch.device, policy: Policy,
+               budget: bool | None, globs: list[str] | None, per_module: bool) -> list[TensorResult]:
+    """One later input draw of the bundle (:mod:`parity.run.seeds`), run through the same module
+    and judged by the same engine against that draw's goldens and references."""
+    judge = Judge(view, policy, budget, read_ahead=[entry.name for entry in view.entries_of("output")],
+                  has_reference=(lambda key: False) if per_module else None)
+    inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in view.tensors("input").items()},
+                    view.inputs_meta)
+    results: list[TensorResult] = []
+
+    def on_tensor(record: RecordedTensor) -> None:
+        if record.kind == "output":
+            results.append(judge(Obtained(record.name, record.tensor, layer=record.layer, path=record.path)))
+
+    try:
+        with Recorder(module, on_tensor, layers=globs, copy=False):
+            runner.run(module, inputs)
+    finally:
+        judge.close()
+    return judge.in_golden_order(results)
 
 
 def repeat_runs(tracker: RepeatTracker, runner: SubjectRunner, module: torch.nn.Module, inputs: Inputs,

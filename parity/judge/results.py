@@ -314,6 +314,9 @@ class CompareReport:
     independent_cases: int = 0  # the subject's case count where its cases do not feed one another
     # ``compare --repeat N``: a parity.run.repeats.DeterminismReport of this host's N runs (None: one run).
     determinism: Any = None
+    # A bundle of several input draws (capture --seeds N): a parity.judge.seeds.SeedsReport; each
+    # result in ``layers`` is then its tensor's worst draw.
+    seeds: Any = None
 
     @property
     def tensors(self) -> list[TensorResult]:
@@ -415,6 +418,7 @@ class CompareReport:
             "integrity": self.integrity,
             "seconds": round(self.seconds, 3),
             **({"determinism": self.determinism.to_dict()} if self.determinism is not None else {}),
+            **({"seeds": self.seeds.to_dict()} if self.seeds is not None else {}),
             "layers": [result.to_dict() for result in self.layers],
         }
 
@@ -505,9 +509,12 @@ def verdict_line(report: CompareReport) -> str:
         return (f"PARITY FAILS: not deterministic: first {printable(determinism.first_nondeterministic)} "
                 f"({len(determinism.failing)} of {len(determinism.tensors)} tensors differ run to run "
                 f"over {determinism.runs} runs)")
-    return verdict_from_counts(passed=report.passed, total=len(report.layers), fused=len(report.fused_here),
+    line = verdict_from_counts(passed=report.passed, total=len(report.layers), fused=len(report.fused_here),
                                failing=len(report.failing), first_failing=report.first_failing_layer,
                                absent=len(report.absent_here))
+    if report.seeds is not None:  # how many input draws every verdict rests on
+        line += f" [{len(report.seeds.values)} seeds, judged on the worst]"
+    return line
 
 
 def verdict_from_counts(*, passed: bool, total: int, fused: int, failing: int, first_failing: str | None,

@@ -34,6 +34,7 @@ from parity.run import platform
 from parity.run.module_reference import ModuleReference
 from parity.run.recorder import RecordedTensor, Recorder, flatten
 from parity.run.runtime import Progress, check_device, check_triton_mode, cores_left_for, launch_configs
+from parity.run.seeds import DRAW_KINDS, SEED_ARG, draw_name, seed_values
 from parity.run.subjects import SubjectRunner, load_subject
 
 REFERENCE_CHOICES = ("fp64", "fp32", "none")
@@ -125,6 +126,7 @@ def capture(
     reference_scope: str = "model",
     weights_from: Sequence[str | os.PathLike] | None = None,
     repeat: int = 1,
+    seeds: int = 1,
 ) -> CaptureResult:
     """Capture ``subject`` (a SubjectRunner, or a spec with ``subject_args``) into a bundle at ``out``.
 
@@ -147,10 +149,17 @@ def capture(
     (:mod:`parity.run.repeats`; it keeps a CPU copy of the first run's outputs meanwhile). A
     subject that is not deterministic is then captured (its first run is the golden) instead of
     refused by the hooks check, since its hooks-off and hooks-on runs cannot be bitwise equal either.
+
+    ``seeds``: record the input draws of that many seeds (the subject's ``seed`` argument and the
+    ones after it) through the same model, each with its outputs and (model-scope) references
+    (:mod:`parity.run.seeds`); a subject without a ``seed`` argument is a UsageError.
     """
     repeat = check_runs(repeat)
     runner = subject if isinstance(subject, SubjectRunner) else load_subject(subject, subject_args)
     runner.check_impl(impl)
+    seed_list = seed_values(runner.args, seeds, runner.spec)
+    if seed_list and reference_scope == "module":
+        raise UsageError("--seeds records whole-model references only; drop --reference-scope module")
     device = check_device(device)
     check_triton_mode(impl, device)
     plan = _reference_plan(reference, device, reference_scope)
@@ -232,6 +241,23 @@ def capture(
             )
         if not recorder.calls:
             raise UsageError(f"subject {runner.name}: the selected layers produced no tensors; nothing to capture")
+
+        def store_draw(seed: int) -> Callable[[RecordedTensor], None]:
+            def store(record: RecordedTensor) -> None:
+                writer.add(DRAW_KINDS[record.kind], draw_name(seed, record.name), record.tensor,
+                           layer=draw_name(seed, record.layer), module=record.module, call_index=record.call_index,
+                           path=record.path, copy=True, device=str(record.tensor.device))
+            return store
+
+        draws: list[tuple[int, Any]] = []  # (seed, its inputs on the CPU) of every later draw
+        for seed in seed_list[1:]:
+            draw = load_subject(runner.spec, {**runner.args, SEED_ARG: seed}).make_inputs()
+            say(f"{runner.name}: draw of seed {seed}: impl {impl} on {device}")
+            for name, tensor in draw.tensors.items():
+                writer.add(DRAW_KINDS["input"], draw_name(seed, name), tensor)
+            with Recorder(module, store_draw(seed), layers=layers, copy=False):
+                runner.run(module, draw.to(device))
+            draws.append((seed, draw))
         calls = [call.to_json() for call in recorder.calls]
         # What the module reports about its launches is all capture needs of it from here on: free
         # it (host or device memory) before the reference module is built.
@@ -257,6 +283,10 @@ def capture(
             threads = writer.busy_threads if ref_device.type == "cpu" else 0
             with recorder, cores_left_for(threads):
                 runner.run(ref_module, inputs.to(ref_device, ref_dtype))
+            for seed, draw in draws:
+                with Recorder(ref_module, store_draw(seed), layers=layers, kind="reference", copy=False), \
+                        cores_left_for(threads):
+                    runner.run(ref_module, draw.to(ref_device, ref_dtype))
             reference_calls = [call.to_json() for call in recorder.calls]
             reference_info = _reference_info(reference, "model", runner.reference_impl, ref_device, ref_dtype, writer)
             del ref_module, recorder, state
@@ -278,6 +308,8 @@ def capture(
             "kernel_configs": {"used": used_configs, "provided": dict(kernel_configs) if kernel_configs else None},
             "hooks_check": hooks_check,
             **({"weights": weights_info} if weights_info is not None else {}),
+            **({"seeds": {"arg": SEED_ARG, "values": seed_list, "inputs_meta": [draw.meta for _, draw in draws]}}
+               if seed_list else {}),
             "inputs_meta": inputs.meta,
             "layers": calls,
             "reference_layers": reference_calls,

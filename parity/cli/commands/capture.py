@@ -15,7 +15,7 @@ from pathlib import Path
 from parity.base import dtypes
 from parity.base.errors import UsageError, require_dependency
 from parity.base.overrides import json_value, parse_overrides
-from parity.cli.options import DEPRECATED_UNTIL, HelpFormatter, add_cli_options, resolve_device
+from parity.cli.options import DEPRECATED_UNTIL, HelpFormatter, add_cli_options, resolve_device, runs_argument
 
 # Bounds of numeric options: beyond these a value is a typo, not a wish.
 MAX_SHARD_MIB = 2**20  # 1 TiB: no single safetensors shard should be larger
@@ -84,6 +84,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "glob (shard(DIM), replicate or partial), e.g. 'layers.*.mlp.up_proj=shard(-1)'; "
                              "repeatable, later wins. DTensor outputs and parallelize plans need none")
     add_cli_options(parser, "repeat")
+    parser.add_argument("--seeds", type=runs_argument, default=1, metavar="N",
+                        help="record the input draws of N seeds (the subject's seed argument and the N-1 after it) "
+                             "through one model; compare judges every draw and each tensor on its worst "
+                             "(default: 1)")
     add_cli_options(parser, "quiet")
     parser.set_defaults(func=run)
     return parser
@@ -142,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
     if launched() and (args.reference_scope != "model" or args.weights_from):
         raise UsageError("--reference-scope module and --weights-from apply to a single-process capture; "
                          "a torchrun capture takes neither")
-    if launched() and args.repeat > 1:
-        raise UsageError("--repeat applies to a single-process capture; a torchrun capture takes none")
+    if launched() and (args.repeat > 1 or args.seeds > 1):
+        raise UsageError("--repeat and --seeds apply to a single-process capture; a torchrun capture takes neither")
     if launched():  # one rank of a torchrun launch: a rank set (parity.distributed)
         from parity.cli.commands._distributed import capture as capture_ranks
 
@@ -166,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         reference_scope=args.reference_scope,
         weights_from=args.weights_from,
         repeat=args.repeat,
+        seeds=args.seeds,
     )
     print(f"wrote {result.path}: {result.layers} layers, {result.tensors} tensors, "
           f"{result.bytes / 2**20:.1f} MiB; {_checks_text(result)}")
