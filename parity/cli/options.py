@@ -139,6 +139,12 @@ OPTIONS: dict[str, Option] = {
                "run the implementation N times on the same inputs and judge every recorded tensor bitwise run "
                "to run: a tensor that differs fails, named with its spread max|run_i - run_0| (default: 1, "
                "one run)", (("type", runs_argument), ("default", 1), ("metavar", "N"))),
+        Option("seeds", "--seeds", "--parity-seeds",
+               "record the input draws of N seeds (the subject's seed argument and the N-1 after it) through one "
+               "model in one bundle; compare judges every draw a bundle holds, each tensor on its worst "
+               "(default: 1)", (("type", runs_argument), ("default", 1), ("metavar", "N")),
+               cli_help="record the input draws of N seeds (the subject's seed argument and the N-1 after it) "
+                        "through one model; compare judges every draw and each tensor on its worst (default: 1)"),
         Option("allow_nondeterministic", "--allow-nondeterministic", "--parity-allow-nondeterministic",
                "with --repeat: tensors (or layers) matching this glob may differ run to run (atomics-based "
                "reductions); still reported with their spread; repeatable",

@@ -10,7 +10,7 @@ from typing import Any
 from parity.base.files import write_atomically
 from parity.base.numbers import format_shape
 from parity.judge.results import CompareReport, TensorResult, verdict_line, would_pass_text
-from parity.report.runs import determinism_junit_case
+from parity.report.runs import determinism_junit_case, seeds_lines
 from parity.report.text import host_text
 
 # XML 1.0 allows tab, newline, carriage return and everything from U+0020 up, minus surrogates
@@ -58,6 +58,7 @@ def to_junit_xml(report: CompareReport) -> str:
              ("golden_host", host_text(report.hosts["golden"])), ("this_host", host_text(report.hosts["here"])),
              ("policy", report.policy.source), ("verdict", verdict_line(report))]
     props += [("warning", warning) for warning in report.warnings]
+    props += [("seeds", line) for line in seeds_lines(report.seeds.to_dict() if report.seeds is not None else None)[:1]]
     for name, value in props:
         ET.SubElement(properties, "property", {"name": name, "value": _xml_text(value)})
     classname = _xml_text(f"parity.compare.{subject}")

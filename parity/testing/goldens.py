@@ -29,7 +29,7 @@ from typing import Any
 
 from parity.base import dtypes
 from parity.base.errors import UsageError
-from parity.report.runs import determinism_lines
+from parity.report.runs import determinism_lines, seeds_lines
 
 OBTAINED_SUFFIX = ".obtained"
 GOLDEN_FORMAT = "parity-plugin-golden"
@@ -251,7 +251,7 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
                   regen: bool = False, record_impl: str | None = None, rootdir: str | os.PathLike | None = None,
                   test_id: str | None = None, obtained_dir: str | os.PathLike | None = None, name: str | None = None,
                   impl_flag: str = "impl", device_flag: str = "device", repeat: int = 1,
-                  allow_nondeterministic: tuple[str, ...] = ()) -> ParityResult:
+                  allow_nondeterministic: tuple[str, ...] = (), seeds: int = 1) -> ParityResult:
     """Run ``subject`` (a built-in name or ``package.module:factory``) with ``impl`` (default: the
     subject's ``reference_impl``) and compare it with the golden bundle ``golden`` through
     ``parity.judge.compare.compare_bundle``, with the same lifecycle as tensor goldens. A missing
@@ -268,6 +268,8 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
     ``repeat``: the implementation runs that many times and every tensor must also be bitwise
     equal run to run, except those matching an ``allow_nondeterministic`` glob
     (:mod:`parity.run.repeats`); the failure names the first that is not, with its spread.
+    ``seeds``: a golden recorded here holds the input draws of that many seeds
+    (:mod:`parity.run.seeds`); the check judges every draw a golden holds, each tensor on its worst.
     """
     import torch
 
@@ -299,7 +301,7 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
 
     def write(target: Path, force: bool) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
-        capture(runner, target, impl=recorder_impl, device=run_device, force=force)
+        capture(runner, target, impl=recorder_impl, device=run_device, force=force, seeds=seeds)
 
     def write_obtained(target: Path) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -331,6 +333,8 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
         text = _failure_report(path, checked, [], resolved.source)
         if report.first_failing_layer:
             text += f"\nfirst failing tensor in execution order: {report.first_failing_layer}"
+        if report.seeds is not None and report.seeds.failing_seeds:
+            text += "\n" + "\n".join(seeds_lines(report.seeds.to_dict()))
         if report.determinism is not None and not report.determinism.passed:
             text += "\n" + "\n".join(determinism_lines(report.determinism.to_dict()))
         return Judged(checked, False, text)

@@ -101,6 +101,7 @@ class _State:
     obtained_dir: Path | None
     verbose: bool
     repeat: int = 1
+    seeds: int = 1
     allow_nondeterministic: tuple[str, ...] = ()
     records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     is_worker: bool = False
@@ -140,6 +141,7 @@ def pytest_configure(config):
         obtained_dir=absolute(config.getoption("parity_obtained_dir")),
         verbose=config.getoption("verbose") > 0,
         repeat=config.getoption("parity_repeat"),
+        seeds=config.getoption("parity_seeds"),
         allow_nondeterministic=tuple(config.getoption("parity_allow_nondeterministic") or ()),
         is_worker=hasattr(config, "workerinput"),
     )
@@ -252,7 +254,7 @@ class ParityChecker:
             subject, args, golden=self.golden_dir / check_name(golden), impl=run_impl, device=state.device,
             policy=self._policy(policy), record=state.record, regen=state.regen, record_impl=record_impl,
             rootdir=state.rootdir, test_id=self._request.node.nodeid, obtained_dir=self.obtained_dir,
-            name=golden, impl_flag=impl_flag, device_flag="--parity-device", repeat=repeat,
+            name=golden, impl_flag=impl_flag, device_flag="--parity-device", repeat=repeat, seeds=state.seeds,
             allow_nondeterministic=state.allow_nondeterministic))
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from parity.base import dtypes
 from parity.base.errors import UsageError, require_dependency
 from parity.base.overrides import json_value, parse_overrides
-from parity.cli.options import DEPRECATED_UNTIL, HelpFormatter, add_cli_options, resolve_device, runs_argument
+from parity.cli.options import DEPRECATED_UNTIL, HelpFormatter, add_cli_options, resolve_device
 
 # Bounds of numeric options: beyond these a value is a typo, not a wish.
 MAX_SHARD_MIB = 2**20  # 1 TiB: no single safetensors shard should be larger
@@ -84,10 +84,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "glob (shard(DIM), replicate or partial), e.g. 'layers.*.mlp.up_proj=shard(-1)'; "
                              "repeatable, later wins. DTensor outputs and parallelize plans need none")
     add_cli_options(parser, "repeat")
-    parser.add_argument("--seeds", type=runs_argument, default=1, metavar="N",
-                        help="record the input draws of N seeds (the subject's seed argument and the N-1 after it) "
-                             "through one model; compare judges every draw and each tensor on its worst "
-                             "(default: 1)")
+    add_cli_options(parser, "seeds")
     add_cli_options(parser, "quiet")
     parser.set_defaults(func=run)
     return parser
