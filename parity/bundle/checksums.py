@@ -1,7 +1,7 @@
 """The checksums a bundle records: which algorithm each schema version uses, and how to take one.
 
 A bundle records one digest per tensor and one per shard header (:mod:`parity.bundle.manifest`). Schema
-versions 1 to 3 used sha256; versions 4 and 5 use BLAKE3 (the ``blake3`` package, the reference Rust
+versions 1 to 3 used sha256; versions 4 to 6 use BLAKE3 (the ``blake3`` package, the reference Rust
 implementation's binding). Both are cryptographic hashes with 256-bit digests. BLAKE3 is chosen
 for speed: 4.6 GB/s per core on the 2-core CPU machine against 1.8 GB/s for sha256 with the SHA
 extensions (``python bench/harness/harness_benchmark.py --primitives``, bench/harness/BENCHMARK.md), and at the rate a
@@ -20,7 +20,7 @@ import torch
 SHA256 = "sha256"
 BLAKE3 = "blake3"
 # What each manifest schema version records its tensors' and shard headers' digests with.
-ALGORITHM_OF_VERSION = {1: SHA256, 2: SHA256, 3: SHA256, 4: BLAKE3, 5: BLAKE3}
+ALGORITHM_OF_VERSION = {1: SHA256, 2: SHA256, 3: SHA256, 4: BLAKE3, 5: BLAKE3, 6: BLAKE3}
 
 
 class Hasher(Protocol):

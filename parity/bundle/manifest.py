@@ -54,13 +54,19 @@ SCHEMA_VERSION = 4
 # without them, so such a bundle is version 5 (otherwise the same as 4); self-contained bundles
 # stay version 4, readable by older parity.
 WEIGHTS_BY_REFERENCE_VERSION = 5
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# A bundle of more than one input draw (capture --seeds N, parity.run.seeds): its later draws are
+# entries of the draw_* kinds, which a parity that reads only version 5 would refuse entry by
+# entry; it is version 6 so that such a parity says so once. One draw stays version 4 (or 5).
+SEEDS_VERSION = 6
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 MANIFEST_NAME = "manifest.json"
 DIGEST_FIELD = "manifest_sha256"
 
 # What an entry holds: the subject's inputs and state (weights, buffers), a recorded module output,
 # a recorded module input (for replaying one layer), and a high-precision reference of an output.
-KINDS = ("input", "state", "output", "module_input", "reference")
+# draw_input, draw_output, draw_reference: the same for the later input draws of capture --seeds
+# (version 6, parity.run.seeds).
+KINDS = ("input", "state", "output", "module_input", "reference", "draw_input", "draw_output", "draw_reference")
 
 DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
@@ -172,6 +178,7 @@ class Manifest:
     shards: list[Shard]
     entries: list[Entry]
     weights: dict[str, Any] | None = None  # checkpoint files named instead of stored weights (version 5)
+    seeds: dict[str, Any] | None = None  # the input draws of capture --seeds (version 6, parity.run.seeds)
 
     @property
     def checksum(self) -> str:
@@ -408,6 +415,12 @@ def _check_capture(c: _Checker, value: Any) -> dict[str, Any] | None:
             c.opt_str(reference.get(key), f"capture.reference.{key}", limit=200)
         if reference.get("outputs_without_reference") is not None:
             c.str_list(reference["outputs_without_reference"], "capture.reference.outputs_without_reference")
+    repeat = c.opt_obj(info.get("repeat"), "capture.repeat")  # capture --repeat N (parity.run.repeats)
+    if repeat is not None:
+        c.int(repeat.get("runs"), "capture.repeat.runs", minimum=1)
+        c.bool(repeat.get("bitwise_equal"), "capture.repeat.bitwise_equal")
+        c.opt_str(repeat.get("first_nondeterministic"), "capture.repeat.first_nondeterministic")
+        c.str_list(repeat.get("nondeterministic", []), "capture.repeat.nondeterministic")
     return info
 
 
@@ -415,7 +428,7 @@ def _check_weights(c: _Checker, value: Any, version: int, entries: list[Entry]) 
     """``weights`` (version 5): the checkpoint files (plain names, recorded paths, sizes, sha256)
     and which state tensor each file holds under which key; no state name both stored and named."""
     if value is None:
-        if version >= WEIGHTS_BY_REFERENCE_VERSION:
+        if version == WEIGHTS_BY_REFERENCE_VERSION:
             raise c.fail("weights", f"missing (version {version} bundles name their checkpoint files)")
         return None
     if version < WEIGHTS_BY_REFERENCE_VERSION:
@@ -450,6 +463,39 @@ def _check_weights(c: _Checker, value: Any, version: int, entries: list[Entry]) 
             raise c.fail(field, f"state tensor '{printable(name, limit=120)}' is named twice")
         seen.add(name)
     return weights
+
+
+def _check_seeds(c: _Checker, value: Any, version: int, entries: list[Entry]) -> dict[str, Any] | None:
+    """``seeds`` (version 6): the draws' seeds, distinct integers, the first the bundle's own draw;
+    one ``inputs_meta`` object per later draw; every draw_* entry named ``"<seed>|..."`` of a listed seed."""
+    drawn = [entry for entry in entries if entry.kind.startswith("draw_")]
+    if value is None:
+        if drawn:
+            raise c.fail("seeds", f"missing, but the bundle holds {len(drawn)} draw_* entries")
+        return None
+    if version < SEEDS_VERSION:
+        raise c.fail("seeds", f"present in a version {version} manifest (input draws are version {SEEDS_VERSION})")
+    seeds = c.obj(value, "seeds")
+    c.str(seeds.get("arg"), "seeds.arg", nonempty=True, limit=200)
+    values = c.list(seeds.get("values"), "seeds.values")
+    if len(values) < 2:
+        raise c.fail("seeds.values", f"expected at least 2 seeds, got {len(values)}")
+    for number, seed in enumerate(values):
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise c.fail(f"seeds.values[{number}]", f"expected an integer, got {_type(seed)}")
+    if len(set(values)) != len(values):
+        raise c.fail("seeds.values", "lists a seed twice")
+    metas = c.list(seeds.get("inputs_meta"), "seeds.inputs_meta")
+    if len(metas) != len(values) - 1:
+        raise c.fail("seeds.inputs_meta", f"expected {len(values) - 1} objects (one per later draw), got {len(metas)}")
+    for number, meta in enumerate(metas):
+        c.freeform_obj(meta, f"seeds.inputs_meta[{number}]")
+    later = {str(seed) for seed in values[1:]}
+    for entry in drawn:
+        if entry.name.split("|", 1)[0] not in later:
+            raise c.fail("entries", f"{entry.kind} '{printable(entry.name, limit=120)}' is of no later draw in "
+                                    "seeds.values")
+    return seeds
 
 
 def _check_hooks(c: _Checker, value: Any) -> dict[str, Any] | None:
@@ -737,4 +783,5 @@ def load_manifest(data: bytes, where: str) -> Manifest:
         inputs_meta=c.freeform_obj(raw.get("inputs_meta", {}), "inputs_meta"),
         layers=layers, reference_layers=reference_layers, shards=shards, entries=entries,
         weights=_check_weights(c, raw.get("weights"), version, entries),
+        seeds=_check_seeds(c, raw.get("seeds"), version, entries),
     )

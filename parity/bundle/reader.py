@@ -338,6 +338,11 @@ class BundleReader:
         return self._manifest.record_inputs
 
     @property
+    def seeds(self) -> dict[str, Any] | None:
+        """The input draws of ``capture --seeds`` (schema 6, :mod:`parity.run.seeds`); None for one draw."""
+        return self._manifest.seeds
+
+    @property
     def weights(self) -> dict[str, Any] | None:
         """The checkpoint files named instead of stored weights (schema 5, :mod:`parity.bundle.weights`)."""
         return self._manifest.weights

@@ -51,6 +51,7 @@ from parity.bundle.manifest import (
     KINDS,
     MANIFEST_NAME,
     SCHEMA_VERSION,
+    SEEDS_VERSION,
     WEIGHTS_BY_REFERENCE_VERSION,
     Entry,
     canonical_json,
@@ -480,7 +481,8 @@ class BundleWriter:
             raise ValueError(f"manifest fields {sorted(clash)} are set by the writer")
         manifest = {
             "format": FORMAT_NAME,
-            "schema_version": WEIGHTS_BY_REFERENCE_VERSION if "weights" in fields else SCHEMA_VERSION,
+            "schema_version": (SEEDS_VERSION if "seeds" in fields
+                               else WEIGHTS_BY_REFERENCE_VERSION if "weights" in fields else SCHEMA_VERSION),
             "parity_version": __version__,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **fields,

@@ -86,6 +86,18 @@ class Option:
         return {**dict(self.kwargs), **dict(self.cli_kwargs)}
 
 
+def runs_argument(text: str) -> int:
+    """argparse type of ``--repeat``: a whole number >= 1 (argparse turns the ValueError into its
+    one-line usage error, exit 2)."""
+    stripped = text.strip()
+    if not stripped.isdigit() or int(stripped) < 1:
+        raise ValueError(text)
+    return int(stripped)
+
+
+runs_argument.__name__ = "whole number >= 1"  # argparse names the type in its message
+
+
 def _stdout_help(what: str) -> str:
     return f"write {what} to FILE ('-': standard output, instead of the text report)"
 
@@ -123,6 +135,20 @@ OPTIONS: dict[str, Option] = {
                _stdout_help("the report as Markdown (for a CI job summary or a pull-request comment)"),
                (("metavar", "FILE"), ("default", None))),
         Option("quiet", "--quiet", None, "no progress on stderr", (("action", "store_true"),)),
+        Option("repeat", "--repeat", "--parity-repeat",
+               "run the implementation N times on the same inputs and judge every recorded tensor bitwise run "
+               "to run: a tensor that differs fails, named with its spread max|run_i - run_0| (default: 1, "
+               "one run)", (("type", runs_argument), ("default", 1), ("metavar", "N"))),
+        Option("seeds", "--seeds", "--parity-seeds",
+               "record the input draws of N seeds (the subject's seed argument and the N-1 after it) through one "
+               "model in one bundle; compare judges every draw a bundle holds, each tensor on its worst "
+               "(default: 1)", (("type", runs_argument), ("default", 1), ("metavar", "N")),
+               cli_help="record the input draws of N seeds (the subject's seed argument and the N-1 after it) "
+                        "through one model; compare judges every draw and each tensor on its worst (default: 1)"),
+        Option("allow_nondeterministic", "--allow-nondeterministic", "--parity-allow-nondeterministic",
+               "with --repeat: tensors (or layers) matching this glob may differ run to run (atomics-based "
+               "reductions); still reported with their spread; repeatable",
+               (("action", "append"), ("default", None), ("metavar", "GLOB"))),
         Option("record", None, "--parity-record",
                "reference host: re-record every golden a test checks from this run (missing goldens are "
                "always recorded; either way the test fails, so a recording is never a pass)",

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -52,12 +52,15 @@ from parity.bundle.reader import BundleReader, open_bundle
 from parity.judge.engine import (Judge, Obtained, absent_warning, fused_warning, integrity, notes_as_warnings,
                                  replayed_layers)
 from parity.judge.policy import Policy, as_policy
+from parity.run.repeats import DeterminismReport, RepeatTracker, capture_repeat_warning, check_runs
 from parity.judge.results import CompareReport, TensorResult, fingerprint_differences, hosts_summary
+from parity.judge.seeds import combine
 from parity.run import platform
 from parity.run.recorder import RecordedTensor, Recorder, select_modules
 from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
+from parity.run.seeds import DrawView, draw_views
 from parity.run.subjects import Inputs, runner_from_manifest
-from parity.run.subjects.base import StateSource, check_trusted
+from parity.run.subjects.base import StateSource, SubjectRunner, check_trusted
 
 
 def compare_bundle(
@@ -70,6 +73,8 @@ def compare_bundle(
     progress: Callable[[str], None] | None = None,
     budget: bool | None = None,
     weights_dir: str | os.PathLike | None = None,
+    repeat: int = 1,
+    allow_nondeterministic: Sequence[str] = (),
 ) -> CompareReport:
     """Run the golden bundle's subject here with ``impl`` and compare every recorded tensor.
 
@@ -79,13 +84,16 @@ def compare_bundle(
     not). ``isolate``: also replay each layer on its golden inputs. ``budget``: the error-budget
     mode (:mod:`parity.judge.engine`). ``progress``: called with progress messages.
     ``weights_dir``: where this host holds the checkpoint files a bundle names (by file name;
-    default: the paths recorded at capture).
+    default: the paths recorded at capture). ``repeat``: run the implementation this many times on
+    the same inputs and judge each tensor bitwise run to run (:mod:`parity.run.repeats`); a
+    tensor that differs fails the report unless it matches an ``allow_nondeterministic`` glob.
 
     Raises UsageError (BundleError) for an unusable bundle, a subject that cannot be re-created,
     an unknown impl, a bad device, Triton on the CPU without the interpreter, ``isolate`` without
     recorded inputs, and ``budget=True`` without references. Tensor-level problems are results.
     """
     started = time.monotonic()
+    repeat = check_runs(repeat)
     say = Progress(progress)
     policy = as_policy(policy)
     bundle = golden if isinstance(golden, BundleReader) else open_bundle(golden)
@@ -128,23 +136,40 @@ def compare_bundle(
                         "thresholds" + ("; the isolated replay by the error budget" if isolate
                                         else "; add --isolate for the error budget of each module"))
     results: list[TensorResult] = []
+    tracker = RepeatTracker(repeat, allow_nondeterministic) if repeat > 1 else None
 
     def on_tensor(record: RecordedTensor) -> None:
         if record.kind != "output":
             return
+        if tracker is not None:
+            tracker.baseline(record.name, record.tensor)
         results.append(judge(Obtained(record.name, record.tensor, layer=record.layer, path=record.path)))
         say.tick(lambda: f"compared {len(results)} of {expected} tensors ({sum(not r.passed for r in results)} failing)")
 
     say(f"run impl {impl} on {device}")
     # copy=False: each output is judged before its hook returns, so the module's own tensor is
     # used as it is (no copy of every output).
+    globs = _capture_globs(bundle, module, warnings)
     try:
-        with Recorder(module, on_tensor, layers=_capture_globs(bundle, module, warnings), copy=False):
+        with Recorder(module, on_tensor, layers=globs, copy=False):
             runner.run(module, inputs)
     finally:
         judge.close()
+    determinism = None
+    if tracker is not None:
+        determinism = repeat_runs(tracker, runner, module, inputs, globs, say)
     del inputs
     ordered = judge.in_golden_order(results)
+    seeds_report = None
+    views = draw_views(bundle)
+    if views:
+        draws = [(bundle.seeds["values"][0], ordered)]
+        for view in views:
+            say(f"input draw of seed {view.seed}: impl {impl} on {device}")
+            draws.append((view.seed, judge_draw(view, runner, module, device, policy, budget, globs, per_module)))
+        ordered, seeds_report = combine(draws)
+        say(f"judged {len(draws)} input draws (seeds {', '.join(str(seed) for seed, _ in draws)}): each tensor on "
+            "its worst")
 
     if isolate:
         replay_judge = Judge(bundle, policy, budget)
@@ -155,7 +180,8 @@ def compare_bundle(
 
     golden_fp, here_fp = bundle.platform, platform.fingerprint(device)
     differences = fingerprint_differences(golden_fp, here_fp)
-    warnings = ([d.message for d in differences] + warnings + notes_as_warnings(ordered) + fused_warning(ordered)
+    warnings = ([d.message for d in differences] + capture_repeat_warning(bundle.capture_info) + warnings
+                + notes_as_warnings(ordered) + fused_warning(ordered)
                 + absent_warning(ordered))
     report = CompareReport(
         golden=str(bundle.path), subject=bundle.subject, impl=impl, golden_impl=bundle.impl, device=str(device),
@@ -166,8 +192,47 @@ def compare_bundle(
         seconds=time.monotonic() - started,
         integrity=integrity(bundle),
         independent_cases=len(runner.case_ids(dict(module.named_children()))),
+        determinism=determinism,
+        seeds=seeds_report,
     )
     say(f"compared {plural(len(ordered), 'tensor')} in {report.seconds:.1f} s: {len(report.failing)} failing")
+    return report
+
+
+def judge_draw(view: DrawView, runner: SubjectRunner, module: torch.nn.Module, device: torch.device, policy: Policy,
+               budget: bool | None, globs: list[str] | None, per_module: bool) -> list[TensorResult]:
+    """One later input draw of the bundle (:mod:`parity.run.seeds`), run through the same module
+    and judged by the same engine against that draw's goldens and references."""
+    judge = Judge(view, policy, budget, read_ahead=[entry.name for entry in view.entries_of("output")],
+                  has_reference=(lambda key: False) if per_module else None)
+    inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in view.tensors("input").items()},
+                    view.inputs_meta)
+    results: list[TensorResult] = []
+
+    def on_tensor(record: RecordedTensor) -> None:
+        if record.kind == "output":
+            results.append(judge(Obtained(record.name, record.tensor, layer=record.layer, path=record.path)))
+
+    try:
+        with Recorder(module, on_tensor, layers=globs, copy=False):
+            runner.run(module, inputs)
+    finally:
+        judge.close()
+    return judge.in_golden_order(results)
+
+
+def repeat_runs(tracker: RepeatTracker, runner: SubjectRunner, module: torch.nn.Module, inputs: Inputs,
+                globs: list[str] | None, say: Progress) -> DeterminismReport:
+    """The later runs of ``compare --repeat``: the same module on the same inputs, every recorded
+    output hashed against the first run's (nothing is judged against the golden again)."""
+    for number in range(2, tracker.runs + 1):
+        say(f"repeat run {number} of {tracker.runs}: bitwise against the first")
+        tracker.start_run()
+        with Recorder(module, lambda record: tracker.observe(record.name, record.tensor)
+                      if record.kind == "output" else None, layers=globs, copy=False):
+            runner.run(module, inputs)
+    report = tracker.report()
+    say(report.summary())
     return report
 
 

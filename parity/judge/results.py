@@ -312,6 +312,11 @@ class CompareReport:
     integrity: dict[str, Any] = dataclasses.field(default_factory=dict)
     candidate: str | None = None
     independent_cases: int = 0  # the subject's case count where its cases do not feed one another
+    # ``compare --repeat N``: a parity.run.repeats.DeterminismReport of this host's N runs (None: one run).
+    determinism: Any = None
+    # A bundle of several input draws (capture --seeds N): a parity.judge.seeds.SeedsReport; each
+    # result in ``layers`` is then its tensor's worst draw.
+    seeds: Any = None
 
     @property
     def tensors(self) -> list[TensorResult]:
@@ -319,8 +324,10 @@ class CompareReport:
 
     @property
     def passed(self) -> bool:
-        """Parity holds: at least one tensor compared, and every end-to-end result passes."""
-        return bool(self.layers) and all(result.passed for result in self.layers)
+        """Parity holds: at least one tensor compared, every end-to-end result passes, and (with
+        ``--repeat``) every tensor not allowed to vary was bitwise equal run to run."""
+        return (bool(self.layers) and all(result.passed for result in self.layers)
+                and (self.determinism is None or self.determinism.passed))
 
     @property
     def failing(self) -> list[TensorResult]:
@@ -410,6 +417,8 @@ class CompareReport:
             "kernel_configs": self.kernel_configs,
             "integrity": self.integrity,
             "seconds": round(self.seconds, 3),
+            **({"determinism": self.determinism.to_dict()} if self.determinism is not None else {}),
+            **({"seeds": self.seeds.to_dict()} if self.seeds is not None else {}),
             "layers": [result.to_dict() for result in self.layers],
         }
 
@@ -491,10 +500,21 @@ def unrelaxable_checks(result: TensorResult) -> list[str]:
 
 
 def verdict_line(report: CompareReport) -> str:
-    """``PARITY HOLDS: 12/12 tensors`` or ``PARITY FAILS: first failing tensor X (n of m tensors fail)``."""
-    return verdict_from_counts(passed=report.passed, total=len(report.layers), fused=len(report.fused_here),
+    """``PARITY HOLDS: 12/12 tensors`` or ``PARITY FAILS: first failing tensor X (n of m tensors fail)``;
+    where every tensor passes but a repeated run was not bitwise equal, ``PARITY FAILS: not
+    deterministic: first X (n of m tensors differ run to run)``."""
+    determinism = report.determinism
+    if (determinism is not None and not determinism.passed and report.layers
+            and all(result.passed for result in report.layers)):
+        return (f"PARITY FAILS: not deterministic: first {printable(determinism.first_nondeterministic)} "
+                f"({len(determinism.failing)} of {len(determinism.tensors)} tensors differ run to run "
+                f"over {determinism.runs} runs)")
+    line = verdict_from_counts(passed=report.passed, total=len(report.layers), fused=len(report.fused_here),
                                failing=len(report.failing), first_failing=report.first_failing_layer,
                                absent=len(report.absent_here))
+    if report.seeds is not None:  # how many input draws every verdict rests on
+        line += f" [{len(report.seeds.values)} seeds, judged on the worst]"
+    return line
 
 
 def verdict_from_counts(*, passed: bool, total: int, fused: int, failing: int, first_failing: str | None,

@@ -35,6 +35,7 @@ from parity.base.numbers import format_cosine, format_dtype, format_number, form
 from parity.base.text import plural, printable, subject_name
 from parity.judge.policy import would_pass_from_checks
 from parity.judge.results import verdict_from_counts
+from parity.report.runs import determinism_html, seeds_html
 from parity.report.text import host_text, verdict_cell
 
 NAME_LIMIT = 100_000  # names are escaped, not cut, in attributes (the page is checked against the JSON)
@@ -568,6 +569,8 @@ def render_html(report: dict[str, Any]) -> str:
 </header>
 <section id="summary"><h2>Summary</h2><table class="kv"><tbody>{summary}</tbody></table></section>
 {warning_html}
+{determinism_html(report)}
+{seeds_html(report)}
 <section id="plots"><h2>Error against depth</h2>
 <p>Each point is one compared tensor, in execution order. Against the golden: this host's output vs the capture
 host's. Against the reference (where the bundle holds a high-precision one): each host's own error, and the

@@ -10,6 +10,7 @@ from typing import Any
 from parity.base.files import write_atomically
 from parity.base.numbers import format_shape
 from parity.judge.results import CompareReport, TensorResult, verdict_line, would_pass_text
+from parity.report.runs import determinism_junit_case, seeds_lines
 from parity.report.text import host_text
 
 # XML 1.0 allows tab, newline, carriage return and everything from U+0020 up, minus surrogates
@@ -57,9 +58,20 @@ def to_junit_xml(report: CompareReport) -> str:
              ("golden_host", host_text(report.hosts["golden"])), ("this_host", host_text(report.hosts["here"])),
              ("policy", report.policy.source), ("verdict", verdict_line(report))]
     props += [("warning", warning) for warning in report.warnings]
+    props += [("seeds", line) for line in seeds_lines(report.seeds.to_dict() if report.seeds is not None else None)[:1]]
     for name, value in props:
         ET.SubElement(properties, "property", {"name": name, "value": _xml_text(value)})
     classname = _xml_text(f"parity.compare.{subject}")
+    repeats = determinism_junit_case(report.determinism.to_dict() if report.determinism is not None else None)
+    if repeats is not None:
+        name, message, body = repeats
+        case = ET.SubElement(suite, "testcase", {"classname": classname, "name": _xml_text(name)})
+        if message is not None:
+            ET.SubElement(case, "failure", {"message": _xml_text(message), "type": "nondeterministic"}).text = _xml_text(body)
+        ET.SubElement(case, "system-out").text = _xml_text(body)
+        for element in (suites, suite):
+            element.set("tests", str(int(element.get("tests")) + 1))
+            element.set("failures", str(int(element.get("failures")) + (message is not None)))
     for result in report.layers:
         # No "time": tensors are not timed one by one (the suite's time is the whole run's).
         case = ET.SubElement(suite, "testcase", {"classname": classname, "name": _xml_text(result.name)})

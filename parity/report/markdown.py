@@ -7,6 +7,7 @@ import os
 from parity.base.files import write_atomically
 from parity.base.text import printable
 from parity.judge.results import CompareReport, verdict_line
+from parity.report.runs import determinism_lines, seeds_lines
 from parity.report.text import FAILURE_LIMIT, failure_lines, format_table, growth_line, header_lines, markdown_escape
 
 
@@ -31,6 +32,10 @@ def format_markdown(report: CompareReport, *, max_rows: int | None = None,
         for line in failures[1:]:  # "  name:" and "    reason" lines: a list and its sublists
             depth = (len(line) - len(line.lstrip(" "))) // 2
             lines.append("  " * (depth - 1) + "- " + markdown_escape(line.strip()))
+    for runs in (determinism_lines(report.determinism.to_dict() if report.determinism is not None else None),
+                 seeds_lines(report.seeds.to_dict() if report.seeds is not None else None)):
+        if runs:
+            lines += ["", markdown_escape(runs[0])] + [f"- {markdown_escape(line.strip())}" for line in runs[1:]]
     lines += ["", verdict]
     return "\n".join(lines) + "\n"
 

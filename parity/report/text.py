@@ -60,6 +60,7 @@ from parity.base.numbers import format_cosine, format_dtype, format_number, form
 from parity.base.text import plural, printable, subject_name
 from parity.judge.policy import MISMATCH_ALTERNATIVES
 from parity.judge.results import CompareReport, TensorResult, unrelaxable_checks, verdict_line, would_pass_text
+from parity.report.runs import determinism_lines, seeds_lines
 
 TABLE_FORMAT = "github"
 FAILURE_LIMIT = 5
@@ -467,5 +468,9 @@ def format_text(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows
     failures = failure_lines(report, failure_limit)
     if failures:
         lines += [""] + failures
+    runs = determinism_lines(report.determinism.to_dict() if report.determinism is not None else None)
+    runs += seeds_lines(report.seeds.to_dict() if report.seeds is not None else None)
+    if runs:
+        lines += [""] + runs
     lines += ["", verdict_line(report)]
     return "\n".join(lines)

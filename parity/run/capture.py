@@ -29,10 +29,12 @@ from parity.base.text import plural, write_line
 from parity.bundle.shards import DEFAULT_SHARD_BYTES
 from parity.bundle import weights as checkpoint_weights
 from parity.bundle.writer import BundleWriter
+from parity.run.repeats import RepeatTracker, capture_record, check_runs
 from parity.run import platform
 from parity.run.module_reference import ModuleReference
 from parity.run.recorder import RecordedTensor, Recorder, flatten
 from parity.run.runtime import Progress, check_device, check_triton_mode, cores_left_for, launch_configs
+from parity.run.seeds import DRAW_KINDS, SEED_ARG, draw_name, seed_values
 from parity.run.subjects import SubjectRunner, load_subject
 
 REFERENCE_CHOICES = ("fp64", "fp32", "none")
@@ -53,6 +55,7 @@ class CaptureResult:
     bytes: int  # bytes of shards written
     hooks_check: dict[str, Any]
     reference: str | None
+    repeat: dict[str, Any] | None = None  # capture --repeat N: the manifest's capture.repeat
 
 
 def _reference_plan(reference: str | None, device: torch.device,
@@ -122,6 +125,8 @@ def capture(
     durable: bool = True,
     reference_scope: str = "model",
     weights_from: Sequence[str | os.PathLike] | None = None,
+    repeat: int = 1,
+    seeds: int = 1,
 ) -> CaptureResult:
     """Capture ``subject`` (a SubjectRunner, or a spec with ``subject_args``) into a bundle at ``out``.
 
@@ -138,9 +143,23 @@ def capture(
     to the file's first; what no file holds is stored). Raises UsageError for bad arguments and
     CaptureError when the hooks-on run differs from the hooks-off run; on any error nothing is
     left at ``out``.
+
+    ``repeat``: run the recorded forward this many times and record in the manifest
+    (``capture.repeat``) whether every recorded output was bitwise equal run to run
+    (:mod:`parity.run.repeats`; it keeps a CPU copy of the first run's outputs meanwhile). A
+    subject that is not deterministic is then captured (its first run is the golden) instead of
+    refused by the hooks check, since its hooks-off and hooks-on runs cannot be bitwise equal either.
+
+    ``seeds``: record the input draws of that many seeds (the subject's ``seed`` argument and the
+    ones after it) through the same model, each with its outputs and (model-scope) references
+    (:mod:`parity.run.seeds`); a subject without a ``seed`` argument is a UsageError.
     """
+    repeat = check_runs(repeat)
     runner = subject if isinstance(subject, SubjectRunner) else load_subject(subject, subject_args)
     runner.check_impl(impl)
+    seed_list = seed_values(runner.args, seeds, runner.spec)
+    if seed_list and reference_scope == "module":
+        raise UsageError("--seeds records whole-model references only; drop --reference-scope module")
     device = check_device(device)
     check_triton_mode(impl, device)
     plan = _reference_plan(reference, device, reference_scope)
@@ -157,8 +176,11 @@ def capture(
         # a subject's made state is freed once loaded, unless the whole-model reference needs it.
         state = {name: tensor.detach() for name, tensor in module.state_dict().items()}
         del made
+        tracker = RepeatTracker(repeat) if repeat > 1 else None
 
         def store(record: RecordedTensor) -> None:
+            if tracker is not None and record.kind == "output":
+                tracker.baseline(record.name, record.tensor)
             # The recorder hands over the module's own tensor (copy=False); the writer copies it
             # once, into its shard arena, before this returns.
             writer.add(record.kind, record.name, record.tensor, layer=record.layer, module=record.module,
@@ -195,16 +217,47 @@ def capture(
             hooks_on = _cpu_tensors(runner.run(module, device_inputs))
         if module_reference is not None:
             module_reference.check()
+        determinism = None
+        if tracker is not None:
+            for number in range(2, repeat + 1):
+                say(f"{runner.name}: repeat run {number} of {repeat}: bitwise against the recorded run")
+                tracker.start_run()
+                with Recorder(module, lambda record: tracker.observe(record.name, record.tensor), layers=layers,
+                              copy=False):
+                    runner.run(module, device_inputs)
+            determinism = tracker.report()
+            say(f"{runner.name}: {determinism.summary()}")
         difference = _first_difference(hooks_off, hooks_on)
         hooks_check = {"bitwise_equal": difference is None, "tensors_compared": len(hooks_off),
                        "first_difference": difference}
-        if difference is not None:
+        if difference is not None and determinism is not None and not determinism.bitwise_equal:
+            # Repeated runs with the same hooks already differ: the hooks-off run cannot be
+            # expected to match bitwise, so the difference is the subject's, not the recording's.
+            hooks_check["explained_by"] = "the subject is not deterministic run to run (capture --repeat)"
+        elif difference is not None:
             raise CaptureError(
                 f"subject {runner.name}: the recorded run's output differs from the run without hooks at "
                 f"{difference}; recording changed the result or the subject is not deterministic run to run"
             )
         if not recorder.calls:
             raise UsageError(f"subject {runner.name}: the selected layers produced no tensors; nothing to capture")
+
+        def store_draw(seed: int) -> Callable[[RecordedTensor], None]:
+            def store(record: RecordedTensor) -> None:
+                writer.add(DRAW_KINDS[record.kind], draw_name(seed, record.name), record.tensor,
+                           layer=draw_name(seed, record.layer), module=record.module, call_index=record.call_index,
+                           path=record.path, copy=True, device=str(record.tensor.device))
+            return store
+
+        draws: list[tuple[int, Any]] = []  # (seed, its inputs on the CPU) of every later draw
+        for seed in seed_list[1:]:
+            draw = load_subject(runner.spec, {**runner.args, SEED_ARG: seed}).make_inputs()
+            say(f"{runner.name}: draw of seed {seed}: impl {impl} on {device}")
+            for name, tensor in draw.tensors.items():
+                writer.add(DRAW_KINDS["input"], draw_name(seed, name), tensor)
+            with Recorder(module, store_draw(seed), layers=layers, copy=False):
+                runner.run(module, draw.to(device))
+            draws.append((seed, draw))
         calls = [call.to_json() for call in recorder.calls]
         # What the module reports about its launches is all capture needs of it from here on: free
         # it (host or device memory) before the reference module is built.
@@ -230,6 +283,10 @@ def capture(
             threads = writer.busy_threads if ref_device.type == "cpu" else 0
             with recorder, cores_left_for(threads):
                 runner.run(ref_module, inputs.to(ref_device, ref_dtype))
+            for seed, draw in draws:
+                with Recorder(ref_module, store_draw(seed), layers=layers, kind="reference", copy=False), \
+                        cores_left_for(threads):
+                    runner.run(ref_module, draw.to(ref_device, ref_dtype))
             reference_calls = [call.to_json() for call in recorder.calls]
             reference_info = _reference_info(reference, "model", runner.reference_impl, ref_device, ref_dtype, writer)
             del ref_module, recorder, state
@@ -245,11 +302,14 @@ def capture(
                 "reference": reference_info,
                 "shard_bytes": shard_bytes,
                 "durable": durable,
+                **({"repeat": capture_record(determinism)} if determinism is not None else {}),
             },
             "platform": platform.fingerprint(device),
             "kernel_configs": {"used": used_configs, "provided": dict(kernel_configs) if kernel_configs else None},
             "hooks_check": hooks_check,
             **({"weights": weights_info} if weights_info is not None else {}),
+            **({"seeds": {"arg": SEED_ARG, "values": seed_list, "inputs_meta": [draw.meta for _, draw in draws]}}
+               if seed_list else {}),
             "inputs_meta": inputs.meta,
             "layers": calls,
             "reference_layers": reference_calls,
@@ -257,6 +317,7 @@ def capture(
         path = writer.commit(manifest)
         result = CaptureResult(path=path, layers=len(calls), tensors=len(writer.entries),
                                bytes=writer.bytes_written, hooks_check=hooks_check,
-                               reference=reference if plan is not None else None)
+                               reference=reference if plan is not None else None,
+                               repeat=capture_record(determinism) if determinism is not None else None)
     return result
 

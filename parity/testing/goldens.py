@@ -29,6 +29,7 @@ from typing import Any
 
 from parity.base import dtypes
 from parity.base.errors import UsageError
+from parity.report.runs import determinism_lines, seeds_lines
 
 OBTAINED_SUFFIX = ".obtained"
 GOLDEN_FORMAT = "parity-plugin-golden"
@@ -249,7 +250,8 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
                   impl: str | None = None, device: Any = None, policy: Any = None, record: bool = False,
                   regen: bool = False, record_impl: str | None = None, rootdir: str | os.PathLike | None = None,
                   test_id: str | None = None, obtained_dir: str | os.PathLike | None = None, name: str | None = None,
-                  impl_flag: str = "impl", device_flag: str = "device") -> ParityResult:
+                  impl_flag: str = "impl", device_flag: str = "device", repeat: int = 1,
+                  allow_nondeterministic: tuple[str, ...] = (), seeds: int = 1) -> ParityResult:
     """Run ``subject`` (a built-in name or ``package.module:factory``) with ``impl`` (default: the
     subject's ``reference_impl``) and compare it with the golden bundle ``golden`` through
     ``parity.judge.compare.compare_bundle``, with the same lifecycle as tensor goldens. A missing
@@ -262,6 +264,12 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
     ``impl_flag`` and ``device_flag`` are how the caller's user names ``impl`` and ``device`` (the
     plugin: ``--parity-impl``, ``--parity-device``), so that an unknown implementation or a Triton
     run on a CPU without the interpreter is reported in the user's own terms.
+
+    ``repeat``: the implementation runs that many times and every tensor must also be bitwise
+    equal run to run, except those matching an ``allow_nondeterministic`` glob
+    (:mod:`parity.run.repeats`); the failure names the first that is not, with its spread.
+    ``seeds``: a golden recorded here holds the input draws of that many seeds
+    (:mod:`parity.run.seeds`); the check judges every draw a golden holds, each tensor on its worst.
     """
     import torch
 
@@ -269,6 +277,9 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
     from parity.run.capture import capture
     from parity.run.subjects import load_subject
 
+    from parity.run.repeats import check_runs
+
+    repeat = check_runs(repeat, "repeat")  # before anything runs: a bad count is the test's error
     path = Path(golden)
     # The test names the subject, so the test suite vouches for it; the golden may only confirm
     # it (the spec check below) and is never where its code is imported from.
@@ -290,11 +301,13 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
 
     def write(target: Path, force: bool) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
-        capture(runner, target, impl=recorder_impl, device=run_device, force=force)
+        capture(runner, target, impl=recorder_impl, device=run_device, force=force, seeds=seeds)
 
     def write_obtained(target: Path) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
-        capture(runner, target, impl=impl, device=run_device, reference="none", force=True)
+        # Repeated as the check was, so a nondeterministic run is kept (with where it differs)
+        # instead of being refused by capture's hooks check.
+        capture(runner, target, impl=impl, device=run_device, reference="none", force=True, repeat=repeat)
         return _kept_text(f"this run (impl {impl})", target, path)
 
     def judge() -> Judged:
@@ -312,13 +325,18 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
         # Trusted for compare_bundle because the test named it and the golden records the same
         # spec (checked above); any other spec in a golden is refused there, before it is imported.
         trusting = dataclasses.replace(resolved, trusted_subjects=tuple(resolved.trusted_subjects) + (runner.spec,))
-        report = compare_bundle(path, impl=impl, device=device, policy=trusting)
+        report = compare_bundle(path, impl=impl, device=device, policy=trusting, repeat=repeat,
+                                allow_nondeterministic=allow_nondeterministic)
         checked = [CheckedTensor.of(result) for result in report.layers]
         if report.passed:
             return Judged(checked, True)
         text = _failure_report(path, checked, [], resolved.source)
         if report.first_failing_layer:
             text += f"\nfirst failing tensor in execution order: {report.first_failing_layer}"
+        if report.seeds is not None and report.seeds.failing_seeds:
+            text += "\n" + "\n".join(seeds_lines(report.seeds.to_dict()))
+        if report.determinism is not None and not report.determinism.passed:
+            text += "\n" + "\n".join(determinism_lines(report.determinism.to_dict()))
         return Judged(checked, False, text)
 
     return perform_check(

@@ -74,12 +74,13 @@ from parity.testing.goldens import (
 
 MARKER = "parity"
 REPORT_ATTRIBUTE = "parity_tensors"  # the test report attribute that carries per-tensor rows
-_MARKER_KWARGS = ("golden", "policy", "subject", "args", "impl", "record_impl")
+_MARKER_KWARGS = ("golden", "policy", "subject", "args", "impl", "record_impl", "repeat")
 
 MARKER_HELP = (
-    "parity(golden=None, policy=None, subject=None, args=None, impl=None, record_impl=None): "
+    "parity(golden=None, policy=None, subject=None, args=None, impl=None, record_impl=None, repeat=None): "
     "defaults for the parity_check fixture: the golden name, a tolerance policy (Policy or TOML path), "
-    "the subject and its args for parity_check.subject(), the impl to run and the impl that records"
+    "the subject and its args for parity_check.subject(), the impl to run and the impl that records, "
+    "and how many times parity_check.subject() runs the impl to judge it bitwise run to run"
 )
 
 
@@ -99,6 +100,9 @@ class _State:
     rootdir: Path
     obtained_dir: Path | None
     verbose: bool
+    repeat: int = 1
+    seeds: int = 1
+    allow_nondeterministic: tuple[str, ...] = ()
     records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     is_worker: bool = False
 
@@ -136,6 +140,9 @@ def pytest_configure(config):
         rootdir=config.rootpath,
         obtained_dir=absolute(config.getoption("parity_obtained_dir")),
         verbose=config.getoption("verbose") > 0,
+        repeat=config.getoption("parity_repeat"),
+        seeds=config.getoption("parity_seeds"),
+        allow_nondeterministic=tuple(config.getoption("parity_allow_nondeterministic") or ()),
         is_worker=hasattr(config, "workerinput"),
     )
     config.pluginmanager.register(_Aggregator(config.stash[STATE]), "parity-aggregator")
@@ -224,10 +231,12 @@ class ParityChecker:
 
     def subject(self, subject: str | None = None, args: Mapping[str, Any] | None = None, *,
                 name: str | None = None, policy: Any = None, impl: str | None = None,
-                record_impl: str | None = None) -> ParityResult:
+                record_impl: str | None = None, repeat: int | None = None) -> ParityResult:
         """Assert that a whole subject run matches its golden bundle. The implementation run is, most
         specific first: ``impl=``, the ``parity`` marker's ``impl``, ``--parity-impl``, the subject's
-        own ``reference_impl``; on ``--parity-device``."""
+        own ``reference_impl``; on ``--parity-device``. ``repeat`` (else the marker's, else
+        ``--parity-repeat``): run it that many times and fail where a tensor is not bitwise equal
+        run to run, unless ``--parity-allow-nondeterministic`` names it (:mod:`parity.run.repeats`)."""
         __tracebackhide__ = True
         subject = subject or self._marker.get("subject")
         if subject is None:
@@ -240,11 +249,13 @@ class ParityChecker:
             (impl, "impl= of parity_check.subject()"), (self._marker.get("impl"), "impl= of the parity marker"),
             (state.impl, "--parity-impl")) if value), (None, "the subject's reference_impl"))
         record_impl = record_impl or self._marker.get("record_impl")
+        repeat = next((value for value in (repeat, self._marker.get("repeat")) if value is not None), state.repeat)
         return self._run(golden, lambda: check_subject(
             subject, args, golden=self.golden_dir / check_name(golden), impl=run_impl, device=state.device,
             policy=self._policy(policy), record=state.record, regen=state.regen, record_impl=record_impl,
             rootdir=state.rootdir, test_id=self._request.node.nodeid, obtained_dir=self.obtained_dir,
-            name=golden, impl_flag=impl_flag, device_flag="--parity-device"))
+            name=golden, impl_flag=impl_flag, device_flag="--parity-device", repeat=repeat, seeds=state.seeds,
+            allow_nondeterministic=state.allow_nondeterministic))
 
 
 def _marker_kwargs(node) -> dict[str, Any]:

@@ -84,6 +84,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="under torchrun: the placement of a plain tensor of a manually split model, by module "
                              "glob (shard(DIM), replicate or partial), e.g. 'layers.*.mlp.up_proj=shard(-1)'; "
                              "repeatable, later wins. DTensor outputs and parallelize plans need none")
+    add_cli_options(parser, "repeat")
+    add_cli_options(parser, "seeds")
     add_cli_options(parser, "quiet")
     parser.set_defaults(func=run)
     return parser
@@ -142,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     if launched() and (args.reference_scope != "model" or args.weights_from):
         raise UsageError("--reference-scope module and --weights-from apply to a single-process capture; "
                          "a torchrun capture takes neither")
+    if launched() and (args.repeat > 1 or args.seeds > 1):
+        raise UsageError("--repeat and --seeds apply to a single-process capture; a torchrun capture takes neither")
     if launched():  # one rank of a torchrun launch: a rank set (parity.distributed)
         from parity.cli.commands._distributed import capture as capture_ranks
 
@@ -163,10 +167,23 @@ def run(args: argparse.Namespace) -> int:
         durable=args.durable,
         reference_scope=args.reference_scope,
         weights_from=args.weights_from,
+        repeat=args.repeat,
+        seeds=args.seeds,
     )
     print(f"wrote {result.path}: {plural(result.layers, 'layer')}, {plural(result.tensors, 'tensor')}, "
-          f"{result.bytes / 2**20:.1f} MiB; hooks on/off bitwise equal")
+          f"{result.bytes / 2**20:.1f} MiB; {_checks_text(result)}")
     return 0
+
+
+def _checks_text(result) -> str:
+    """``hooks on/off bitwise equal`` and, with --repeat, whether the N runs were bitwise equal."""
+    repeat = result.repeat
+    if repeat is None:
+        return "hooks on/off bitwise equal"
+    if repeat["bitwise_equal"]:
+        return f"hooks on/off and {repeat['runs']} runs bitwise equal"
+    return (f"NOT deterministic: {len(repeat['nondeterministic'])} tensor(s) differ over {repeat['runs']} runs, "
+            f"first {repeat['first_nondeterministic']} (spread {repeat['max_spread']}); recorded in the manifest")
 
 
 def _make_parent(out: str) -> None:

@@ -32,6 +32,10 @@ that would have passed it, and a verdict line. Exit status: 0 parity holds, 1 it
             no trust; a package.module:factory spec needs --subject or trust = ["spec"] in the
             tolerance file / [tool.parity]: a bundle is data and never chooses the code to run.
 
+--repeat N  run --impl N times on the same inputs: every recorded tensor must be bitwise equal run
+            to run (a race, or float atomics, is not); the report names the first tensor in
+            execution order that differs and its spread max|run_i - run_0|, and the run fails
+            unless --allow-nondeterministic GLOB names it.
 --isolate   replay each layer on its golden inputs (bundle captured with --record-inputs):
             error a layer introduces vs error it inherits from upstream.
 Rules. Where the bundle holds a high-precision reference of a tensor (capture's default), the
@@ -60,6 +64,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="also replay each layer on its golden inputs (needs a bundle captured with "
                              "--record-inputs)")
     add_judging_options(parser)
+    add_cli_options(parser, "repeat", "allow_nondeterministic")
     parser.add_argument("--weights-dir", default=None, metavar="DIR",
                         help="where this host holds the checkpoint files a bundle captured with --weights-from "
                              "names (found by file name; default: the paths recorded at capture). Each file's "
@@ -100,6 +105,8 @@ def _run(args: argparse.Namespace) -> int:
     if launched() or looks_like_rank_set(args.golden):  # a rank set, or a torchrun launch (parity.distributed)
         from parity.cli.commands._distributed import compare as compare_ranks, quiet_other_ranks
 
+        if args.repeat > 1:
+            raise UsageError("--repeat applies to a single-process compare; a rank set takes none")
         quiet_other_ranks(args)
         report, passed = compare_ranks(args, device=device, progress=None if args.quiet else stderr_progress("compare"))
         if report is not None:
@@ -121,6 +128,7 @@ def _run(args: argparse.Namespace) -> int:
     report = compare_bundle(
         bundle, impl=args.impl, device=device, policy=policy, isolate=args.isolate,
         budget=args.budget, progress=None if args.quiet else stderr_progress("compare"), weights_dir=args.weights_dir,
+        repeat=args.repeat, allow_nondeterministic=args.allow_nondeterministic or (),
     )
     write_outputs(report, args)
     return 0 if report.passed else 1
