@@ -677,3 +677,25 @@ def test_read_ahead_out_of_order_and_damage_are_as_without_it(tmp_path):
                 reader.load("output", name, None)
     finally:
         reader.close()
+
+
+def test_isolate_names_a_linear_beyond_its_derived_bound_without_changing_the_verdict(bundles):
+    report = compare_bundle(bundles / "stack", impl="perturbed", device="cpu", isolate=True)
+    by_name = _by_name(report)
+    perturbed = by_name["layers.2.linear"].isolated.derived
+    assert perturbed is not None and perturbed.op.startswith("linear K=")
+    assert perturbed.beyond and perturbed.ratio > 100  # a sin-shaped offset is no rounding
+    assert [result.name for result in report.beyond_derived_bound] == ["layers.2.linear"]
+    # every other Linear replays bit for bit: measured 0 against a positive bound
+    exact = by_name["layers.0.linear"].isolated.derived
+    assert exact.ratio == 0 and exact.derived_max > 0 and not exact.beyond
+    # blocks (several ops) have no bound; end-to-end results never do
+    assert by_name["layers.0"].isolated.derived is None
+    assert all(result.derived is None for result in report.layers)
+    summary = report.to_dict()["summary"]
+    assert summary["beyond_derived_bound"] == ["layers.2.linear"]
+    assert report.to_dict()["layers"][names_index(report, "layers.2.linear")]["isolated"]["derived_bound"]["beyond"]
+
+
+def names_index(report, name):
+    return [result.name for result in report.layers].index(name)

@@ -310,3 +310,86 @@ def attention_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: 
             value = torch.where(empty, torch.zeros_like(value), value)
             target[:, :, start:stop] = value if u_out == 0 else value + u_out * (out.abs() + value)
     return Bound(f"attention D={head_dim} keys<={longest}", det, prob, max(head_dim, longest))
+
+
+# A tensor is named "beyond derived bound" when its measured error exceeds the derived one by more
+# than this factor. The deterministic bound is a worst case, so a correct op stays below 1; the
+# slack covers what the bound assumes rather than proves (the accuracy of exp/rsqrt/tanh taken as
+# TRANSCENDENTAL_U, first-order terms). Measured benign ratios (tests/test_judge_bounds.py, CPU):
+# at most 0.99 for one side against fp64 (bf16 outputs, where the final rounding is the bound),
+# so at most about 0.5 for two sides against each other.
+BEYOND_SLACK = 1.5
+
+
+@dataclass(frozen=True)
+class BoundCheck:
+    """A tensor's measured error against its derived bound.
+
+    ``sides``: how many roundings of the op lie between the two tensors compared: 2 for this
+    host's replay against the golden (each computed from the same inputs, each within ``det`` of
+    the exact result), 1 for a tensor against the exact (fp64) result. ``ratio`` is
+    ``max_i |out_i - ref_i| / (sides * det_i)`` over the elements finite on both sides (inf where
+    ``det_i`` is 0 and the tensors differ); ``probable_ratio`` the same with ``prob``.
+    ``worst_index``: the element of the largest ratio. ``beyond``: ``ratio > slack``.
+    """
+
+    op: str
+    k: int
+    sides: int
+    ratio: float
+    probable_ratio: float
+    derived_max: float
+    worst_index: tuple[int, ...] | None
+    slack: float = BEYOND_SLACK
+
+    @property
+    def beyond(self) -> bool:
+        return self.ratio > self.slack
+
+    def to_dict(self) -> dict:
+        def number(value: float):
+            return value if math.isfinite(value) else ("inf" if value > 0 else "nan")
+
+        return {"op": self.op, "k": self.k, "sides": self.sides, "measured_over_derived": number(self.ratio),
+                "measured_over_probable": number(self.probable_ratio), "derived_max": number(self.derived_max),
+                "worst_index": None if self.worst_index is None else list(self.worst_index),
+                "slack": self.slack, "beyond": self.beyond}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "BoundCheck":
+        index = data.get("worst_index")
+        return cls(op=data["op"], k=int(data["k"]), sides=int(data["sides"]),
+                   ratio=float(data["measured_over_derived"]), probable_ratio=float(data["measured_over_probable"]),
+                   derived_max=float(data["derived_max"]), worst_index=None if index is None else tuple(index),
+                   slack=float(data.get("slack", BEYOND_SLACK)))
+
+
+def _ratio(error: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    # 0/0 (an exact element on an exact bound) is 0; d/0 is inf: no multiple of 0 covers an error.
+    return torch.where(error == 0, torch.zeros_like(error), error / bound)
+
+
+def check_bound(out: torch.Tensor, ref: torch.Tensor, bound: Bound, *, sides: int = 2) -> BoundCheck:
+    """``out`` against ``ref`` measured in units of ``sides x`` the bound (:class:`BoundCheck`).
+    Raises ValueError where the shapes differ."""
+    if tuple(out.shape) != tuple(ref.shape) or tuple(out.shape) != tuple(bound.det.shape):
+        raise ValueError(f"bound of shape {tuple(bound.det.shape)} for tensors of shapes {tuple(out.shape)} "
+                         f"and {tuple(ref.shape)}")
+    out64, ref64 = out.to(torch.float64).reshape(-1), ref.to(bound.det.device, torch.float64).reshape(-1)
+    out64 = out64.to(bound.det.device)
+    finite = torch.isfinite(out64) & torch.isfinite(ref64)
+    error = torch.where(finite, (out64 - ref64).abs(), torch.zeros_like(out64))
+    det, prob = bound.det.reshape(-1) * sides, bound.prob.reshape(-1) * sides
+    ratios = _ratio(error, det)
+    worst = int(ratios.argmax()) if ratios.numel() else -1
+    ratio = float(ratios[worst]) if worst >= 0 else 0.0
+    probable = float(_ratio(error, prob).max()) if ratios.numel() else 0.0
+    index = None
+    if worst >= 0 and ratio > 0:
+        index, flat = [], worst
+        for size in reversed(tuple(out.shape)):
+            flat, position = divmod(flat, size)
+            index.append(position)
+        index = tuple(reversed(index))
+    derived_max = float(det.max()) if det.numel() else 0.0
+    return BoundCheck(bound.op, bound.k, sides, ratio, probable, derived_max, index)
