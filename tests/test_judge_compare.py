@@ -699,3 +699,21 @@ def test_isolate_names_a_linear_beyond_its_derived_bound_without_changing_the_ve
 
 def names_index(report, name):
     return [result.name for result in report.layers].index(name)
+
+
+def test_reports_show_measured_over_derived_for_isolated_known_ops(bundles):
+    from parity.report.html import render_html
+    from parity.report.junit import to_junit_xml
+    from parity.report.text import format_text
+    report = compare_bundle(bundles / "stack", impl="perturbed", device="cpu", isolate=True)
+    text = format_text(report)
+    assert "iso/bound" in text
+    assert "beyond derived bound: layers.2.linear (linear K=" in text
+    row = next(line for line in text.splitlines() if line.startswith("| layers.2.linear "))
+    assert "x!" in row
+    html = render_html(report.to_dict())
+    assert "iso/bound" in html and 'class="beyond"' in html
+    assert "beyond derived bound</th><td>layers.2.linear" in html
+    xml = to_junit_xml(report)
+    assert 'name="beyond_derived_bound" value="layers.2.linear"' in xml
+    assert "isolated measured/derived bound: 0.0 (linear K=" in xml

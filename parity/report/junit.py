@@ -38,6 +38,10 @@ def _metrics_text(result: TensorResult) -> str:
         iso = result.isolated
         lines.append(f"isolated: {iso.status}" + (f", rel_l2 {iso.metrics.rel_l2!r}" if iso.metrics else "")
                      + (f" ({result.attribution})" if result.attribution else ""))
+        if iso.derived is not None:
+            check = iso.derived
+            lines.append(f"isolated measured/derived bound: {check.ratio!r} ({check.op}; probable {check.probable_ratio!r})"
+                         + (f"; beyond derived bound (slack {check.slack:g}x)" if check.beyond else ""))
     return "\n".join(lines)
 
 
@@ -57,6 +61,7 @@ def to_junit_xml(report: CompareReport) -> str:
              ("golden_host", host_text(report.hosts["golden"])), ("this_host", host_text(report.hosts["here"])),
              ("policy", report.policy.source), ("verdict", verdict_line(report))]
     props += [("warning", warning) for warning in report.warnings]
+    props += [("beyond_derived_bound", result.name) for result in report.beyond_derived_bound]
     for name, value in props:
         ET.SubElement(properties, "property", {"name": name, "value": _xml_text(value)})
     classname = _xml_text(f"parity.compare.{subject}")

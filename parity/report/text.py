@@ -58,6 +58,7 @@ from tabulate import tabulate
 
 from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_ratio, format_shape
 from parity.base.text import printable
+from parity.judge.bounds import BoundCheck
 from parity.judge.policy import MISMATCH_ALTERNATIVES
 from parity.judge.results import CompareReport, TensorResult, unrelaxable_checks, verdict_line, would_pass_text
 
@@ -126,7 +127,7 @@ NAME_WIDTH_MIN = 16  # names are never shortened below this
 # Columns left out (or merged into one), in this order, while a table is wider than asked:
 # (columns to leave out, the column that takes the first one's place or None). "rule" only where
 # one rule judged every tensor (the header's "rules:" line says which).
-_DROP_ORDER = ((("shape",), None), (("iso max abs",), None), (("iso verdict",), None),
+_DROP_ORDER = ((("shape",), None), (("iso max abs",), None), (("iso/bound",), None), (("iso verdict",), None),
                (("ref rel L2 here", "ref rel L2 golden"), None), (("mismatch %",), None),
                (("iso rel L2", "error"), "isolated"), (("rule",), None))
 _MERGED = ("isolated",)  # columns of a narrow table only: "7.1e-4 introduced" = iso rel L2 + error
@@ -200,7 +201,7 @@ def shorten_name(name: str, width: int, *, markdown: bool = False) -> str:
 def _columns(report: CompareReport) -> list[str]:
     columns = ["tensor", "dtype", "shape", "cosine", "max abs", "rel L2", "mismatch %", "rule", "verdict"]
     if report.isolate:
-        columns += ["iso rel L2", "iso max abs", "iso verdict", "error", "isolated"]
+        columns += ["iso rel L2", "iso max abs", "iso/bound", "iso verdict", "error", "isolated"]
     if report.budget_checked:
         columns += ["ref rel L2 here", "ref rel L2 golden"]
     return columns
@@ -230,6 +231,7 @@ def _row(report: CompareReport, result: TensorResult) -> list[str]:
         row += [
             format_number(iso_metrics.rel_l2 if iso_metrics else None),
             format_number(iso_metrics.max_abs if iso_metrics else None),
+            bound_text(isolated.derived if isolated is not None else None),
             verdict_text(isolated) if isolated is not None else "-",
             {"introduced": "introduced", "inherited": "inherited"}.get(result.attribution or "", ""),
         ]
@@ -239,6 +241,27 @@ def _row(report: CompareReport, result: TensorResult) -> list[str]:
         row += [format_number(budget.host_rel_l2 if budget else None),
                 format_number(budget.capture_rel_l2 if budget else None)]
     return row
+
+
+def bound_text(check: BoundCheck | None) -> str:
+    """measured / derived: ``0.31x``, ``0`` (bit for bit), with ``!`` beyond the slack; ``-`` where
+    the op has no derived bound."""
+    if check is None:
+        return "-"
+    if check.ratio == 0:
+        return "0"
+    return format_ratio(check.ratio) + ("!" if check.beyond else "")
+
+
+def bound_lines(report: CompareReport) -> list[str]:
+    """One line per tensor beyond its derived bound (evidence beside the verdict)."""
+    lines = []
+    for result in report.beyond_derived_bound:
+        check = result.isolated.derived
+        lines.append(f"beyond derived bound: {printable(result.name)} ({check.op}): replayed on golden inputs it "
+                     f"differs from the golden by {format_ratio(check.ratio)} the rounding bound of both hosts "
+                     f"(slack {check.slack:g}x): not explained by rounding (evidence; the verdict is the rules')")
+    return lines
 
 
 def _compact_verdict(verdict: str, labels: int = 1) -> str:
@@ -464,6 +487,7 @@ def format_text(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows
     if report.isolate and report.introducing_layers:
         lines.append("error introduced by (fails on its golden inputs, innermost modules): "
                      + ", ".join(printable(name) for name in report.introducing_layers))
+    lines += bound_lines(report)
     failures = failure_lines(report, failure_limit)
     if failures:
         lines += [""] + failures
