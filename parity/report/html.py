@@ -34,6 +34,7 @@ from parity.base.numbers import format_cosine, format_dtype, format_number, form
 from parity.base.text import printable
 from parity.judge.policy import would_pass_from_checks
 from parity.judge.results import verdict_from_counts
+from parity.report.histogram import render_histograms
 from parity.report.text import host_text, verdict_cell
 
 NAME_LIMIT = 100_000  # names are escaped, not cut, in attributes (the page is checked against the JSON)
@@ -521,6 +522,7 @@ def render_html(report: dict[str, Any]) -> str:
 host's. Against the reference (where the bundle holds a high-precision one): each host's own error, and the
 error budget's bound on this host's.</p>
 {plots}</section>
+{render_histograms(report)}
 {_failures(report)}
 <section id="table"><h2>Every tensor</h2>
 <div id="controls" class="controls" hidden="hidden"><label><input type="checkbox" id="failures-only"/> failures only</label>

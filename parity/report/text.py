@@ -58,6 +58,7 @@ from tabulate import tabulate
 
 from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_ratio, format_shape
 from parity.base.text import printable
+from parity.judge import distribution as distribution_bins
 from parity.judge.bounds import BoundCheck
 from parity.judge.policy import MISMATCH_ALTERNATIVES
 from parity.judge.results import CompareReport, TensorResult, unrelaxable_checks, verdict_line, would_pass_text
@@ -476,13 +477,47 @@ def failure_lines(report: CompareReport, limit: int | None = FAILURE_LIMIT) -> l
     return lines
 
 
+def distribution_table(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, width: int | None = None,
+                       markdown: bool = False) -> str:
+    """Per compared tensor, the percentiles of ``|out - golden|`` (``abs``) and of the relative
+    error (``rel``, ``|d| / max(|golden|, rel_floor)``): median, p90, p99, p99.9, each at most
+    1.125x the exact one (:mod:`parity.judge.distribution`; the maxima are the main table's max abs
+    and the JSON's ``max_rel``); "" where no tensor has them."""
+    keys = [distribution_bins.percentile_key(q) for q in distribution_bins.PERCENTILES]
+    headers = ["tensor"] + [f"abs {key}" for key in keys] + [f"rel {key}" for key in keys]
+    rows = []
+    for result in report.layers:
+        metrics = result.metrics
+        if metrics is None or metrics.abs_err_percentiles is None:
+            continue
+        rows.append([result.name] + [format_number(metrics.abs_err_percentiles[key]) for key in keys]
+                    + [format_number(metrics.rel_err_percentiles[key]) for key in keys])
+    if not rows:
+        return ""
+    if width is not None:
+        numbers = sum(max(len(header) + 2, *(len(row[i]) for row in rows)) for i, header in
+                      enumerate(headers) if i) + 3 * len(headers) + 1
+        room = max(NAME_WIDTH_MIN, width - numbers)
+        rows = [[shorten_name(row[0], room, markdown=markdown)] + row[1:] for row in rows]
+    else:
+        rows = [[_escape_cell(row[0], markdown)] + row[1:] for row in rows]
+    return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
 def format_text(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows: int | None = None,
-                failure_limit: int | None = FAILURE_LIMIT, width: int | None = None) -> str:
+                failure_limit: int | None = FAILURE_LIMIT, width: int | None = None,
+                distribution: bool = False) -> str:
     """The whole report for people; the last line is the verdict. ``width``: the table's
-    (:func:`format_table`; the CLI's is :data:`TABLE_WIDTH` unless ``--wide``)."""
+    (:func:`format_table`; the CLI's is :data:`TABLE_WIDTH` unless ``--wide``). ``distribution``:
+    also the error distribution of every tensor (:func:`distribution_table`, ``--distribution``)."""
     lines = header_lines(report)
     lines += [f"warning: {printable(warning, limit=2000)}" for warning in report.warnings]
     lines += ["", format_table(report, tablefmt=tablefmt, max_rows=max_rows, width=width), ""]
+    if distribution:
+        table = distribution_table(report, tablefmt=tablefmt, width=width)
+        if table:
+            lines += ["error distribution against the golden (percentiles within 1.125x above the exact ones):",
+                      table, ""]
     lines.append(growth_line(report))
     if report.isolate and report.introducing_layers:
         lines.append("error introduced by (fails on its golden inputs, innermost modules): "
