@@ -90,8 +90,8 @@ def render_histograms(report: dict[str, Any]) -> str:
         rel = metrics.get("rel_err_percentiles") or {}
         caption = ", ".join(f"{key} {format_number(_float(value))}" for key, value in percentiles.items())
         rel_caption = ", ".join(f"{key} {format_number(_float(value))}" for key, value in rel.items())
-        figures.append(f'<figure class="hist-figure" data-index="{index}" data-name="{_esc(layer.get("name"))}">'
-                       f'<figcaption><b>#{index} {_esc(layer.get("name"))}</b><br/>|d|: {_esc(caption)}'
+        figures.append(f'<figure class="hist-figure" data-index="{index}" data-name="{_esc(layer.get("name"), 100_000)}">'
+                       f'<figcaption><span style="font-weight:bold">#{index} {_esc(layer.get("name"))}</span><br/>|d|: {_esc(caption)}'
                        f'<br/>relative: {_esc(rel_caption)}</figcaption>'
                        f'{histogram_svg(histogram, percentiles, layer.get("name") or "")}</figure>')
     if not figures:
