@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from parity.judge import bounds
+from parity.kernels.layout import BlockLayout
 
 _ACTIVATIONS = {nn.ReLU: "relu", nn.SiLU: "silu", nn.GELU: "gelu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid"}
 
@@ -66,8 +67,6 @@ def module_bound(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], path
 
 
 def _attention(module: nn.Module, args: tuple, dtype: torch.dtype) -> bounds.Bound | None:
-    from parity.kernels import BlockLayout
-
     q, k, v, layout, layout_meta = args[:5]
     layout = BlockLayout.from_tensors(layout, layout_meta).to(q.device)
     visible = layout.dense_mask(0, q.shape[2])
