@@ -206,6 +206,14 @@ def test_triton_smoke_against_a_reference_golden(tmp_path):
     # The kernel's own error against fp64 stays within twice the original's (flash-attention rule).
     assert bf16_out.budget.host_rel_l2 <= 2 * bf16_out.budget.capture_rel_l2
     assert report.kernel_configs["here"] and not report.kernel_configs["golden"]
+    # Replayed on the golden inputs, the kernel's out is within the attention op's derived
+    # rounding bound of the original's (both hosts' roundings: 2 B); the LSE has no bound.
+    for result in (fp16_out, bf16_out):
+        check = result.isolated.derived
+        assert check.op.startswith("attention D=") and check.sides == 2
+        assert 0 < check.ratio < 1 and not check.beyond, check
+    assert all(by_name[f"{i}/lse"].isolated.derived is None for i in ids)
+    assert report.beyond_derived_bound == []
 
 
 # ---- a perturbed layer --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ roundings and what each propagates, which a per-op bound does not cover.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -61,13 +62,15 @@ def module_bound(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], path
             return bounds.activation_bound(name, x, out_dtype=dtype)
     if type(module) is nn.Softmax and path == "" and x is not None:
         return bounds.softmax_bound(x, module.dim if module.dim is not None else -1, out_dtype=dtype)
-    if type(module).__name__ == "SparseAttention" and path in ("", "out") and len(args) >= 5:
-        return _attention(module, args, dtype)
+    if type(module).__name__ == "SparseAttention" and path in ("", "out"):
+        return _attention(module, args, kwargs, dtype)
     return None
 
 
-def _attention(module: nn.Module, args: tuple, dtype: torch.dtype) -> bounds.Bound | None:
-    q, k, v, layout, layout_meta = args[:5]
-    layout = BlockLayout.from_tensors(layout, layout_meta).to(q.device)
+def _attention(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], dtype: torch.dtype) -> bounds.Bound:
+    """The block-sparse op ``forward(q, k, v, layout, layout_meta)``, arguments by position or name."""
+    bound_args = inspect.signature(module.forward).bind(*args, **kwargs).arguments
+    q, k, v = bound_args["q"], bound_args["k"], bound_args["v"]
+    layout = BlockLayout.from_tensors(bound_args["layout"], bound_args["layout_meta"]).to(q.device)
     visible = layout.dense_mask(0, q.shape[2])
     return bounds.attention_bound(q, k, v, visible, scale=getattr(module, "sm_scale", None), out_dtype=dtype)
