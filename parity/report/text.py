@@ -10,6 +10,9 @@ last line that is the verdict::
     PARITY HOLDS: 12/12 tensors
     PARITY FAILS: first failing tensor layers.1.attn (5 of 12 tensors fail)
 
+Before the failures, one line per tensor *beyond its derived bound* (evidence, never the verdict).
+``distribution=True`` (``--distribution``) adds a table of every tensor's error percentiles.
+
 A ``parity diff`` report (``report.candidate`` set) has the same parts; its header names both
 bundles and calls the candidate's host "candidate host" instead of "this host".
 
@@ -17,8 +20,10 @@ Table (:func:`format_table`): tabulate's ``github`` format. On a terminal names 
 (control characters escaped); in Markdown output (``markdown=True``) ``| < > & * ` ] ~ $`` and a
 ``_`` that is not between two letters are backslash-escaped, so ``<root>/h`` renders as text. One row per recorded tensor in execution order; columns layer,
 dtype, shape, cosine, max abs, rel L2, mismatch %, rule, verdict; with ``--isolate`` also the replayed layer's rel L2,
-max abs and verdict and whether the layer *introduces* error (fails on golden inputs too) or
-*inherits* it (fails end to end only); in budget mode also rel L2 against the high-precision
+max abs, ``iso/bound`` (its error against the golden over the op's derived rounding bound on those
+inputs, both hosts' roundings: ``0.31x``, ``0`` bit for bit, ``12x!`` beyond the slack, ``-`` for a
+module that is no known op; :mod:`parity.judge.bounds`) and verdict and whether the layer
+*introduces* error (fails on golden inputs too) or *inherits* it (fails end to end only); in budget mode also rel L2 against the high-precision
 reference here and on the capture host. Numbers are compact, two significant digits
 (``3.1e-3``; ``0`` is exactly zero); cosines at or above 0.999 are written ``1-x`` (``1-2.0e-6``
 is 0.999998), exactly 1 as ``1``, lower ones as decimals; mismatch % is the percentage of finite
@@ -27,7 +32,7 @@ elements outside ``atol + atol_rms*rms(ref) + rtol*|ref|``. The verdict names th
 passing rows (failing rows, their neighbours and the first and last rows are always kept).
 ``width`` (the CLI's 120 unless ``--wide``) keeps every line that narrow: first shape, the
 isolated max abs and verdict, the reference columns and mismatch % are left out, the isolated rel
-L2 and "introduced"/"inherited" merged into one "isolated" column, and the rule column left out
+L2 and "introduced"/"inherited" merged into one "isolated" column, then iso/bound, and the rule column left out
 where one rule judged every tensor (the header's "rules:" line says which); then verdicts name
 their first failed check and a count (``FAIL mismatch+4``); then the longest parts of names are
 cut in the middle (``transfo…blocks.1.attenti…ve_name``: indices and ends stay).
@@ -128,9 +133,9 @@ NAME_WIDTH_MIN = 16  # names are never shortened below this
 # Columns left out (or merged into one), in this order, while a table is wider than asked:
 # (columns to leave out, the column that takes the first one's place or None). "rule" only where
 # one rule judged every tensor (the header's "rules:" line says which).
-_DROP_ORDER = ((("shape",), None), (("iso max abs",), None), (("iso/bound",), None), (("iso verdict",), None),
+_DROP_ORDER = ((("shape",), None), (("iso max abs",), None), (("iso verdict",), None),
                (("ref rel L2 here", "ref rel L2 golden"), None), (("mismatch %",), None),
-               (("iso rel L2", "error"), "isolated"), (("rule",), None))
+               (("iso rel L2", "error"), "isolated"), (("iso/bound",), None), (("rule",), None))
 _MERGED = ("isolated",)  # columns of a narrow table only: "7.1e-4 introduced" = iso rel L2 + error
 
 
@@ -236,7 +241,7 @@ def _row(report: CompareReport, result: TensorResult) -> list[str]:
             verdict_text(isolated) if isolated is not None else "-",
             {"introduced": "introduced", "inherited": "inherited"}.get(result.attribution or "", ""),
         ]
-        row.append(f"{row[-4]} {row[-1]}".rstrip())  # "isolated", the narrow table's merge
+        row.append(f"{row[-5]} {row[-1]}".rstrip())  # "isolated", the narrow table's merge
     if report.budget_checked:
         budget = result.budget
         row += [format_number(budget.host_rel_l2 if budget else None),
@@ -479,12 +484,12 @@ def failure_lines(report: CompareReport, limit: int | None = FAILURE_LIMIT) -> l
 
 def distribution_table(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, width: int | None = None,
                        markdown: bool = False) -> str:
-    """Per compared tensor, the percentiles of ``|out - golden|`` (``abs``) and of the relative
-    error (``rel``, ``|d| / max(|golden|, rel_floor)``): median, p90, p99, p99.9, each at most
+    """Per compared tensor, the percentiles of ``|out - golden|`` (``p50`` ...) and of the relative
+    error (``rel p50`` ..., ``|d| / max(|golden|, rel_floor)``): median, p90, p99, p99.9, each at most
     1.125x the exact one (:mod:`parity.judge.distribution`; the maxima are the main table's max abs
     and the JSON's ``max_rel``); "" where no tensor has them."""
     keys = [distribution_bins.percentile_key(q) for q in distribution_bins.PERCENTILES]
-    headers = ["tensor"] + [f"abs {key}" for key in keys] + [f"rel {key}" for key in keys]
+    headers = ["tensor"] + keys + [f"rel {key}" for key in keys]
     rows = []
     for result in report.layers:
         metrics = result.metrics
@@ -516,8 +521,8 @@ def format_text(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows
     if distribution:
         table = distribution_table(report, tablefmt=tablefmt, width=width)
         if table:
-            lines += ["error distribution against the golden (percentiles within 1.125x above the exact ones):",
-                      table, ""]
+            lines += ["error distribution: percentiles of |d| = |this host - golden| (p50 ... p99.9), then of",
+                      "|d| / max(|golden|, rel_floor) (rel); each at most 1.125x above the exact percentile", table, ""]
     lines.append(growth_line(report))
     if report.isolate and report.introducing_layers:
         lines.append("error introduced by (fails on its golden inputs, innermost modules): "
