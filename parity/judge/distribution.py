@@ -46,12 +46,15 @@ class LogHistogram:
         self.bins = torch.zeros(BINS, dtype=torch.int64, device=device)
         self.excluded = 0
 
-    def add(self, values: torch.Tensor, scratch: torch.Tensor, *, excluded: int = 0) -> None:
-        """Count ``values`` (float64, >= 0, finite); ``scratch``: an int64 array at least as long.
-        ``excluded``: how many of the zeros are placeholders (positions where a side was not
-        finite, zeroed by the caller), not counted."""
-        keys = torch.bitwise_right_shift(values.view(torch.int64), _SHIFT, out=scratch[:values.numel()])
-        self.bins += torch.bincount(keys, minlength=BINS)
+    def add(self, values: torch.Tensor, scratch: torch.Tensor, ones: torch.Tensor, *, excluded: int = 0) -> None:
+        """Count ``values`` (float64, >= 0, finite); ``scratch``: an int64 array at least as long,
+        ``ones``: an int64 array of ones at least as long. ``excluded``: how many of the zeros are
+        placeholders (positions where a side was not finite, zeroed by the caller), not counted."""
+        n = values.numel()
+        keys = torch.bitwise_right_shift(values.view(torch.int64), _SHIFT, out=scratch[:n])
+        # Straight into the bins: a bincount of all 16384 bins, then an add, cost 2.4x as much
+        # (measured on the CPU, 32768 elements a chunk). Integer sums: exact in any order.
+        self.bins.scatter_add_(0, keys, ones[:n])
         self.excluded += excluded
 
     def counts(self) -> tuple[int, list[int]]:

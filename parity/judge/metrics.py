@@ -57,6 +57,10 @@ Conventions (the report and the policy rely on them):
   (no other element can mismatch). A chunk without NaN/Inf skips the non-finite bookkeeping.
   Results depend on ``chunk_elements`` only through float64 rounding. A non-contiguous input
   is flattened with one copy; bundle tensors are contiguous.
+- Error distribution: the percentiles p50, p90, p99, p99.9 of ``|d|`` and of ``|d| / max(|ref|,
+  rel_floor)`` over the finite elements, and the histogram of ``|d|`` by octave, come from a fixed
+  log-spaced histogram added chunk by chunk (:mod:`parity.judge.distribution`): each percentile
+  is at most 1.125 times the exact one, never below it.
 - ``LayerMetrics.to_dict()`` is JSON-safe: non-finite floats become the strings ``"nan"``,
   ``"inf"`` and ``"-inf"`` (``float()`` reads them back), absent values are ``None``, indices are
   lists.
@@ -464,6 +468,7 @@ class _Scratch:
         self.flags = empty(torch.bool)
         self.ulp: list[torch.Tensor] | None = None  # int32, allocated for 16-bit floats only
         self.keys = empty(torch.int64)  # histogram bin of each element
+        self.ones = torch.ones(size, dtype=torch.int64, device=device)  # what each element adds to its bin
 
     def ulp_arrays(self) -> list[torch.Tensor]:
         if self.ulp is None:
@@ -557,8 +562,8 @@ class _Scan:
             torch.div(abs_diff, torch.clamp(ref_abs, min=self.rel_floor, out=work), out=work)
         max_rel = work.amax()
         placeholders = n - chunk.finite if chunk.masked else 0  # zeroed non-finite positions
-        self.abs_hist.add(abs_diff, scratch.keys, excluded=placeholders)
-        self.rel_hist.add(work, scratch.keys, excluded=placeholders)
+        self.abs_hist.add(abs_diff, scratch.keys, scratch.ones, excluded=placeholders)
+        self.rel_hist.add(work, scratch.keys, scratch.ones, excluded=placeholders)
         if self.rtol == 0.0:
             needed_atol = max_abs  # |d| - 0 * |ref| is |d|
         else:
