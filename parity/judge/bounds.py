@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from parity.base.dtypes import accumulation_dtype
+from parity.judge.metrics import json_safe_float
 
 # exp, exp2, rsqrt and tanh in CUDA's and ROCm's fp32 libraries are accurate to 2 ulps (4 u);
 # fast-math approximations (__expf, ex2.approx) to a few more: 8 u (4 ulps) covers both.
@@ -347,9 +348,8 @@ class BoundCheck:
         return self.ratio > self.slack
 
     def to_dict(self) -> dict:
-        def number(value: float):
-            return value if math.isfinite(value) else ("inf" if value > 0 else "nan")
-
+        """JSON-safe (non-finite ratios as "inf"/"nan", parity.base.jsonformat)."""
+        number = json_safe_float
         return {"op": self.op, "k": self.k, "sides": self.sides, "measured_over_derived": number(self.ratio),
                 "measured_over_probable": number(self.probable_ratio), "derived_max": number(self.derived_max),
                 "worst_index": None if self.worst_index is None else list(self.worst_index),
