@@ -15,6 +15,10 @@ Plots (inline SVG, log scale, one point per compared tensor in execution order):
 - the first failing tensor (``summary.first_failing_layer``) and, with ``--isolate``, the
   layers that introduce the error (``summary.introducing_layers``) are marked.
 
+After the plots, one histogram of ``|out - golden|`` per tensor (:mod:`parity.report.histogram`);
+with ``--isolate`` the table has ``iso/bound`` (measured / derived rounding bound of the replay)
+and the summary names the tensors beyond their derived bound.
+
 A value of exactly 0 is drawn on a band under the axis and a non-finite one ("inf"/"nan" in the
 JSON) on a band above it; every drawn point carries ``data-series``, ``data-index``,
 ``data-name`` and ``data-value`` (the JSON number, round-trippable), so the page can be checked
