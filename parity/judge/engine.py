@@ -514,7 +514,7 @@ def _op_bounds(root: torch.nn.Module, layer: Mapping[str, Any], recorded: Mappin
         try:
             with torch.no_grad():
                 return module_bound(target, args, kwargs, path, tensor)
-        except (TypeError, ValueError, RuntimeError, AttributeError, IndexError):
+        except (TypeError, ValueError, RuntimeError, AttributeError, IndexError, KeyError):
             return None
 
     return bound_of
