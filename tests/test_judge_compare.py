@@ -206,6 +206,14 @@ def test_triton_smoke_against_a_reference_golden(tmp_path):
     # The kernel's own error against fp64 stays within twice the original's (flash-attention rule).
     assert bf16_out.budget.host_rel_l2 <= 2 * bf16_out.budget.capture_rel_l2
     assert report.kernel_configs["here"] and not report.kernel_configs["golden"]
+    # Replayed on the golden inputs, the kernel's out is within the attention op's derived
+    # rounding bound of the original's (both hosts' roundings: 2 B); the LSE has no bound.
+    for result in (fp16_out, bf16_out):
+        check = result.isolated.derived
+        assert check.op.startswith("attention D=") and check.sides == 2
+        assert 0 < check.ratio < 1 and not check.beyond, check
+    assert all(by_name[f"{i}/lse"].isolated.derived is None for i in ids)
+    assert report.beyond_derived_bound == []
 
 
 # ---- a perturbed layer --------------------------------------------------------------------------
@@ -469,7 +477,8 @@ def test_cli_parity_holds(bundles, cli, tmp_path):
                           "--isolate", "--json", str(tmp_path / "r.json"), "--junit-xml", str(tmp_path / "r.xml")])
     assert code == 0, err
     assert out.rstrip().splitlines()[-1] == "PARITY HOLDS: 15/15 tensors"
-    assert "| tensor " in out and "| iso rel L2 " in out
+    # at 120 columns the isolated rel L2 and attribution share one column, beside measured / derived
+    assert "| tensor " in out and "| isolated " in out and "| iso/bound " in out
     assert "parity compare: " in err  # progress
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["passed"] is True and data["summary"]["layers"] == 15
@@ -677,3 +686,43 @@ def test_read_ahead_out_of_order_and_damage_are_as_without_it(tmp_path):
                 reader.load("output", name, None)
     finally:
         reader.close()
+
+
+def test_isolate_names_a_linear_beyond_its_derived_bound_without_changing_the_verdict(bundles):
+    report = compare_bundle(bundles / "stack", impl="perturbed", device="cpu", isolate=True)
+    by_name = _by_name(report)
+    perturbed = by_name["layers.2.linear"].isolated.derived
+    assert perturbed is not None and perturbed.op.startswith("linear K=")
+    assert perturbed.beyond and perturbed.ratio > 100  # a sin-shaped offset is no rounding
+    assert [result.name for result in report.beyond_derived_bound] == ["layers.2.linear"]
+    # every other Linear replays bit for bit: measured 0 against a positive bound
+    exact = by_name["layers.0.linear"].isolated.derived
+    assert exact.ratio == 0 and exact.derived_max > 0 and not exact.beyond
+    # blocks (several ops) have no bound; end-to-end results never do
+    assert by_name["layers.0"].isolated.derived is None
+    assert all(result.derived is None for result in report.layers)
+    summary = report.to_dict()["summary"]
+    assert summary["beyond_derived_bound"] == ["layers.2.linear"]
+    assert report.to_dict()["layers"][names_index(report, "layers.2.linear")]["isolated"]["derived_bound"]["beyond"]
+
+
+def names_index(report, name):
+    return [result.name for result in report.layers].index(name)
+
+
+def test_reports_show_measured_over_derived_for_isolated_known_ops(bundles):
+    from parity.report.html import render_html
+    from parity.report.junit import to_junit_xml
+    from parity.report.text import format_text
+    report = compare_bundle(bundles / "stack", impl="perturbed", device="cpu", isolate=True)
+    text = format_text(report)
+    assert "iso/bound" in text
+    assert "beyond derived bound: layers.2.linear (linear K=" in text
+    row = next(line for line in text.splitlines() if line.startswith("| layers.2.linear "))
+    assert "x!" in row
+    html = render_html(report.to_dict())
+    assert "iso/bound" in html and 'class="beyond"' in html
+    assert "beyond derived bound</th><td>layers.2.linear" in html
+    xml = to_junit_xml(report)
+    assert 'name="beyond_derived_bound" value="layers.2.linear"' in xml
+    assert "isolated measured/derived bound: 0.0 (linear K=" in xml

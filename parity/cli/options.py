@@ -247,6 +247,9 @@ def add_judging_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wide", action="store_true",
                         help="show every column of the table (shape, mismatch %%, the isolated verdict, rel L2 "
                              "against the reference on both hosts) and names in full (default: fit 120 columns)")
+    parser.add_argument("--distribution", action="store_true",
+                        help="also print every tensor's error distribution: percentiles (median, p90, p99, "
+                             "p99.9) of |out - golden| and of the relative error (always in --json and --html)")
     add_cli_options(parser, "html", "markdown", "quiet")
 
 

@@ -43,11 +43,13 @@ from parity.base.dtypes import dtype_text
 from parity.base.errors import UsageError
 from parity.bundle.manifest import Entry
 from parity.bundle.reader import BundleReader
+from parity.judge.bounds import Bound, check_bound
 from parity.judge.checks import ErrorBudget, Verdict, budget_floors, judge, measure
+from parity.judge.op_bounds import module_bound
 from parity.judge.metrics import LayerMetrics, compute_error_vs_reference, compute_metrics_and_errors
 from parity.judge.policy import DEFAULT_BUDGET_K, Policy, Tolerance
 from parity.judge.results import BudgetInfo, TensorResult, module_of, shape_text
-from parity.run.recorder import ROOT, flatten, replay
+from parity.run.recorder import ROOT, find_module, flatten, layer_inputs, replay
 from parity.run.runtime import Progress, fresh_copy
 
 MISSING_HERE = "missing here: this host's run produced no such tensor"
@@ -67,6 +69,7 @@ class Obtained:
     key: str | None = None
     status: str | None = None
     note: str | None = None
+    bound: Bound | None = None  # the op's derived rounding bound on these inputs (a replay of a known op)
 
 
 class Judge:
@@ -143,7 +146,8 @@ class Judge:
             reference = self._load(key, "reference", out.device)
         result = compare_tensors(item.name, out, self._load(key, "output", out.device), policy=self.policy,
                                  reference=reference, budget=self.budget, layer=item.layer, path=item.path,
-                                 tolerance=tol if reference is not None or not has_reference else None)
+                                 tolerance=tol if reference is not None or not has_reference else None,
+                                 bound=item.bound)
         self.compared_modules.add(module_of(result))
         return result
 
@@ -307,6 +311,7 @@ def compare_tensors(
     layer: str | None = None,
     path: str | None = None,
     tolerance: Tolerance | None = None,
+    bound: Bound | None = None,
 ) -> TensorResult:
     """Compare one tensor (``out``) with its golden under ``policy`` (default: built-in).
 
@@ -316,6 +321,8 @@ def compare_tensors(
     ``budget_k`` (a budget without a reference is a note in the verdict: not checked). Metrics are
     computed on ``out``'s device. A shape or dtype mismatch is a result, never an exception.
     ``tolerance``: the tolerance already resolved for this tensor (the judge passes it).
+    ``bound``: the op's derived rounding bound on the inputs both sides computed from (a replay
+    on golden inputs); the result then carries measured / derived (evidence, never the verdict).
     """
     tol = tolerance
     if tol is None:
@@ -346,8 +353,11 @@ def compare_tensors(
         reason = f"dtype mismatch: {dtype_text(out.dtype)} here, {dtype_text(golden.dtype)} in the golden"
         verdict = replace(verdict, passed=False, reasons=[reason] + verdict.reasons)
         status = "dtype-mismatch"
+    derived = None
+    if bound is not None and out.is_floating_point() and golden.is_floating_point():
+        derived = check_bound(out, golden, bound, sides=2)
     return TensorResult(name=name, status=status, tolerance=tol, verdict=verdict, metrics=metrics,
-                        budget=budget_info, **fields)
+                        budget=budget_info, derived=derived, **fields)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -462,16 +472,15 @@ def replayed_layers(bundle: BundleReader, module: torch.nn.Module, device: torch
         elif layer["module"] != ROOT and not _has_submodule(module, layer["module"]):
             problem = ("missing-here", f"this host's model has no module {layer['module']!r}")
         if problem is None:
-            layer_inputs = {path: fresh_copy(tensor, device)
-                            for path, tensor in bundle.module_inputs(layer["name"]).items()}
+            recorded = {path: fresh_copy(tensor, device)
+                        for path, tensor in bundle.module_inputs(layer["name"]).items()}
             try:
                 with torch.no_grad():
-                    output = replay(module, layer, layer_inputs)
+                    output = replay(module, layer, recorded)
             except UsageError as err:  # an input the recorder could not store (an opaque object)
                 problem = ("not-replayable", str(err))
             except Exception as err:  # the module failed on the golden inputs: a result, shown as such
                 problem = ("replay-error", f"replay raised {type(err).__name__}: {' '.join(str(err).split())}")
-            del layer_inputs
         if problem is not None:
             for entry in entries:
                 yield Obtained(entry.name, None, entry.layer, entry.path, status=problem[0], note=problem[1])
@@ -479,6 +488,8 @@ def replayed_layers(bundle: BundleReader, module: torch.nn.Module, device: torch
         produced = dict(flatten(output)[1])
         del output
         returned_any = bool(produced)
+        bound_of = _op_bounds(module, layer, recorded)
+        del recorded
         for entry in entries:
             tensor = produced.pop(entry.path or "", None)
             if tensor is None and returned_any:  # judged as a live run's absent output
@@ -487,8 +498,26 @@ def replayed_layers(bundle: BundleReader, module: torch.nn.Module, device: torch
                 yield Obtained(entry.name, None, entry.layer, entry.path, status="missing-here",
                                note="the replayed layer produced no tensor")
             else:
-                yield Obtained(entry.name, tensor, entry.layer, entry.path)
+                yield Obtained(entry.name, tensor, entry.layer, entry.path, bound=bound_of(entry.path or "", tensor))
         say.tick(lambda: f"isolate: replayed {number + 1} of {len(layers)} layers")
+
+
+def _op_bounds(root: torch.nn.Module, layer: Mapping[str, Any], recorded: Mapping[str, torch.Tensor]
+               ) -> Callable[[str, torch.Tensor], Bound | None]:
+    """``(path, output) -> the derived bound`` of a replayed layer's outputs (None where the module
+    is no known op, parity.judge.op_bounds). The bound is evidence beside the verdict: an op whose
+    inputs it cannot read gets none rather than failing the replay."""
+    target = find_module(root, layer["module"])
+    args, kwargs = layer_inputs(layer, recorded)
+
+    def bound_of(path: str, tensor: torch.Tensor) -> Bound | None:
+        try:
+            with torch.no_grad():
+                return module_bound(target, args, kwargs, path, tensor)
+        except (TypeError, ValueError, RuntimeError, AttributeError, IndexError, KeyError):
+            return None
+
+    return bound_of
 
 
 def _has_submodule(root: torch.nn.Module, path: str) -> bool:

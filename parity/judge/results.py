@@ -20,6 +20,7 @@ from typing import Any
 
 from parity.base import jsonformat
 from parity.base.text import printable
+from parity.judge.bounds import BoundCheck
 from parity.judge.checks import Verdict
 from parity.judge.metrics import LayerMetrics, json_safe_float, json_value
 from parity.judge.policy import Policy, Tolerance, unrelaxable_from_checks, would_pass_from_checks
@@ -136,6 +137,7 @@ class TensorResult:
     budget: BudgetInfo | None = None
     isolated: "TensorResult | None" = None
     note: str | None = None
+    derived: BoundCheck | None = None
 
     @property
     def passed(self) -> bool:
@@ -192,6 +194,7 @@ class TensorResult:
             "isolated": None if self.isolated is None else self.isolated.to_dict(),
             "attribution": self.attribution,
             "note": self.note,
+            "derived_bound": None if self.derived is None else self.derived.to_dict(),
         }
 
 
@@ -378,6 +381,15 @@ class CompareReport:
         return [r.name for r in failing
                 if not any(other != module_of(r) and is_inside(other, module_of(r)) for other in modules)]
 
+    @property
+    def beyond_derived_bound(self) -> list[TensorResult]:
+        """Results whose replay on golden inputs (``--isolate``) differs from the golden by more
+        than the slack times the op's derived rounding bound: evidence that the op computes
+        something else than rounding explains, named beside the verdict (never changing it)."""
+        return [result for result in self.layers
+                if result.isolated is not None and result.isolated.derived is not None
+                and result.isolated.derived.beyond]
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON report (format ``parity-compare-report``, schema ``parity/schemas/``); ``verdict``
         is the text report's last line."""
@@ -409,6 +421,7 @@ class CompareReport:
                 "absent_here": len(self.absent_here),
                 "first_failing_layer": self.first_failing_layer,
                 "introducing_layers": self.introducing_layers if self.isolate else None,
+                "beyond_derived_bound": [result.name for result in self.beyond_derived_bound],
                 "statuses": {status: sum(r.status == status for r in self.layers)
                              for status in STATUSES if any(r.status == status for r in self.layers)},
                 "error_growth": self.error_growth.to_dict(),

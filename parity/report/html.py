@@ -15,6 +15,10 @@ Plots (inline SVG, log scale, one point per compared tensor in execution order):
 - the first failing tensor (``summary.first_failing_layer``) and, with ``--isolate``, the
   layers that introduce the error (``summary.introducing_layers``) are marked.
 
+After the plots, one histogram of ``|out - golden|`` per tensor (:mod:`parity.report.histogram`);
+with ``--isolate`` the table has ``iso/bound`` (measured / derived rounding bound of the replay)
+and the summary names the tensors beyond their derived bound.
+
 A value of exactly 0 is drawn on a band under the axis and a non-finite one ("inf"/"nan" in the
 JSON) on a band above it; every drawn point carries ``data-series``, ``data-index``,
 ``data-name`` and ``data-value`` (the JSON number, round-trippable), so the page can be checked
@@ -31,10 +35,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from parity.base.files import write_atomically
-from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_shape
+from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_ratio, format_shape
 from parity.base.text import plural, printable, subject_name
 from parity.judge.policy import would_pass_from_checks
 from parity.judge.results import verdict_from_counts
+from parity.report.histogram import render_histograms
 from parity.report.runs import determinism_html, seeds_html
 from parity.report.text import host_text, verdict_cell
 
@@ -321,7 +326,8 @@ def _columns(report: dict[str, Any]) -> list[tuple[str, str]]:
     columns = [("#", "num"), ("tensor", "text"), ("dtype", "text"), ("shape", "text"), ("cosine", "num"),
                ("max abs", "num"), ("rel L2", "num"), ("mismatch %", "num"), ("rule", "text"), ("verdict", "text")]
     if report.get("isolate"):
-        columns += [("iso rel L2", "num"), ("iso max abs", "num"), ("iso verdict", "text"), ("error", "text")]
+        columns += [("iso rel L2", "num"), ("iso max abs", "num"), ("iso/bound", "num"), ("iso verdict", "text"),
+                    ("error", "text")]
     if (report.get("budget") or {}).get("checked"):
         columns += [("ref rel L2 here", "num"), ("ref rel L2 golden", "num"), ("budget rel L2", "num")]
     return columns
@@ -362,6 +368,7 @@ def _row(report: dict[str, Any], index: int, layer: dict[str, Any], keep: Sequen
         iso = isolated.get("metrics") or {}
         cells += [_cell(_esc(format_number(_number(iso.get("rel_l2")))), iso.get("rel_l2")),
                   _cell(_esc(format_number(_number(iso.get("max_abs")))), iso.get("max_abs")),
+                  bound_cell(isolated.get("derived_bound")),
                   _cell(_esc(verdict_text(isolated) if isolated else "-"), css="iso-verdict"),
                   _cell(_esc(layer.get("attribution") if layer.get("attribution") in ("introduced", "inherited") else ""))]
     if (report.get("budget") or {}).get("checked"):
@@ -374,6 +381,18 @@ def _row(report: dict[str, Any], index: int, layer: dict[str, Any], keep: Sequen
     return (f'<tr class="{state}" data-index="{index}" data-name="{_name_attr(layer.get("name"))}" '
             f'data-status="{_esc(layer.get("status"))}" data-passed="{"true" if layer.get("passed") else "false"}">'
             + "".join(cells) + "</tr>")
+
+
+def bound_cell(check: dict[str, Any] | None) -> str:
+    """The isolated replay's measured / derived rounding bound (``-``: no bound for this op); the
+    title names the op and the probabilistic ratio, ``!`` marks a tensor beyond the slack."""
+    if not check:
+        return _cell("-")
+    ratio = _number(check.get("measured_over_derived"))
+    text = "0" if ratio == 0 else format_ratio(ratio) + ("!" if check.get("beyond") else "")
+    title = f"{check.get('op')}; measured/probable {format_ratio(_number(check.get('measured_over_probable')))}"
+    sort = check.get("measured_over_derived")
+    return _cell(f'<span title="{_esc(title)}">{_esc(text)}</span>', sort, css="beyond" if check.get("beyond") else "")
 
 
 def _breakable(name: Any) -> str:
@@ -513,6 +532,8 @@ def _summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     if report.get("isolate"):
         introducing = summary.get("introducing_layers") or []
         rows.append(("error introduced by", ", ".join(printable(n) for n in introducing) or "none"))
+        beyond = summary.get("beyond_derived_bound") or []
+        rows.append(("beyond derived bound", ", ".join(printable(n) for n in beyond) or "none"))
     rows.append(("error growth (rel L2)", _growth_text(summary.get("error_growth"))))
     integrity = report.get("integrity") or {}
     if integrity:
@@ -576,6 +597,7 @@ def render_html(report: dict[str, Any]) -> str:
 host's. Against the reference (where the bundle holds a high-precision one): each host's own error, and the
 error budget's bound on this host's.</p>
 {plots}</section>
+{render_histograms(report)}
 {_failures(report)}
 <section id="table"><h2>Every tensor</h2>
 <div id="controls" class="controls" hidden="hidden"><label><input type="checkbox" id="failures-only"/> failures only</label>

@@ -39,6 +39,10 @@ def _metrics_text(result: TensorResult) -> str:
         iso = result.isolated
         lines.append(f"isolated: {iso.status}" + (f", rel_l2 {iso.metrics.rel_l2!r}" if iso.metrics else "")
                      + (f" ({result.attribution})" if result.attribution else ""))
+        if iso.derived is not None:
+            check = iso.derived
+            lines.append(f"isolated measured/derived bound: {check.ratio!r} ({check.op}; probable {check.probable_ratio!r})"
+                         + (f"; beyond derived bound (slack {check.slack:g}x)" if check.beyond else ""))
     return "\n".join(lines)
 
 
@@ -59,6 +63,7 @@ def to_junit_xml(report: CompareReport) -> str:
              ("policy", report.policy.source), ("verdict", verdict_line(report))]
     props += [("warning", warning) for warning in report.warnings]
     props += [("seeds", line) for line in seeds_lines(report.seeds.to_dict() if report.seeds is not None else None)[:1]]
+    props += [("beyond_derived_bound", result.name) for result in report.beyond_derived_bound]
     for name, value in props:
         ET.SubElement(properties, "property", {"name": name, "value": _xml_text(value)})
     classname = _xml_text(f"parity.compare.{subject}")

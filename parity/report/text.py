@@ -10,6 +10,9 @@ last line that is the verdict::
     PARITY HOLDS: 12/12 tensors
     PARITY FAILS: first failing tensor layers.1.attn (5 of 12 tensors fail)
 
+Before the failures, one line per tensor *beyond its derived bound* (evidence, never the verdict).
+``distribution=True`` (``--distribution``) adds a table of every tensor's error percentiles.
+
 A ``parity diff`` report (``report.candidate`` set) has the same parts; its header names both
 bundles and calls the candidate's host "candidate host" instead of "this host".
 
@@ -17,8 +20,10 @@ Table (:func:`format_table`): tabulate's ``github`` format. On a terminal names 
 (control characters escaped); in Markdown output (``markdown=True``) ``| < > & * ` ] ~ $`` and a
 ``_`` that is not between two letters are backslash-escaped, so ``<root>/h`` renders as text. One row per recorded tensor in execution order; columns layer,
 dtype, shape, cosine, max abs, rel L2, mismatch %, rule, verdict; with ``--isolate`` also the replayed layer's rel L2,
-max abs and verdict and whether the layer *introduces* error (fails on golden inputs too) or
-*inherits* it (fails end to end only); in budget mode also rel L2 against the high-precision
+max abs, ``iso/bound`` (its error against the golden over the op's derived rounding bound on those
+inputs, both hosts' roundings: ``0.31x``, ``0`` bit for bit, ``12x!`` beyond the slack, ``-`` for a
+module that is no known op; :mod:`parity.judge.bounds`) and verdict and whether the layer
+*introduces* error (fails on golden inputs too) or *inherits* it (fails end to end only); in budget mode also rel L2 against the high-precision
 reference here and on the capture host. Numbers are compact, two significant digits
 (``3.1e-3``; ``0`` is exactly zero); cosines at or above 0.999 are written ``1-x`` (``1-2.0e-6``
 is 0.999998), exactly 1 as ``1``, lower ones as decimals; mismatch % is the percentage of finite
@@ -27,7 +32,7 @@ elements outside ``atol + atol_rms*rms(ref) + rtol*|ref|``. The verdict names th
 passing rows (failing rows, their neighbours and the first and last rows are always kept).
 ``width`` (the CLI's 120 unless ``--wide``) keeps every line that narrow: first shape, the
 isolated max abs and verdict, the reference columns and mismatch % are left out, the isolated rel
-L2 and "introduced"/"inherited" merged into one "isolated" column, and the rule column left out
+L2 and "introduced"/"inherited" merged into one "isolated" column, then iso/bound, and the rule column left out
 where one rule judged every tensor (the header's "rules:" line says which); then verdicts name
 their first failed check and a count (``FAIL mismatch+4``); then the longest parts of names are
 cut in the middle (``transfo…blocks.1.attenti…ve_name``: indices and ends stay).
@@ -58,6 +63,8 @@ from tabulate import tabulate
 
 from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_ratio, format_shape
 from parity.base.text import plural, printable, subject_name
+from parity.judge import distribution as distribution_bins
+from parity.judge.bounds import BoundCheck
 from parity.judge.policy import MISMATCH_ALTERNATIVES
 from parity.judge.results import CompareReport, TensorResult, unrelaxable_checks, verdict_line, would_pass_text
 from parity.report.runs import determinism_lines, seeds_lines
@@ -129,7 +136,7 @@ NAME_WIDTH_MIN = 16  # names are never shortened below this
 # one rule judged every tensor (the header's "rules:" line says which).
 _DROP_ORDER = ((("shape",), None), (("iso max abs",), None), (("iso verdict",), None),
                (("ref rel L2 here", "ref rel L2 golden"), None), (("mismatch %",), None),
-               (("iso rel L2", "error"), "isolated"), (("rule",), None))
+               (("iso rel L2", "error"), "isolated"), (("iso/bound",), None), (("rule",), None))
 _MERGED = ("isolated",)  # columns of a narrow table only: "7.1e-4 introduced" = iso rel L2 + error
 
 
@@ -201,7 +208,7 @@ def shorten_name(name: str, width: int, *, markdown: bool = False) -> str:
 def _columns(report: CompareReport) -> list[str]:
     columns = ["tensor", "dtype", "shape", "cosine", "max abs", "rel L2", "mismatch %", "rule", "verdict"]
     if report.isolate:
-        columns += ["iso rel L2", "iso max abs", "iso verdict", "error", "isolated"]
+        columns += ["iso rel L2", "iso max abs", "iso/bound", "iso verdict", "error", "isolated"]
     if report.budget_checked:
         columns += ["ref rel L2 here", "ref rel L2 golden"]
     return columns
@@ -231,15 +238,37 @@ def _row(report: CompareReport, result: TensorResult) -> list[str]:
         row += [
             format_number(iso_metrics.rel_l2 if iso_metrics else None),
             format_number(iso_metrics.max_abs if iso_metrics else None),
+            bound_text(isolated.derived if isolated is not None else None),
             verdict_text(isolated) if isolated is not None else "-",
             {"introduced": "introduced", "inherited": "inherited"}.get(result.attribution or "", ""),
         ]
-        row.append(f"{row[-4]} {row[-1]}".rstrip())  # "isolated", the narrow table's merge
+        row.append(f"{row[-5]} {row[-1]}".rstrip())  # "isolated", the narrow table's merge
     if report.budget_checked:
         budget = result.budget
         row += [format_number(budget.host_rel_l2 if budget else None),
                 format_number(budget.capture_rel_l2 if budget else None)]
     return row
+
+
+def bound_text(check: BoundCheck | None) -> str:
+    """measured / derived: ``0.31x``, ``0`` (bit for bit), with ``!`` beyond the slack; ``-`` where
+    the op has no derived bound."""
+    if check is None:
+        return "-"
+    if check.ratio == 0:
+        return "0"
+    return format_ratio(check.ratio) + ("!" if check.beyond else "")
+
+
+def bound_lines(report: CompareReport) -> list[str]:
+    """One line per tensor beyond its derived bound (evidence beside the verdict)."""
+    lines = []
+    for result in report.beyond_derived_bound:
+        check = result.isolated.derived
+        lines.append(f"beyond derived bound: {printable(result.name)} ({check.op}): replayed on golden inputs it "
+                     f"differs from the golden by {format_ratio(check.ratio)} the rounding bound of both hosts "
+                     f"(slack {check.slack:g}x): not explained by rounding (evidence; the verdict is the rules')")
+    return lines
 
 
 def _compact_verdict(verdict: str, labels: int = 1) -> str:
@@ -454,17 +483,52 @@ def failure_lines(report: CompareReport, limit: int | None = FAILURE_LIMIT) -> l
     return lines
 
 
+def distribution_table(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, width: int | None = None,
+                       markdown: bool = False) -> str:
+    """Per compared tensor, the percentiles of ``|out - golden|`` (``p50`` ...) and of the relative
+    error (``rel p50`` ..., ``|d| / max(|golden|, rel_floor)``): median, p90, p99, p99.9, each at most
+    1.125x the exact one (:mod:`parity.judge.distribution`; the maxima are the main table's max abs
+    and the JSON's ``max_rel``); "" where no tensor has them."""
+    keys = [distribution_bins.percentile_key(q) for q in distribution_bins.PERCENTILES]
+    headers = ["tensor"] + keys + [f"rel {key}" for key in keys]
+    rows = []
+    for result in report.layers:
+        metrics = result.metrics
+        if metrics is None or metrics.abs_err_percentiles is None:
+            continue
+        rows.append([result.name] + [format_number(metrics.abs_err_percentiles[key]) for key in keys]
+                    + [format_number(metrics.rel_err_percentiles[key]) for key in keys])
+    if not rows:
+        return ""
+    if width is not None:
+        numbers = sum(max(len(header) + 2, *(len(row[i]) for row in rows)) for i, header in
+                      enumerate(headers) if i) + 3 * len(headers) + 1
+        room = max(NAME_WIDTH_MIN, width - numbers)
+        rows = [[shorten_name(row[0], room, markdown=markdown)] + row[1:] for row in rows]
+    else:
+        rows = [[_escape_cell(row[0], markdown)] + row[1:] for row in rows]
+    return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
 def format_text(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows: int | None = None,
-                failure_limit: int | None = FAILURE_LIMIT, width: int | None = None) -> str:
+                failure_limit: int | None = FAILURE_LIMIT, width: int | None = None,
+                distribution: bool = False) -> str:
     """The whole report for people; the last line is the verdict. ``width``: the table's
-    (:func:`format_table`; the CLI's is :data:`TABLE_WIDTH` unless ``--wide``)."""
+    (:func:`format_table`; the CLI's is :data:`TABLE_WIDTH` unless ``--wide``). ``distribution``:
+    also the error distribution of every tensor (:func:`distribution_table`, ``--distribution``)."""
     lines = header_lines(report)
     lines += [f"warning: {printable(warning, limit=2000)}" for warning in report.warnings]
     lines += ["", format_table(report, tablefmt=tablefmt, max_rows=max_rows, width=width), ""]
+    if distribution:
+        table = distribution_table(report, tablefmt=tablefmt, width=width)
+        if table:
+            lines += ["error distribution: percentiles of |d| = |this host - golden| (p50 ... p99.9), then of",
+                      "|d| / max(|golden|, rel_floor) (rel); each at most 1.125x above the exact percentile", table, ""]
     lines.append(growth_line(report))
     if report.isolate and report.introducing_layers:
         lines.append("error introduced by (fails on its golden inputs, innermost modules): "
                      + ", ".join(printable(name) for name in report.introducing_layers))
+    lines += bound_lines(report)
     failures = failure_lines(report, failure_limit)
     if failures:
         lines += [""] + failures

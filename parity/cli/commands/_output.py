@@ -139,7 +139,8 @@ def write_outputs(report, args: argparse.Namespace) -> None:
     from parity.report.text import TABLE_WIDTH, format_text
 
     if not _to_stdout(args):
-        print(format_text(report, max_rows=args.max_rows, width=None if args.wide else TABLE_WIDTH))
+        print(format_text(report, max_rows=args.max_rows, width=None if args.wide else TABLE_WIDTH,
+                          distribution=getattr(args, "distribution", False)))
     emit_report(args, "json", lambda: to_json(report), lambda path: write_json(report, path))
     emit_report(args, "junit_xml", lambda: to_junit_xml(report), lambda path: write_junit_xml(report, path))
     emit_report(args, "markdown", lambda: format_markdown(report, max_rows=args.max_rows),
