@@ -55,6 +55,7 @@ from parity.judge.policy import Policy, as_policy
 from parity.judge.results import CompareReport, TensorResult, fingerprint_differences, hosts_summary
 from parity.run import platform
 from parity.run.recorder import RecordedTensor, Recorder, select_modules
+from parity.run.resources import Meter
 from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
 from parity.run.subjects import Inputs, runner_from_manifest
 from parity.run.subjects.base import StateSource, check_trusted
@@ -84,10 +85,13 @@ def compare_bundle(
     Raises UsageError (BundleError) for an unusable bundle, a subject that cannot be re-created,
     an unknown impl, a bad device, Triton on the CPU without the interpreter, ``isolate`` without
     recorded inputs, and ``budget=True`` without references. Tensor-level problems are results.
+    The report's ``resources`` say what the run cost (:mod:`parity.run.resources`; the GPU peak
+    counter of a CUDA ``device`` is reset when the run starts).
     """
     started = time.monotonic()
     say = Progress(progress)
     policy = as_policy(policy)
+    meter = Meter(device)
     bundle = golden if isinstance(golden, BundleReader) else open_bundle(golden)
     runner = runner_from_manifest(bundle.subject, trusted=policy.trusted_subjects, bundle_dir=bundle.path)
     runner.check_impl(impl)
@@ -166,9 +170,15 @@ def compare_bundle(
         seconds=time.monotonic() - started,
         integrity=integrity(bundle),
         independent_cases=len(runner.case_ids(dict(module.named_children()))),
+        resources=meter.summary(tensors=len(ordered), nbytes=bytes_read(bundle), direction="read"),
     )
     say(f"compared {plural(len(ordered), 'tensor')} in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
+
+
+def bytes_read(bundle: BundleReader) -> int:
+    """Bytes of the bundle's tensors this run read (each one read is checksummed: ``verified``)."""
+    return sum(entry.nbytes for entry in bundle.entries if (entry.kind, entry.name) in bundle.verified)
 
 
 def reference_scope(bundle: BundleReader) -> str | None:

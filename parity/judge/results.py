@@ -312,6 +312,8 @@ class CompareReport:
     integrity: dict[str, Any] = dataclasses.field(default_factory=dict)
     candidate: str | None = None
     independent_cases: int = 0  # the subject's case count where its cases do not feed one another
+    # What the run cost (compare: parity.run.resources.summary; None for diff, which runs nothing).
+    resources: dict[str, Any] | None = None
 
     @property
     def tensors(self) -> list[TensorResult]:
@@ -410,6 +412,7 @@ class CompareReport:
             "kernel_configs": self.kernel_configs,
             "integrity": self.integrity,
             "seconds": round(self.seconds, 3),
+            **({"resources": self.resources} if self.resources is not None else {}),
             "layers": [result.to_dict() for result in self.layers],
         }
 

@@ -58,6 +58,7 @@ from tabulate import tabulate
 
 from parity.base.numbers import format_cosine, format_dtype, format_number, format_percent, format_ratio, format_shape
 from parity.base.text import printable
+from parity.run.resources import summary_line
 from parity.judge.policy import MISMATCH_ALTERNATIVES
 from parity.judge.results import CompareReport, TensorResult, unrelaxable_checks, verdict_line, would_pass_text
 
@@ -467,5 +468,7 @@ def format_text(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows
     failures = failure_lines(report, failure_limit)
     if failures:
         lines += [""] + failures
+    if report.resources is not None:
+        lines += ["", f"compare cost: {summary_line(report.resources)}"]
     lines += ["", verdict_line(report)]
     return "\n".join(lines)

@@ -32,6 +32,7 @@ from parity.bundle.writer import BundleWriter
 from parity.run import platform
 from parity.run.module_reference import ModuleReference
 from parity.run.recorder import RecordedTensor, Recorder, flatten
+from parity.run.resources import Meter
 from parity.run.runtime import Progress, check_device, check_triton_mode, cores_left_for, launch_configs
 from parity.run.subjects import SubjectRunner, load_subject
 
@@ -53,6 +54,8 @@ class CaptureResult:
     bytes: int  # bytes of shards written
     hooks_check: dict[str, Any]
     reference: str | None
+    # What the capture cost: parity.run.resources.summary (also the manifest's capture.resources).
+    resources: dict[str, Any] | None = None
 
 
 def _reference_plan(reference: str | None, device: torch.device,
@@ -137,7 +140,8 @@ def capture(
     then names them with their sha256 instead of storing the weights (each weight is checked equal
     to the file's first; what no file holds is stored). Raises UsageError for bad arguments and
     CaptureError when the hooks-on run differs from the hooks-off run; on any error nothing is
-    left at ``out``.
+    left at ``out``. The result's ``resources`` (and the manifest's ``capture.resources``) say what
+    the capture cost: :mod:`parity.run.resources`.
     """
     runner = subject if isinstance(subject, SubjectRunner) else load_subject(subject, subject_args)
     runner.check_impl(impl)
@@ -146,6 +150,7 @@ def capture(
     plan = _reference_plan(reference, device, reference_scope)
     if plan is not None:
         runner.check_impl(runner.reference_impl)
+    meter = Meter(device)
     checkpoint = checkpoint_weights.describe(weights_from) if weights_from else None
     say = Progress(progress)
     importing = platform.prefetch_imports()  # overlaps the runs; the fingerprint is taken after them
@@ -235,6 +240,9 @@ def capture(
             del ref_module, recorder, state
 
         importing.join()
+        # Measured once every shard is on disk: the manifest, a few KiB, is all that is left to write.
+        writer.finish_shards()
+        resources = meter.summary(tensors=len(writer.entries), nbytes=writer.bytes_written, direction="written")
         manifest = {
             "subject": runner.describe(),
             "impl": impl,
@@ -245,6 +253,7 @@ def capture(
                 "reference": reference_info,
                 "shard_bytes": shard_bytes,
                 "durable": durable,
+                "resources": resources,
             },
             "platform": platform.fingerprint(device),
             "kernel_configs": {"used": used_configs, "provided": dict(kernel_configs) if kernel_configs else None},
@@ -257,6 +266,6 @@ def capture(
         path = writer.commit(manifest)
         result = CaptureResult(path=path, layers=len(calls), tensors=len(writer.entries),
                                bytes=writer.bytes_written, hooks_check=hooks_check,
-                               reference=reference if plan is not None else None)
+                               reference=reference if plan is not None else None, resources=resources)
     return result
 

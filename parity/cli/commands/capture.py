@@ -120,6 +120,7 @@ def check_shard_mib(value: float) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from parity.run.capture import REFERENCE_CHOICES, capture, stderr_progress
+    from parity.run.resources import summary_line
     from parity.run.runtime import enable_triton_interpreter
     from parity.run.subjects.base import add_cwd_to_sys_path
 
@@ -165,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"wrote {result.path}: {result.layers} layers, {result.tensors} tensors, "
           f"{result.bytes / 2**20:.1f} MiB; hooks on/off bitwise equal")
+    print(f"capture cost: {summary_line(result.resources)}")
     return 0
 
 
