@@ -190,14 +190,16 @@ def reference_scope(bundle: BundleReader) -> str | None:
     return "module" if info.get("scope") == "module" else "model"
 
 
-def subject_state(bundle: BundleReader, weights_dir: str | os.PathLike | None = None) -> StateSource:
+def subject_state(bundle: BundleReader, weights_dir: str | os.PathLike | None = None, *,
+                  checksums: bool = True) -> StateSource:
     """The bundle's subject state, read one tensor at a time: its stored tensors and, for a bundle
     that names checkpoint files, theirs, after every file's size and sha256 are verified
-    (a UsageError names the first that is missing or differs)."""
+    (a UsageError names the first that is missing or differs). ``checksums=False`` checks the
+    files' presence and size only: for the other ranks of a host where one rank checks the sha256."""
     meta = {entry.name: (entry.shape, entry.torch_dtype) for entry in bundle.entries_of("state")}
     loaders = {name: (lambda name=name: bundle.load(name, "state")) for name in meta}
     if bundle.weights is not None:
-        files = checkpoint_weights.verify(bundle.weights, weights_dir)
+        files = checkpoint_weights.verify(bundle.weights, weights_dir, checksums=checksums)
         file_meta, load = checkpoint_weights.file_state(bundle.weights, files)
         meta.update(file_meta)
         loaders.update({name: (lambda name=name: load(name)) for name in file_meta})

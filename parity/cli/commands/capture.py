@@ -139,9 +139,6 @@ def run(args: argparse.Namespace) -> int:
     _make_parent(args.out)
     from parity.distributed.group import launched
 
-    if launched() and (args.reference_scope != "model" or args.weights_from):
-        raise UsageError("--reference-scope module and --weights-from apply to a single-process capture; "
-                         "a torchrun capture takes neither")
     if launched():  # one rank of a torchrun launch: a rank set (parity.distributed)
         from parity.cli.commands._distributed import capture as capture_ranks
 
