@@ -667,6 +667,10 @@ def test_torchrun_per_module_reference_replays_each_module_with_its_split(sets, 
     per_module, whole = open_golden(scale_sets / "tp2m"), open_golden(sets / "tp2")
     info = per_module.rank0.capture_info["reference"]
     assert info["scope"] == "module" and info["dtype"] == "float64" and info["outputs_without_reference"] == []
+    for reader in per_module.rank_set.ranks:  # each rank's cost, in its own manifest
+        resources = reader.capture_info["resources"]
+        assert resources["bytes_written"] == sum(shard.bytes for shard in reader.shards) > 0
+        assert resources["tensors"] == len(reader.entries) and resources["peak_host_bytes"] > 0
     assert info["peak_copy_bytes"] > 0
     assert sorted(e.name for e in per_module.entries_of("reference")) == sorted(e.name for e in whole.entries_of("output"))
     # Where a module's inputs are the model's own (or exact: the embedding), the per-module reference

@@ -52,6 +52,7 @@ from parity.bundle.manifest import DIGEST_FIELD
 from parity.bundle.reader import open_bundle
 from parity.run.module_reference import ModuleReference
 from parity.run.recorder import RecordedTensor, Recorder, flatten
+from parity.run.resources import Meter
 from parity.run.runtime import Progress, launch_configs
 from parity.run.subjects import Inputs, SubjectRunner, load_subject
 from . import rankset
@@ -74,6 +75,7 @@ class RankSetResult:
     tensors: int  # tensors this rank stored
     bytes: int  # bytes this rank wrote
     placements: dict[str, Placement]
+    resources: dict[str, Any] | None = None  # this rank's cost (parity.run.resources.summary)
 
 
 def apply_parallel(runner: SubjectRunner, module: nn.Module, mesh: Any) -> PlacementMap:
@@ -177,6 +179,7 @@ def record_ranks(
     rank once the set is committed."""
     rank, world = group.rank, group.world_size
     say = Progress(progress)
+    meter = Meter(group.device)
     device = group.device
     user_rules = placements or PlacementMap()
     if reference not in (None, *REFERENCE_CHOICES):
@@ -269,12 +272,15 @@ def record_ranks(
                 reference_calls = [call.to_json() for call in ref_recorder.calls]
                 reference_info = _reference_info(reference, "model", runner.reference_impl, device, ref_dtype, writer)
                 del ref_module, ref_recorder
+            writer.finish_shards()  # this rank's cost, measured with every shard on disk
+            resources = meter.summary(tensors=len(writer.entries), nbytes=writer.bytes_written, direction="written")
             fields = {
                 "subject": runner.describe(),
                 "impl": impl,
                 "device": str(device),
                 "capture": {"layers": list(layers) if layers is not None else None, "record_inputs": False,
-                            "reference": reference_info, "shard_bytes": shard_bytes, "durable": durable},
+                            "reference": reference_info, "shard_bytes": shard_bytes, "durable": durable,
+                            "resources": resources},
                 "platform": platform.fingerprint(device),
                 "kernel_configs": {"used": used_configs, "provided": None},
                 "hooks_check": hooks_check,
@@ -289,7 +295,7 @@ def record_ranks(
             path = writer.commit(fields)
             digest = _manifest_digest(path)
             result = RankSetResult(path=root, rank=rank, world_size=world, tensors=len(writer.entries),
-                                   bytes=writer.bytes_written, placements=dict(store.placements))
+                                   bytes=writer.bytes_written, placements=dict(store.placements), resources=resources)
         except ParityError as err:
             error = err
         group.agree(error, "writing the rank bundles")

@@ -66,8 +66,12 @@ def capture(args: argparse.Namespace, *, subject_args: dict, shard_bytes: int, d
     finally:  # after an error another rank may be gone: no barrier then
         group.close(synchronize=finished)
     if group.rank == 0:
+        from parity.run.resources import summary_line
+
         print(f"wrote rank set {result.path}: {result.world_size} ranks, {len(result.placements)} recorded tensors "
               f"per rank; hooks on/off bitwise equal on every rank")
+        print(f"capture cost on rank 0: {summary_line(result.resources)} (each rank's: capture.resources of its "
+              "bundle)")
     return 0
 
 
