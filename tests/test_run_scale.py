@@ -364,7 +364,7 @@ def test_verify_checks_the_named_checkpoint_files(tmp_path, checkpoint, capsys):
     capture("decoder", tmp_path / "ref", subject_args=SMALL_DECODER, reference="none", weights_from=[file])
     code, out, err = _verify(capsys, str(tmp_path / "ref"))
     assert code == 0 and err == []
-    assert out[-1] == (f"  weights by reference: 1 checkpoint file ({file.stat().st_size / 2**30:.2f} GiB) at the "
+    assert out[-1] == (f"  weights by reference: 1 checkpoint file ({file.stat().st_size / 2**20:.1f} MiB) at the "
                        "paths recorded at capture, size and sha256 verified")
     name = next(iter(weights))
     changed = dict(weights)

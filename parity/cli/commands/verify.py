@@ -83,7 +83,7 @@ def weights_line(bundle, directory: str | None, skip: bool) -> str | None:
         return None
     files = named["files"]
     size = sum(file["bytes"] for file in files)
-    what = f"{len(files)} checkpoint file{'s' if len(files) != 1 else ''} ({size / 2**30:.2f} GiB)"
+    what = f"{len(files)} checkpoint file{'s' if len(files) != 1 else ''} ({_mib(size)})"
     if skip:
         return f"  weights by reference: {what} named, NOT verified here (--skip-weights)"
     verified, missing = checkpoint_weights.verify_present(named, directory)
