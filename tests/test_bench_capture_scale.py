@@ -41,7 +41,7 @@ def test_targets_are_the_issues_formulas():
     row = {"weights_bytes": 20 * gib, "weights_mode": "reference",
            "capture": {"wall_s": 30.0, "resources": {"peak_host_bytes": 24 * gib, "peak_gpu_bytes": 25 * gib}},
            "bundle": {"bytes": 8_000_000_000, "manifest_bytes": 1000, "largest_reference_bytes": 2 * gib,
-                      "by_kind": {"output": 3_000_000_000, "reference": 4_999_999_000, "input": 1000},
+                      "by_kind": {"output": 3_000_000_000, "reference": 4_999_998_000, "input": 1000},
                       "reference": {"peak_copy_bytes": 2 * gib}},
            "forward": {"bf16_sdpa_s": 1.0, "reference_fp32_s": 10.0, "bf16_kernel_s": 0.5},
            "compare": {"wall_s": 3.0, "resources": {"bytes_read": 10_000_000_000}}}
@@ -50,9 +50,11 @@ def test_targets_are_the_issues_formulas():
     assert out["capture_gpu"]["limit"] == 26 * gib and out["capture_gpu"]["met"] is True
     assert out["capture_time"]["limit_s"] == 2 * (1.0 + 10.0 + 4.0) and out["capture_time"]["met"] is True
     assert out["compare_time"]["limit_s"] == 1.2 * 2.5 and out["compare_time"]["met"] is True
-    assert out["bundle_size"] == {"measured": 8_000_000_000, "limit": 7_999_999_000 + 1000, "met": True}
+    assert out["bundle_size"] == {"measured": 8_000_000_000, "limit": 8_000_000_000, "state_bytes": 0,
+                                  "shard_header_bytes": 0, "met": True}
     row["capture"]["resources"]["peak_host_bytes"] = 25 * gib + 1
     row["compare"]["wall_s"] = 3.01
+    row["bundle"]["by_kind"]["state"] = 1  # one byte of weights stored
     row["bundle"]["by_kind"]["reference"] -= 1
     out = scale.targets(row, disk)
     assert [out[key]["met"] for key in ("capture_host", "compare_time", "bundle_size")] == [False, False, False]

@@ -340,6 +340,11 @@ def test_compare_reports_what_it_read_and_its_peak_memory(tmp_path, capsys):
     assert code == 0
     bundle = open_bundle(tmp_path / "b")
     report = json.loads((tmp_path / "r.json").read_text())
+    from jsonschema import Draft202012Validator
+
+    from parity.base import jsonformat
+
+    Draft202012Validator(jsonformat.schema_for(report["format"])).validate(report)  # the field is published
     resources = report["resources"]
     # Read: the inputs, the state and every output and reference, once each.
     assert resources["bytes_read"] == sum(entry.nbytes for entry in bundle.entries)
