@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from bench import capture_scale_gpu as scale
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +68,6 @@ def test_no_row_starts_after_the_deadline(tmp_path, capsys):
         assert [row["status"] for row in document["rows"]] == ["not run: --deadline-s reached"]
 
 
-@pytest.mark.slow
 def test_a_tiny_llama_is_captured_and_compared_with_the_kernel_on_the_cpu(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
