@@ -404,3 +404,17 @@ def test_verify_refuses_weights_dir_for_a_bundle_that_stores_its_weights(tmp_pat
     assert code == 2 and len(err) == 1 and "stores its weights" in err[0]
     code, out, err = _verify(capsys, str(tmp_path / "b"))
     assert code == 0 and not any("weights by reference" in line for line in out)
+
+
+def test_resources_summary_and_its_line():
+    from parity.run.resources import summary, summary_line
+
+    info = summary(tensors=10, nbytes=3 * 10**9, seconds=2.0, direction="read", peak_host=2**31, peak_gpu=3 * 2**30)
+    assert info == {"seconds": 2.0, "tensors": 10, "bytes_read": 3 * 10**9, "tensors_per_second": 5.0,
+                    "gb_per_second": 1.5, "peak_host_bytes": 2**31, "peak_gpu_bytes": 3 * 2**30}
+    assert summary_line(info) == ("10 tensors, 3 GB read in 2.0 s (5.0 tensors/s, 1.50 GB/s); peak memory: host "
+                                  "2.00 GiB (VmHWM), GPU 3.00 GiB")
+    instant = summary(tensors=1, nbytes=8, seconds=0.0, direction="written", peak_host=None, peak_gpu=None)
+    assert instant["tensors_per_second"] is None and instant["gb_per_second"] is None
+    assert summary_line(instant) == ("1 tensor, 8e-09 GB written in 0.0 s; peak memory: host not measured (VmHWM), "
+                                     "GPU not used")

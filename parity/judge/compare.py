@@ -91,11 +91,11 @@ def compare_bundle(
     started = time.monotonic()
     say = Progress(progress)
     policy = as_policy(policy)
-    meter = Meter(device)
     bundle = golden if isinstance(golden, BundleReader) else open_bundle(golden)
     runner = runner_from_manifest(bundle.subject, trusted=policy.trusted_subjects, bundle_dir=bundle.path)
     runner.check_impl(impl)
     device = check_device(device if device is not None else platform.default_device())
+    meter = Meter(device, started=started)  # once the device is known: its GPU peak counter starts here
     check_triton_mode(impl, device)
     if isolate and not bundle.record_inputs:
         raise UsageError(f"--isolate needs a bundle captured with --record-inputs; {bundle.path} was captured "

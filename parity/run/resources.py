@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from parity.base.text import plural
+
 _STATUS = "/proc/self/status"
 
 
@@ -44,13 +46,14 @@ def _gpu(device: torch.device | str | None) -> torch.device | None:
 
 
 class Meter:
-    """Started when a run begins: ``elapsed()`` seconds since, and the GPU's peak since (reset here)."""
+    """Started when a run begins: ``elapsed()`` seconds since, and the GPU's peak since (reset here).
+    ``started``: the run's own ``time.monotonic()`` start, where it began before its device was known."""
 
-    def __init__(self, device: torch.device | str | None = None):
+    def __init__(self, device: torch.device | str | None = None, started: float | None = None):
         self.device = _gpu(device)
         if self.device is not None:
             torch.cuda.reset_peak_memory_stats(self.device)
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -86,5 +89,5 @@ def summary_line(info: dict[str, Any]) -> str:
     rates = ("" if info["tensors_per_second"] is None
              else f" ({info['tensors_per_second']:.1f} tensors/s, {info['gb_per_second']:.2f} GB/s)")
     gpu = "not used" if info["peak_gpu_bytes"] is None else _gib(info["peak_gpu_bytes"])
-    return (f"{info['tensors']} tensors, {nbytes / 1e9:.3g} GB {direction} in {info['seconds']:.1f} s{rates}; "
+    return (f"{plural(info['tensors'], 'tensor')}, {nbytes / 1e9:.3g} GB {direction} in {info['seconds']:.1f} s{rates}; "
             f"peak memory: host {_gib(info['peak_host_bytes'])} (VmHWM), GPU {gpu}")
