@@ -701,6 +701,11 @@ def test_a_set_with_per_module_references_is_judged_by_the_thresholds(scale_sets
     report = compare_rank_set(scale_sets / "tp2m", impl="reference", device="cpu")
     assert report.passed and len(report.layers) == 28
     assert {result.rule for result in report.layers} == {"thresholds"}
+    # What it read: every output of both ranks (no reference: the thresholds need none) and the inputs.
+    view = open_golden(scale_sets / "tp2m")
+    outputs = sum(entry.nbytes for reader in view.readers for entry in reader.entries_of("output"))
+    inputs = sum(entry.nbytes for entry in view.rank0.entries_of("input"))
+    assert report.resources["bytes_read"] == outputs + inputs and report.resources["tensors"] == 28
     assert any("references are per module" in warning for warning in report.warnings)
     with pytest.raises(UsageError, match="isolated replay"):
         compare_rank_set(scale_sets / "tp2m", impl="reference", device="cpu", budget=True)
@@ -720,6 +725,7 @@ def test_torchrun_weights_by_reference_are_named_by_rank_0_and_verified_before_t
     assert [r.returncode for r in ranks] == [0, 0], _stderr(ranks)
     document = _valid(json.loads((tmp_path / "r.json").read_text()))
     assert document["passed"] and len(document["layers"]) == 56
+    assert document["resources"]["tensors"] == 56 and document["resources"]["bytes_read"] > 0
     assert any("references are per module" in warning for warning in document["warnings"])
     assert compare_rank_set(tmp_path / "set", impl="reference", device="cpu", weights_dir=tmp_path / "elsewhere").passed
     # Changed: every rank stops before it builds, with one line naming the file.

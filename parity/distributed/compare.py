@@ -36,13 +36,14 @@ import torch
 
 from parity.run import platform
 from parity.bundle.reader import BundleReader, open_bundle
-from parity.judge.compare import reference_scope, subject_state
+from parity.judge.compare import bytes_read, reference_scope, subject_state
 from parity.judge.diff import check_same_run
 from parity.judge.engine import (Judge, Obtained, absent_warning, bundle_outputs, compare_tensors, fused_warning,
                                  notes_as_warnings)
 from parity.base.errors import ParityError, UsageError
 from parity.judge.policy import Policy, Tolerance, as_policy
 from parity.run.recorder import RecordedTensor, Recorder
+from parity.run.resources import Meter
 from parity.judge.results import CompareReport, TensorResult, fingerprint_differences, hosts_summary
 from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
 from parity.run.subjects import Inputs, runner_from_manifest
@@ -218,6 +219,12 @@ def _report(golden: FullView, results: list[TensorResult], *, policy: Policy, bu
     )
 
 
+def _resources(meter: Meter, results: list[TensorResult], *views: FullView) -> dict[str, Any]:
+    """What the run cost (:mod:`parity.run.resources`): bytes read are every rank bundle's tensors read."""
+    nbytes = sum(bytes_read(reader) for view in views for reader in view.readers)
+    return meter.summary(tensors=len(results), nbytes=nbytes, direction="read")
+
+
 def _add_integrity(*parts: dict[str, Any]) -> dict[str, Any]:
     total: dict[str, Any] = {"tensors": 0, "verified": 0, "not_read": {}}
     for part in parts:
@@ -285,6 +292,7 @@ def compare_rank_set(
     runner = runner_from_manifest(view.subject, trusted=policy.trusted_subjects, bundle_dir=view.path)
     runner.check_impl(impl)
     device = check_device(device if device is not None else platform.default_device())
+    meter = Meter(device, started=started)
     check_triton_mode(impl, device)
     _check_budget(budget, view)
     budget, warnings = _budget_of(view, budget)
@@ -316,6 +324,7 @@ def compare_rank_set(
     report = _report(view, ordered, policy=policy, budget=budget, impl=impl, device=str(device),
                      here_platform=platform.fingerprint(device), warnings=warnings, started=started,
                      kernel_configs_here=launch_configs(module), candidate=None, integrity=view.integrity())
+    report = dataclasses.replace(report, resources=_resources(meter, ordered, view))
     say(f"compared {len(ordered)} tensors in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
 
@@ -329,14 +338,18 @@ def diff_sets(
     progress: Callable[[str], None] | None = None,
     check_run: bool = True,
     candidate_label: str = "the candidate",
+    read: list[FullView] | None = None,
 ) -> CompareReport:
     """``parity diff`` where either side is a rank set: rank against rank for two sets of one world
     size and the same placements, full tensors rebuilt otherwise. Refusals as :func:`parity.diff.diff_bundles` (``check_run``
-    False skips the inputs and weights check, for a compare's scratch set, which stores neither)."""
+    False skips the inputs and weights check, for a compare's scratch set, which stores neither).
+    ``read``: a list the two opened sides are appended to, for a caller that counts what was read."""
     started = time.monotonic()
     say = Progress(progress)
     policy = as_policy(policy)
     expected, obtained = open_golden(golden), open_golden(candidate)
+    if read is not None:  # the caller counts what was read of both
+        read.extend((expected, obtained))
     if check_run:
         check_same_run(expected.rank0, obtained.rank0)
     both = check_run
@@ -398,6 +411,7 @@ def compare_distributed(
 
     started = time.monotonic()
     group = group or join(device)
+    meter = Meter(group.device, started=started)  # rank 0's cost is the report's
     policy = as_policy(policy)
     error: BaseException | None = None
     view = runner = None
@@ -420,6 +434,7 @@ def compare_distributed(
     workdir = group.broadcast(tempfile.mkdtemp(prefix="parity-compare-", dir=scratch) if group.rank == 0 else None,
                               step="making the scratch directory")
     report, passed, error = None, False, None
+    read: list[FullView] = []  # the golden and the scratch set, as diff_sets opened them
     try:
         record_ranks(group, runner, Path(workdir) / "run", impl=impl, state=state, inputs=inputs, store_subject=False,
                      layers=view.capture_layers, reference=None, placements=placements, durable=False,
@@ -427,9 +442,10 @@ def compare_distributed(
         if group.rank == 0:
             try:
                 report = diff_sets(view, Path(workdir) / "run", policy=policy, budget=budget, progress=progress,
-                                   check_run=False, candidate_label="this run")
+                                   check_run=False, candidate_label="this run", read=read)
                 report = dataclasses.replace(report, candidate=None, impl=impl, device=str(group.device),
                                              warnings=warnings + report.warnings,
+                                             resources=_resources(meter, report.layers, *read),
                                              platforms={**report.platforms, "here": platform.fingerprint(group.device)},
                                              seconds=time.monotonic() - started)
                 passed = report.passed
