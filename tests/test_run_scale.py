@@ -262,11 +262,13 @@ _STREAM_CHILD = textwrap.dedent("""
     import sys, json
     sys.path.insert(0, {tests!r})
     step, bundle, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    if step == "capture":
+    if step.startswith("capture"):
         from parity.run.capture import capture
+        reference = ("fp32", "module") if step == "capture-module" else ("none", "model")
         result = capture("scale_subject:make_subject", bundle,
                          subject_args={{"width": 512, "layers": 4, "tokens": 1024, "repeats": repeats}},
-                         reference="none", durable=False, shard_bytes=16 * 2**20)
+                         reference=reference[0], reference_scope=reference[1], durable=False,
+                         shard_bytes=16 * 2**20, force=True)
         resources = result.resources
     else:
         from parity.judge.compare import compare_bundle
@@ -296,14 +298,17 @@ def test_capture_and_compare_memory_does_not_grow_with_the_recorded_tensors(tmp_
     # (VmHWM) for 432 MiB more recorded: capture 4.4 MiB (384 -> 388 MiB), compare 3.2 MiB
     # (344 -> 347 MiB). A capture or compare that held the outputs until the end would grow by
     # the 432 MiB; the bound (43 MiB) leaves room for the writer's ring of up to two 16 MiB shards.
+    # With the per-module fp32 reference, 864 MiB more recorded (outputs and references): 6 MiB.
     recorded = {}
     peaks = {}
+    with_reference = {}
     for repeats in (2, 20):
         bundle = tmp_path / f"r{repeats}"
         captured = _stream_child("capture", bundle, repeats)
         compared = _stream_child("compare", bundle, repeats)
         recorded[repeats] = captured["resources"]["bytes_written"]
         peaks[repeats] = captured["peak"], compared["peak"]
+        with_reference[repeats] = _stream_child("capture-module", tmp_path / f"m{repeats}", repeats)
         # Judged: every output; the input and the 8 weights are not judged.
         assert compared["resources"]["tensors"] == captured["resources"]["tensors"] - 1 - 8
         assert compared["resources"]["bytes_read"] >= recorded[repeats] - 2**20  # every output read once
@@ -313,6 +318,9 @@ def test_capture_and_compare_memory_does_not_grow_with_the_recorded_tensors(tmp_
     compare_growth = peaks[20][1] - peaks[2][1]
     assert capture_growth < 0.1 * added, (capture_growth, compare_growth, peaks)
     assert compare_growth < 0.1 * added, (capture_growth, compare_growth, peaks)
+    added = with_reference[20]["resources"]["bytes_written"] - with_reference[2]["resources"]["bytes_written"]
+    assert added > 800 * 2**20
+    assert with_reference[20]["peak"] - with_reference[2]["peak"] < 0.05 * added, with_reference
 
 
 def test_capture_reports_its_throughput_and_peak_memory(tmp_path, capsys):
