@@ -48,8 +48,9 @@ the work directory first (1 GiB written with fsync, read back after the page cac
 Transformers is imported before any clock starts (a fixed cost of each process); what capture
 and compare import themselves is counted.
 
-One JSON per size, ``capture-scale-<size>.json`` in ``--out``, rewritten after every row and
-after every step of a row, so a run cut short keeps what it measured::
+One JSON per size (format ``parity-capture-scale-report``, schema in ``bench/schemas/``),
+``capture-scale-<size>.json`` in ``--out``, rewritten after every row and after every step of a
+row, so a run cut short keeps what it measured::
 
     python -m bench.capture_scale_gpu --sizes 1b,3b,8b,10b --seq 2048 --out results/
     python -m bench.capture_scale_gpu --sizes 10b --seq 4096 --record all --row-limit-s 900
@@ -74,6 +75,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from bench import formats
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = "bench.capture_scale_gpu:make_subject"
@@ -495,9 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     # The GPU's name comes from the capture child (row "gpu"): this process leaves the GPU alone.
     machine = {"torch": torch.__version__, "cpus": os.cpu_count()}
     for size in sizes:
-        document = {"format": "parity-capture-scale", "version": 1, "size": size, "shape": SIZES[size],
-                    "device": args.device, "machine": machine, "disk": disk, "record": args.record,
-                    "record_blocks": args.record_blocks, "weights": args.weights, "rows": []}
+        document = {"format": formats.CAPTURE_SCALE_REPORT, "version": formats.FORMATS[formats.CAPTURE_SCALE_REPORT][0],
+                    "size": size, "shape": SIZES[size], "device": args.device, "machine": machine, "disk": disk,
+                    "record": args.record, "record_blocks": args.record_blocks, "weights": args.weights,
+                    "model_reference": args.model_reference, "rows": []}
         path = out / f"capture-scale-{size}.json"
 
         def save(document=document, path=path) -> None:

@@ -7,9 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from jsonschema import Draft202012Validator
+
 from bench import capture_scale_gpu as scale
+from bench import formats
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _valid(document: dict) -> dict:
+    Draft202012Validator(formats.schema_for(document["format"])).validate(document)
+    return document
 
 
 def test_the_sizes_have_the_parameters_they_are_named_for():
@@ -63,7 +71,7 @@ def test_no_row_starts_after_the_deadline(tmp_path, capsys):
     assert scale.main(["--sizes", "tiny,1b", "--seq", "128", "--device", "cpu", "--out", str(tmp_path / "out"),
                        "--workdir", str(tmp_path / "work"), "--disk-probe-gib", "0.01", "--deadline-s", "0"]) == 0
     for size in ("tiny", "1b"):
-        document = json.loads((tmp_path / "out" / f"capture-scale-{size}.json").read_text())
+        document = _valid(json.loads((tmp_path / "out" / f"capture-scale-{size}.json").read_text()))
         assert document["disk"]["write_gb_s"] > 0 and document["disk"]["read_cold_gb_s"] > 0
         assert [row["status"] for row in document["rows"]] == ["not run: --deadline-s reached"]
 
@@ -76,7 +84,7 @@ def test_a_tiny_llama_is_captured_and_compared_with_the_kernel_on_the_cpu(tmp_pa
                            "--disk-probe-gib", "0.05", "--row-limit-s", "600"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
-    document = json.loads((out / "capture-scale-tiny.json").read_text())
+    document = _valid(json.loads((out / "capture-scale-tiny.json").read_text()))
     (row,) = document["rows"]
     assert row["status"] == "done", (row.get("errors"), row.get("logs"))
     assert row["parameters"] == 574_336 and row["weights_bytes"] == 2 * row["parameters"]
