@@ -11,6 +11,7 @@ format                              version  written by
 ``parity-decode-benchmark-report``  1        ``python -m bench.benchmark_decode --json``
 ``parity-benchmark-table-report``   1        ``python -m bench.benchmark_table --json``
 ``parity-harness-benchmark-report`` 2        ``python bench/harness/harness_benchmark.py --json``
+``parity-capture-scale-report``     1        ``python -m bench.capture_scale_gpu`` (one per size)
 ==================================  =======  ==================================================
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ BENCHMARK_REPORT = "parity-benchmark-report"
 DECODE_BENCHMARK_REPORT = "parity-decode-benchmark-report"
 BENCHMARK_TABLE_REPORT = "parity-benchmark-table-report"
 HARNESS_BENCHMARK_REPORT = "parity-harness-benchmark-report"
+CAPTURE_SCALE_REPORT = "parity-capture-scale-report"
 
 # format -> (current version, schema file in SCHEMA_DIR)
 FORMATS: dict[str, tuple[int, str]] = {
@@ -30,6 +32,7 @@ FORMATS: dict[str, tuple[int, str]] = {
     DECODE_BENCHMARK_REPORT: (1, "decode-benchmark-report.schema.json"),
     BENCHMARK_TABLE_REPORT: (1, "benchmark-table-report.schema.json"),
     HARNESS_BENCHMARK_REPORT: (2, "harness-benchmark-report.schema.json"),
+    CAPTURE_SCALE_REPORT: (1, "capture-scale-report.schema.json"),
 }
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"

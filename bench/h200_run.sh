@@ -40,7 +40,8 @@ PY=${PYTHON:-python3}
 STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect inspect-decode"}
 # (also: "table-sweep" and "table", the prefill table of bench/benchmark_table.py, and
 # "launch-time", "host-parts" and "ncu", where a short case's time goes; "launch-overhead",
-# "hf-host", "hf-generate", "hf-compiled" and "hf-window", inference; not run by default)
+# "hf-host", "hf-generate", "hf-compiled" and "hf-window", inference; "capture-scale", capture and compare of
+# 1-10B Llama shapes; not run by default)
 
 step() {  # step NAME LIMIT_S COMMAND...
     local name=$1 limit=$2
@@ -112,6 +113,13 @@ step hf-compiled "${HF_COMPILED_LIMIT:-420}" "$PY" -m bench.hf_generate --model 
 # shellcheck disable=SC2086
 step hf-window "${HF_WINDOW_LIMIT:-300}" "$PY" -m bench.hf_generate --model mistral7b --json "$R/hf-mistral7b.json" \
     --deadline-s $(( ${HF_WINDOW_LIMIT:-300} - 60 )) ${HF_WINDOW_ARGS:---cases 1x16384 --modes eager}
+# Capture and compare at scale (bench/capture_scale_gpu.py): Llama shapes of 1, 3, 8 and 10B
+# parameters built in bf16 on the GPU, the per-module fp32 reference, compare with parity_sparse,
+# against the targets of issue 47; one JSON per size under capture-scale/, rewritten after every
+# row. CAPTURE_SCALE_ARGS e.g. "--seq 4096 --sizes 8b,10b" or "--weights reference".
+# shellcheck disable=SC2086
+step capture-scale "${CAPTURE_SCALE_LIMIT:-470}" "$PY" -m bench.capture_scale_gpu --out "$R/capture-scale" \
+    --deadline-s $(( ${CAPTURE_SCALE_LIMIT:-470} - 20 )) ${CAPTURE_SCALE_ARGS:-}
 NCU=${NCU:-$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)}
 NCU_CASES=${NCU_CASES:-d64-s4k-causal,d64-s4k-random25,d128-s4k-causal,d128-s16k-causal}
 NCU_MORE=()

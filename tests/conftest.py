@@ -77,6 +77,8 @@ SLOW_TESTS = {
     "test_speed_bench.py::test_cases_give_a_fast_p_line": "timed rounds over a case set",
     "test_distributed_placement.py::test_placements_of_parallel_styles": "imports DTensor and its parallel styles",
     "test_run_capture.py::test_cli_decoder_and_attention_options": "decoder and attention captures through the CLI",
+    "test_run_scale.py::test_capture_and_compare_memory_does_not_grow_with_the_recorded_tensors":
+        "four processes writing and reading bundles of up to 0.5 GB",
     "test_testing_plugin.py::test_a_broken_subject_is_a_one_line_failure_never_a_pass": "a pytest run in a process",
 }
 # The lab's tests (bench/: benchmarks, probes, device scripts, the harness benchmark) are slow as a

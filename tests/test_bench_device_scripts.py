@@ -262,3 +262,16 @@ def test_the_plan_for_the_next_device_session_fits_and_parses(tmp_path):
         _, status = _dry_run(tmp_path / str(index), env)
         ran = [line.split()[0] for line in status.splitlines()]
         assert ran[0] == "install" and sorted(ran[1:]) == sorted(steps), (ran, steps)
+
+
+def test_capture_scale_step_runs_the_gpu_measurement_within_its_limit(tmp_path):
+    calls, status = _dry_run(tmp_path, {"STEPS": "capture-scale", "CAPTURE_SCALE_ARGS": "--seq 4096 --sizes 8b,10b",
+                                        "CAPTURE_SCALE_LIMIT": "400"})
+    (call,) = [line for line in calls if "capture_scale_gpu" in line]
+    words = call.split()
+    assert words[:2] == ["-m", "bench.capture_scale_gpu"]
+    assert words[words.index("--out") + 1].endswith("/r/capture-scale")
+    assert words[words.index("--deadline-s") + 1] == "380"  # the step's limit less the JSON's last write
+    assert words[-4:] == ["--seq", "4096", "--sizes", "8b,10b"]
+    assert [line.split()[0] for line in status.splitlines()] == ["install", "capture-scale"]
+    assert _step_limits({})["capture-scale"] + _step_limits({})["install"] <= 600

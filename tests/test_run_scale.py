@@ -252,3 +252,177 @@ def test_cli_capture_with_module_reference_and_weights_by_reference(tmp_path, ch
     with trusting():
         assert main(["compare", "--golden", str(tmp_path / "b"), "--impl", "reference", "--device", "cpu",
                      "--quiet"]) == 0
+
+
+# -------------------------------------------------------------------------------------------
+# Streaming: what capture and compare hold does not grow with what they record
+
+
+_STREAM_CHILD = textwrap.dedent("""
+    import sys, json
+    sys.path.insert(0, {tests!r})
+    step, bundle, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    if step.startswith("capture"):
+        from parity.run.capture import capture
+        reference = ("fp32", "module") if step == "capture-module" else ("none", "model")
+        result = capture("scale_subject:make_subject", bundle,
+                         subject_args={{"width": 512, "layers": 4, "tokens": 1024, "repeats": repeats}},
+                         reference=reference[0], reference_scope=reference[1], durable=False,
+                         shard_bytes=16 * 2**20, force=True)
+        resources = result.resources
+    else:
+        from parity.judge.compare import compare_bundle
+        from parity.run.subjects.base import trusting
+        with trusting("scale_subject:make_subject"):
+            report = compare_bundle(bundle, impl="reference", device="cpu")
+        assert report.passed
+        resources = report.resources
+    hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    print(json.dumps({{"peak": int(hwm.split()[1]) * 1024, "resources": resources}}))
+""")
+
+
+def _stream_child(step: str, bundle: Path, repeats: int) -> dict:
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "OMP_NUM_THREADS": "1",
+           "PYTHONHASHSEED": "0"}
+    out = subprocess.run([sys.executable, "-c", _STREAM_CHILD.format(tests=str(TESTS_DIR)), step, str(bundle),
+                          str(repeats)], capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_capture_and_compare_memory_does_not_grow_with_the_recorded_tensors(tmp_path):
+    # The same model (4 blocks of two 512x512 fp32 maps, 8 MiB of weights) run over its blocks 2 or
+    # 20 times on 1024 tokens: 3 outputs of 2 MiB per block call, so 20 repeats record 432 MiB more
+    # (24 -> 240 tensors). Capture writes each output into a 16 MiB shard and frees it; compare
+    # judges each as it is produced and reads its golden then. Measured growth of the peak
+    # (VmHWM) for 432 MiB more recorded: capture 4.4 MiB (384 -> 388 MiB), compare 3.2 MiB
+    # (344 -> 347 MiB). A capture or compare that held the outputs until the end would grow by
+    # the 432 MiB; the bound (43 MiB) leaves room for the writer's ring of up to two 16 MiB shards.
+    # With the per-module fp32 reference, 864 MiB more recorded (outputs and references): 6 MiB.
+    recorded = {}
+    peaks = {}
+    with_reference = {}
+    for repeats in (2, 20):
+        bundle = tmp_path / f"r{repeats}"
+        captured = _stream_child("capture", bundle, repeats)
+        compared = _stream_child("compare", bundle, repeats)
+        recorded[repeats] = captured["resources"]["bytes_written"]
+        peaks[repeats] = captured["peak"], compared["peak"]
+        with_reference[repeats] = _stream_child("capture-module", tmp_path / f"m{repeats}", repeats)
+        # Judged: every output; the input and the 8 weights are not judged.
+        assert compared["resources"]["tensors"] == captured["resources"]["tensors"] - 1 - 8
+        assert compared["resources"]["bytes_read"] >= recorded[repeats] - 2**20  # every output read once
+    added = recorded[20] - recorded[2]
+    assert added > 400 * 2**20, recorded
+    capture_growth = peaks[20][0] - peaks[2][0]
+    compare_growth = peaks[20][1] - peaks[2][1]
+    assert capture_growth < 0.1 * added, (capture_growth, compare_growth, peaks)
+    assert compare_growth < 0.1 * added, (capture_growth, compare_growth, peaks)
+    added = with_reference[20]["resources"]["bytes_written"] - with_reference[2]["resources"]["bytes_written"]
+    assert added > 800 * 2**20
+    assert with_reference[20]["peak"] - with_reference[2]["peak"] < 0.05 * added, with_reference
+
+
+def test_capture_reports_its_throughput_and_peak_memory(tmp_path, capsys):
+    code = main(["capture", "--subject", STACK, "--bundle", str(tmp_path / "b"), "--set", "width=64",
+                 "--set", "layers=3", "--reference", "none", "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0
+    bundle = open_bundle(tmp_path / "b")
+    resources = bundle.capture_info["resources"]
+    shard_bytes = sum(shard.bytes for shard in bundle.shards)
+    assert resources["bytes_written"] == shard_bytes and resources["tensors"] == len(bundle.entries)
+    assert resources["seconds"] > 0 and resources["tensors_per_second"] > 0
+    assert resources["peak_host_bytes"] > 50 * 2**20  # at least torch itself is resident
+    assert resources["peak_gpu_bytes"] is None  # no GPU ran
+    line = next(line for line in out.splitlines() if line.startswith("capture cost:"))
+    assert f"{len(bundle.entries)} tensors" in line and "GB written" in line and "GPU not used" in line
+
+
+def test_compare_reports_what_it_read_and_its_peak_memory(tmp_path, capsys):
+    capture(STACK, tmp_path / "b", subject_args={"width": 64, "layers": 3}, reference="fp64")
+    with trusting(STACK):
+        code = main(["compare", "--golden", str(tmp_path / "b"), "--impl", "reference", "--device", "cpu",
+                     "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert code == 0
+    bundle = open_bundle(tmp_path / "b")
+    report = json.loads((tmp_path / "r.json").read_text())
+    from jsonschema import Draft202012Validator
+
+    from parity.base import jsonformat
+
+    Draft202012Validator(jsonformat.schema_for(report["format"])).validate(report)  # the field is published
+    resources = report["resources"]
+    # Read: the inputs, the state and every output and reference, once each.
+    assert resources["bytes_read"] == sum(entry.nbytes for entry in bundle.entries)
+    assert resources["tensors"] == len(bundle.entries_of("output")) and resources["peak_gpu_bytes"] is None
+    assert resources["peak_host_bytes"] > 50 * 2**20
+    lines = out.splitlines()
+    assert lines[-3].startswith("compare cost: ") and "GB read" in lines[-3]
+
+
+# -------------------------------------------------------------------------------------------
+# verify of a bundle that names its checkpoint
+
+
+def _verify(capsys, *args: str) -> tuple[int, list[str], list[str]]:
+    code = main(["verify", *args])
+    captured = capsys.readouterr()
+    return code, captured.out.strip().splitlines(), captured.err.strip().splitlines()
+
+
+def test_verify_checks_the_named_checkpoint_files(tmp_path, checkpoint, capsys):
+    file, weights = checkpoint
+    capture("decoder", tmp_path / "ref", subject_args=SMALL_DECODER, reference="none", weights_from=[file])
+    code, out, err = _verify(capsys, str(tmp_path / "ref"))
+    assert code == 0 and err == []
+    assert out[-1] == (f"  weights by reference: 1 checkpoint file ({file.stat().st_size / 2**20:.1f} MiB) at the "
+                       "paths recorded at capture, size and sha256 verified")
+    name = next(iter(weights))
+    changed = dict(weights)
+    changed[name] = weights[name].clone()
+    changed[name].view(-1)[0] += 1
+    save_file(changed, str(file))  # same size, other bytes: the sha256 finds it
+    code, out, err = _verify(capsys, str(tmp_path / "ref"))
+    assert code == 2 and out == [] and len(err) == 1
+    assert str(file) in err[0] and "does not match the bundle's sha256" in err[0]
+
+
+def test_verify_says_which_checkpoint_files_it_could_not_verify(tmp_path, checkpoint, capsys):
+    file, _ = checkpoint
+    capture("decoder", tmp_path / "ref", subject_args=SMALL_DECODER, reference="none", weights_from=[file])
+    moved = tmp_path / "elsewhere"
+    file.parent.rename(moved)
+    code, out, err = _verify(capsys, str(tmp_path / "ref"))
+    assert code == 2 and out == [] and len(err) == 1
+    assert "the bundle is intact, but 1 of the 1 checkpoint files it names could not be verified" in err[0]
+    assert str(file) in err[0] and "--weights-dir" in err[0] and "--skip-weights" in err[0]
+    code, out, err = _verify(capsys, str(tmp_path / "ref"), "--weights-dir", str(moved))
+    assert code == 0 and out[-1].endswith(f"in {moved}, size and sha256 verified")
+    code, out, err = _verify(capsys, str(tmp_path / "ref"), "--skip-weights")
+    assert code == 0 and out[-1].endswith("named, NOT verified here (--skip-weights)")
+    code, out, err = _verify(capsys, str(tmp_path / "ref"), "--weights-dir", str(tmp_path / "nowhere"))
+    assert code == 2 and str(tmp_path / "nowhere" / "model.safetensors") in err[0]
+
+
+def test_verify_refuses_weights_dir_for_a_bundle_that_stores_its_weights(tmp_path, capsys):
+    capture(STACK, tmp_path / "b", subject_args={"width": 32, "layers": 1}, reference="none")
+    code, out, err = _verify(capsys, str(tmp_path / "b"), "--weights-dir", str(tmp_path))
+    assert code == 2 and len(err) == 1 and "stores its weights" in err[0]
+    code, out, err = _verify(capsys, str(tmp_path / "b"))
+    assert code == 0 and not any("weights by reference" in line for line in out)
+
+
+def test_resources_summary_and_its_line():
+    from parity.run.resources import summary, summary_line
+
+    info = summary(tensors=10, nbytes=3 * 10**9, seconds=2.0, direction="read", peak_host=2**31, peak_gpu=3 * 2**30)
+    assert info == {"seconds": 2.0, "tensors": 10, "bytes_read": 3 * 10**9, "tensors_per_second": 5.0,
+                    "gb_per_second": 1.5, "peak_host_bytes": 2**31, "peak_gpu_bytes": 3 * 2**30}
+    assert summary_line(info) == ("10 tensors, 3 GB read in 2.0 s (5.0 tensors/s, 1.50 GB/s); peak memory: host "
+                                  "2.00 GiB (VmHWM), GPU 3.00 GiB")
+    instant = summary(tensors=1, nbytes=8, seconds=0.0, direction="written", peak_host=None, peak_gpu=None)
+    assert instant["tensors_per_second"] is None and instant["gb_per_second"] is None
+    assert summary_line(instant) == ("1 tensor, 8e-09 GB written in 0.0 s; peak memory: host not measured (VmHWM), "
+                                     "GPU not used")

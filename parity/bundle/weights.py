@@ -143,25 +143,54 @@ def by_reference(checkpoint: Checkpoint, state: Mapping[str, torch.Tensor]) -> t
     return {"files": files, "tensors": tensors}, stored
 
 
-def verify(weights: Mapping[str, Any], directory: str | os.PathLike | None = None) -> list[Path]:
+def _where(file: Mapping[str, Any], directory: str | os.PathLike | None) -> Path:
+    """Where a named checkpoint file is looked for: in ``directory`` by name, else its recorded path."""
+    return Path(directory) / file["name"] if directory is not None else Path(file["path"])
+
+
+def _check_file(file: Mapping[str, Any], path: Path, checksums: bool = True) -> None:
+    """Size, then sha256, of a checkpoint file that is there; a UsageError naming it if either differs."""
+    shown = printable(str(path))
+    if path.stat().st_size != file["bytes"]:
+        raise UsageError(f"checkpoint file {shown} is {path.stat().st_size} bytes, the bundle was captured "
+                         f"with {file['bytes']}: not the same weights")
+    if checksums and sha256_of(path) != file["sha256"]:
+        raise UsageError(f"checkpoint file {shown} does not match the bundle's sha256: not the weights the "
+                         "golden was captured with")
+
+
+def verify(weights: Mapping[str, Any], directory: str | os.PathLike | None = None, *,
+           checksums: bool = True) -> list[Path]:
     """The checkpoint files a bundle names, found (in ``directory`` by name, else at the recorded
-    path) and verified: size, then sha256. A UsageError (exit 2) names the first file that is
+    path) and verified: size, then sha256 (``checksums=False``: the size alone, where another
+    process checks the same files' sha256). A UsageError (exit 2) names the first file that is
     missing or differs; nothing is built before this returns."""
     found: list[Path] = []
     for file in weights["files"]:
-        path = Path(directory) / file["name"] if directory is not None else Path(file["path"])
-        shown = printable(str(path))
+        path = _where(file, directory)
         if not path.is_file():
             hint = "" if directory is not None else "; pass --weights-dir DIR where the checkpoint is on this host"
-            raise UsageError(f"checkpoint file {shown} named by the bundle is not there{hint}")
-        if path.stat().st_size != file["bytes"]:
-            raise UsageError(f"checkpoint file {shown} is {path.stat().st_size} bytes, the bundle was captured "
-                             f"with {file['bytes']}: not the same weights")
-        if sha256_of(path) != file["sha256"]:
-            raise UsageError(f"checkpoint file {shown} does not match the bundle's sha256: not the weights the "
-                             "golden was captured with")
+            raise UsageError(f"checkpoint file {printable(str(path))} named by the bundle is not there{hint}")
+        _check_file(file, path, checksums)
         found.append(path)
     return found
+
+
+def verify_present(weights: Mapping[str, Any], directory: str | os.PathLike | None = None) -> tuple[
+        list[Path], list[Path]]:
+    """``(verified, missing)``: every named file that is there verified (size, sha256; a UsageError
+    names the first that differs), and where each one that is not there was looked for. For
+    ``parity verify``, which reports every file it could not check rather than the first."""
+    verified: list[Path] = []
+    missing: list[Path] = []
+    for file in weights["files"]:
+        path = _where(file, directory)
+        if not path.is_file():
+            missing.append(path)
+            continue
+        _check_file(file, path)
+        verified.append(path)
+    return verified, missing
 
 
 def file_state(weights: Mapping[str, Any], files: Sequence[Path]) -> tuple[

@@ -459,6 +459,17 @@ class BundleWriter:
             )
 
     # finishing -----------------------------------------------------------------------------
+    def finish_shards(self) -> None:
+        """Write out every tensor added so far and wait until each shard is on disk (fsynced where
+        ``durable``): ``bytes_written`` is then final unless more is added. ``commit`` does this
+        first; a caller calls it earlier to measure the writing before it builds the manifest."""
+        self.open()
+        self._flush()
+        self._finish_in_flight()
+        for synced in self._syncs:  # every shard is on disk before the manifest names it
+            synced.result()
+        self._syncs = []
+
     def commit(self, fields: Mapping[str, Any]) -> Path:
         """Write the manifest (``fields`` plus what the writer owns) and move the bundle into place.
 
@@ -467,12 +478,7 @@ class BundleWriter:
         """
         if self._committed:
             raise RuntimeError("bundle already committed")
-        self.open()
-        self._flush()
-        self._finish_in_flight()
-        for synced in self._syncs:  # every shard is on disk before the manifest names it
-            synced.result()
-        self._syncs = []
+        self.finish_shards()
         self._stop_threads()
         assert self._tmp is not None
         reserved = {"format", "schema_version", "parity_version", "created", "shards", "entries", "manifest_sha256"}

@@ -14,16 +14,24 @@ Run on every rank of a process group (``torchrun ... -m parity capture``, or
    as a user of the module sees it, after the module's collectives: a DTensor is stored as its
    local shard with its placement, a plain tensor with the placement of the user's map, the plan,
    or Replicate (:mod:`parity.distributed.placement`); each tensor's device is recorded too;
-4. optionally runs the high-precision reference with the same split (fp64 or fp32, on the rank's
-   device) under the same names;
-5. commits its bundle (rank 0's also holds the inputs and full state, once); then rank 0 checks
-   that every rank placed every tensor alike and commits the set (:mod:`parity.distributed.rankset`).
+4. optionally the high-precision reference (fp64 or fp32, on the rank's device) under the same
+   names: a second model with the same split run after the recorded run (``reference_scope=
+   "model"``), or each recorded module replayed on its own inputs during the recorded run
+   (``"module"``, :mod:`parity.run.module_reference`): the reference implementation built on the
+   meta device, split by the subject's ``parallelize`` there, then given the live model's own
+   (local or DTensor) weights, so a replay runs the split's collectives as the live module
+   does, on every rank in the same order;
+5. commits its bundle (rank 0's also holds the inputs and the state, once: the full state, or with
+   ``weights_from`` what no checkpoint file holds plus the files' names and sha256,
+   :mod:`parity.bundle.weights`); then rank 0 checks that every rank placed every tensor alike and
+   commits the set (:mod:`parity.distributed.rankset`).
 
 After each step the ranks agree (:meth:`parity.distributed.group.Group.agree`): one rank's error stops
 every rank with a line naming it, and nothing is committed.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import secrets
@@ -36,12 +44,15 @@ import torch
 from torch import nn
 
 from parity.run import platform
+from parity.bundle import weights as checkpoint_weights
 from parity.bundle.writer import DEFAULT_SHARD_BYTES, BundleWriter
 from parity.base.errors import ParityError, SubjectError, UsageError
 from parity.base.text import write_line
 from parity.bundle.manifest import DIGEST_FIELD
 from parity.bundle.reader import open_bundle
+from parity.run.module_reference import ModuleReference
 from parity.run.recorder import RecordedTensor, Recorder, flatten
+from parity.run.resources import Meter
 from parity.run.runtime import Progress, launch_configs
 from parity.run.subjects import Inputs, SubjectRunner, load_subject
 from . import rankset
@@ -49,6 +60,7 @@ from .group import Group, join
 from .placement import REPLICATE, Placement, PlacementMap, placement_from_json, unwrap_dtensor
 
 REFERENCE_CHOICES = ("fp64", "fp32", "none")
+REFERENCE_SCOPES = ("model", "module")
 
 
 class CaptureError(UsageError):
@@ -63,6 +75,7 @@ class RankSetResult:
     tensors: int  # tensors this rank stored
     bytes: int  # bytes this rank wrote
     placements: dict[str, Placement]
+    resources: dict[str, Any] | None = None  # this rank's cost (parity.run.resources.summary)
 
 
 def apply_parallel(runner: SubjectRunner, module: nn.Module, mesh: Any) -> PlacementMap:
@@ -154,18 +167,28 @@ def record_ranks(
     durable: bool = True,
     progress: Callable[[str], None] | None = None,
     extra_fields: Mapping[str, Any] | None = None,
+    reference_scope: str = "model",
+    weights_info: Mapping[str, Any] | None = None,
 ) -> RankSetResult:
     """Every rank: run ``runner`` split over the group, record this rank's tensors into
     ``out/rank-NNNNN``; rank 0 commits the set at ``out``. ``state`` and ``inputs`` are the full
     ones (the same on every rank); ``store_subject``: rank 0 stores them (a capture; a compare's
-    scratch set does not). Returns on every rank once the set is committed."""
+    scratch set does not). ``reference_scope``: the module docstring's step 4. ``weights_info``:
+    the manifest's ``weights`` object (:func:`parity.bundle.weights.by_reference`), for rank 0's
+    bundle, which then stores only the state tensors no checkpoint file holds. Returns on every
+    rank once the set is committed."""
     rank, world = group.rank, group.world_size
     say = Progress(progress)
+    meter = Meter(group.device)
     device = group.device
     user_rules = placements or PlacementMap()
     if reference not in (None, *REFERENCE_CHOICES):
         raise UsageError(f"unknown --reference {reference!r}; choose from {', '.join(REFERENCE_CHOICES)}")
     ref_dtype = {"fp64": torch.float64, "fp32": torch.float32}.get(reference or "none")
+    if reference_scope not in REFERENCE_SCOPES:
+        raise UsageError(f"unknown --reference-scope {reference_scope!r}; choose from {', '.join(REFERENCE_SCOPES)}")
+    per_module = ref_dtype is not None and reference_scope == "module"
+    referenced = {name for name, _, _ in weights_info["tensors"]} if weights_info is not None else set()
 
     error: BaseException | None = None
     try:
@@ -185,6 +208,8 @@ def record_ranks(
                       durable=durable) as writer:
         error = None
         hooks_check: dict[str, Any] = {}
+        reference_calls: list[dict[str, Any]] = []
+        reference_info = None
         store = _Store(writer, PlacementMap(), say)
         try:
             writer.open()
@@ -195,13 +220,22 @@ def record_ranks(
                 for name, tensor in inputs.tensors.items():
                     writer.add("input", name, tensor)
                 for name, tensor in state.items():
-                    writer.add("state", name, tensor)
+                    if name not in referenced:  # a checkpoint file holds the others
+                        writer.add("state", name, tensor)
+            module_reference = None
+            if per_module:
+                shared = runner.build_sharing(runner.reference_impl, module,
+                                              prepare=lambda meta: apply_parallel(runner, meta, mesh))
+                module_reference = ModuleReference(module, shared, store, dtype=ref_dtype, layers=layers)
             device_inputs = inputs.to(device)
             say(f"rank {rank}/{world}: impl {impl} on {device}: run without hooks")
             off = _final_outputs(runner.run(module, device_inputs))
-            say(f"rank {rank}/{world}: recorded run")
-            with recorder:
+            say(f"rank {rank}/{world}: recorded run"
+                + (f", each module replayed in {reference} on {device}" if per_module else ""))
+            with recorder, (module_reference if module_reference is not None else contextlib.nullcontext()):
                 on = _final_outputs(runner.run(module, device_inputs))
+            if module_reference is not None:
+                module_reference.check()
             say(store.recorded("output"))
             difference = _first_difference(off, on)
             hooks_check = {"bitwise_equal": difference is None, "tensors_compared": len(off),
@@ -214,16 +248,20 @@ def record_ranks(
                 raise UsageError(f"subject {runner.name}: the selected layers produced no tensors; nothing to capture")
             calls = [call.to_json() for call in recorder.calls]
             used_configs = launch_configs(module)
-            del module, recorder, device_inputs
+            if module_reference is not None:
+                say(store.recorded("reference"))
+                reference_calls = [call.to_json() for call in module_reference.calls]
+                reference_info = _reference_info(reference, "module", runner.reference_impl, device, ref_dtype,
+                                                 writer)
+                reference_info["peak_copy_bytes"] = module_reference.peak_copy_bytes
+            del module, recorder, device_inputs, module_reference
         except ParityError as err:
             error = err
         group.agree(error, "the recorded run")
 
-        reference_calls: list[dict[str, Any]] = []
-        reference_info = None
         error = None
         try:
-            if ref_dtype is not None:
+            if ref_dtype is not None and not per_module:
                 say(f"rank {rank}/{world}: reference run in {reference} on {device}")
                 ref_module = runner.build(runner.reference_impl, state=state, device=device, dtype=ref_dtype)
                 apply_parallel(runner, ref_module, mesh)
@@ -232,17 +270,17 @@ def record_ranks(
                     runner.run(ref_module, inputs.to(device, ref_dtype))
                 say(store.recorded("reference"))
                 reference_calls = [call.to_json() for call in ref_recorder.calls]
-                outputs, references = writer.names("output"), writer.names("reference")
-                reference_info = {"precision": reference, "impl": runner.reference_impl, "device": str(device),
-                                  "dtype": str(ref_dtype).removeprefix("torch."),
-                                  "outputs_without_reference": sorted(outputs - references)}
+                reference_info = _reference_info(reference, "model", runner.reference_impl, device, ref_dtype, writer)
                 del ref_module, ref_recorder
+            writer.finish_shards()  # this rank's cost, measured with every shard on disk
+            resources = meter.summary(tensors=len(writer.entries), nbytes=writer.bytes_written, direction="written")
             fields = {
                 "subject": runner.describe(),
                 "impl": impl,
                 "device": str(device),
                 "capture": {"layers": list(layers) if layers is not None else None, "record_inputs": False,
-                            "reference": reference_info, "shard_bytes": shard_bytes, "durable": durable},
+                            "reference": reference_info, "shard_bytes": shard_bytes, "durable": durable,
+                            "resources": resources},
                 "platform": platform.fingerprint(device),
                 "kernel_configs": {"used": used_configs, "provided": None},
                 "hooks_check": hooks_check,
@@ -250,12 +288,14 @@ def record_ranks(
                 "layers": calls,
                 "reference_layers": reference_calls,
                 **rankset.bundle_fields(set_id, rank, world),
+                **({"weights": dict(weights_info)} if weights_info is not None and rank == 0 and store_subject
+                   else {}),
                 **dict(extra_fields or {}),
             }
             path = writer.commit(fields)
             digest = _manifest_digest(path)
             result = RankSetResult(path=root, rank=rank, world_size=world, tensors=len(writer.entries),
-                                   bytes=writer.bytes_written, placements=dict(store.placements))
+                                   bytes=writer.bytes_written, placements=dict(store.placements), resources=resources)
         except ParityError as err:
             error = err
         group.agree(error, "writing the rank bundles")
@@ -279,6 +319,13 @@ def record_ranks(
         error = err
     group.agree(error, "committing the rank set")
     return result
+
+
+def _reference_info(precision: str, scope: str, impl: str, device: torch.device, dtype: torch.dtype,
+                    writer: BundleWriter) -> dict[str, Any]:
+    outputs, references = writer.names("output"), writer.names("reference")
+    return {"precision": precision, "scope": scope, "impl": impl, "device": str(device),
+            "dtype": str(dtype).removeprefix("torch."), "outputs_without_reference": sorted(outputs - references)}
 
 
 def _manifest_digest(path: Path) -> str:
@@ -315,19 +362,23 @@ def capture_rank_set(
     durable: bool = True,
     progress: Callable[[str], None] | None = None,
     group: Group | None = None,
+    reference_scope: str = "model",
+    weights_from: Sequence[str | os.PathLike] | None = None,
 ) -> RankSetResult:
     """Capture ``subject`` on every rank of the process group into the rank set ``out``.
 
     Call it on every rank (inside an initialised group, or under torchrun: ``group`` defaults to
     :func:`parity.distributed.group.join` on ``device``). ``placements``: the user's placement map
     (``["layers.*.mlp.up_proj=shard(-1)"]`` or ``{glob: placement}``) for plain tensors of a manual
-    split. The other arguments are :func:`parity.run.capture.capture`'s. UsageError (on every rank,
-    naming the rank that failed) for bad arguments or a failed rank; nothing is committed then.
+    split. ``reference_scope`` and ``weights_from`` are :func:`parity.run.capture.capture`'s: rank 0
+    names the checkpoint files (their sha256 taken, each weight checked bitwise against them) in
+    its bundle. The other arguments are also capture's. UsageError (on every rank, naming the rank
+    that failed) for bad arguments or a failed rank; nothing is committed then.
     """
     group = group or join(device)
     rules = placements if isinstance(placements, PlacementMap) else PlacementMap.parse(placements or [])
     error: BaseException | None = None
-    runner = state = inputs = None
+    runner = state = inputs = weights_info = None
     try:
         runner = subject if isinstance(subject, SubjectRunner) else load_subject(subject, subject_args)
         runner.check_impl(impl)
@@ -335,13 +386,16 @@ def capture_rank_set(
             runner.check_impl(runner.reference_impl)
         inputs = runner.make_inputs()
         state = runner.make_state(impl)
+        if weights_from and group.rank == 0:  # the rank that stores the state names the files instead
+            weights_info, _ = checkpoint_weights.by_reference(checkpoint_weights.describe(weights_from), state)
     except ParityError as err:
         error = err
     group.agree(error, "making the subject")
     assert runner is not None and state is not None and inputs is not None
     return record_ranks(group, runner, out, impl=impl, state=state, inputs=inputs, store_subject=True, layers=layers,
                         reference=None if reference == "none" else reference, placements=rules, force=force,
-                        shard_bytes=shard_bytes, durable=durable, progress=progress)
+                        shard_bytes=shard_bytes, durable=durable, progress=progress, reference_scope=reference_scope,
+                        weights_info=weights_info)
 
 
 def stderr_progress(rank: int, world: int) -> Callable[[str], None]:

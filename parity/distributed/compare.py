@@ -36,12 +36,14 @@ import torch
 
 from parity.run import platform
 from parity.bundle.reader import BundleReader, open_bundle
+from parity.judge.compare import bytes_read, reference_scope, subject_state
 from parity.judge.diff import check_same_run
 from parity.judge.engine import (Judge, Obtained, absent_warning, bundle_outputs, compare_tensors, fused_warning,
                                  notes_as_warnings)
 from parity.base.errors import ParityError, UsageError
 from parity.judge.policy import Policy, Tolerance, as_policy
 from parity.run.recorder import RecordedTensor, Recorder
+from parity.run.resources import Meter
 from parity.judge.results import CompareReport, TensorResult, fingerprint_differences, hosts_summary
 from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
 from parity.run.subjects import Inputs, runner_from_manifest
@@ -217,6 +219,12 @@ def _report(golden: FullView, results: list[TensorResult], *, policy: Policy, bu
     )
 
 
+def _resources(meter: Meter, results: list[TensorResult], *views: FullView) -> dict[str, Any]:
+    """What the run cost (:mod:`parity.run.resources`): bytes read are every rank bundle's tensors read."""
+    nbytes = sum(bytes_read(reader) for view in views for reader in view.readers)
+    return meter.summary(tensors=len(results), nbytes=nbytes, direction="read")
+
+
 def _add_integrity(*parts: dict[str, Any]) -> dict[str, Any]:
     total: dict[str, Any] = {"tensors": 0, "verified": 0, "not_read": {}}
     for part in parts:
@@ -235,6 +243,30 @@ def _check_budget(budget: bool | None, *views: FullView) -> None:
                                  "--reference none")
 
 
+PER_MODULE_WARNING = ("the golden's references are per module (each module on its own golden inputs): the results "
+                      "are judged by the thresholds (the budget of such references is checked on an isolated replay, "
+                      "which rank sets and distributed runs do not have)")
+
+
+def _budget_of(view: FullView, budget: bool | None) -> tuple[bool | None, list[str]]:
+    """The budget mode a run against ``view`` uses, and the warning that says why it changed: a
+    golden with per-module references is judged by the thresholds (a UsageError for ``--budget``)."""
+    if reference_scope(view.rank0) != "module":
+        return budget, []
+    if budget is True:
+        raise UsageError(f"--budget with {describe(view)}: its references are per module, and their budget is checked "
+                         "on an isolated replay (--isolate), which rank sets and distributed runs do not have")
+    return False, [PER_MODULE_WARNING]
+
+
+def golden_state(view: FullView, weights_dir: str | os.PathLike | None, *, checksums: bool = True):
+    """The golden's subject state, read one tensor at a time: rank 0's stored tensors and the
+    checkpoint files it names, verified first (:func:`parity.judge.compare.subject_state`)."""
+    if view.rank0.weights is None and weights_dir is not None:
+        raise UsageError(f"--weights-dir: {describe(view)} stores its weights; it names no checkpoint files")
+    return subject_state(view.rank0, weights_dir, checksums=checksums)
+
+
 # --------------------------------------------------------------------------------------------
 # Entry points
 
@@ -247,10 +279,12 @@ def compare_rank_set(
     policy: Policy | str | os.PathLike | None = None,
     budget: bool | None = None,
     progress: Callable[[str], None] | None = None,
+    weights_dir: str | os.PathLike | None = None,
 ) -> CompareReport:
     """Run a rank set's subject in this one process (not split) and judge every tensor against the
     golden's full tensors, rebuilt from its placements; the arguments are
-    :func:`parity.judge.compare.compare_bundle`'s (``isolate`` is not available for rank sets)."""
+    :func:`parity.judge.compare.compare_bundle`'s (``isolate`` is not available for rank sets, so a
+    set with per-module references is judged by the thresholds)."""
     started = time.monotonic()
     say = Progress(progress)
     policy = as_policy(policy)
@@ -258,10 +292,14 @@ def compare_rank_set(
     runner = runner_from_manifest(view.subject, trusted=policy.trusted_subjects, bundle_dir=view.path)
     runner.check_impl(impl)
     device = check_device(device if device is not None else platform.default_device())
+    meter = Meter(device, started=started)
     check_triton_mode(impl, device)
     _check_budget(budget, view)
+    budget, warnings = _budget_of(view, budget)
+    state = golden_state(view, weights_dir)  # a checkpoint file that differs is refused before the build
     say(f"{describe(view)}: subject {runner.name}, {plural(len(view.entries_of('output')), 'recorded tensor')}")
-    module = runner.build(impl, state=view.rank0.subject_state(), device=device)
+    module = runner.build(impl, state=state, device=device)
+    del state
     stored = Inputs.of_bundle(view.rank0)
     inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in stored.tensors.items()}, stored.meta)
     results: list[TensorResult] = []
@@ -284,8 +322,9 @@ def compare_rank_set(
     del inputs
     ordered = judge.in_golden_order(results)
     report = _report(view, ordered, policy=policy, budget=budget, impl=impl, device=str(device),
-                     here_platform=platform.fingerprint(device), warnings=[], started=started,
+                     here_platform=platform.fingerprint(device), warnings=warnings, started=started,
                      kernel_configs_here=launch_configs(module), candidate=None, integrity=view.integrity())
+    report = dataclasses.replace(report, resources=_resources(meter, ordered, view))
     say(f"compared {plural(len(ordered), 'tensor')} in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
 
@@ -299,14 +338,18 @@ def diff_sets(
     progress: Callable[[str], None] | None = None,
     check_run: bool = True,
     candidate_label: str = "the candidate",
+    read: list[FullView] | None = None,
 ) -> CompareReport:
     """``parity diff`` where either side is a rank set: rank against rank for two sets of one world
     size and the same placements, full tensors rebuilt otherwise. Refusals as :func:`parity.diff.diff_bundles` (``check_run``
-    False skips the inputs and weights check, for a compare's scratch set, which stores neither)."""
+    False skips the inputs and weights check, for a compare's scratch set, which stores neither).
+    ``read``: a list the two opened sides are appended to, for a caller that counts what was read."""
     started = time.monotonic()
     say = Progress(progress)
     policy = as_policy(policy)
     expected, obtained = open_golden(golden), open_golden(candidate)
+    if read is not None:  # the caller counts what was read of both
+        read.extend((expected, obtained))
     if check_run:
         check_same_run(expected.rank0, obtained.rank0)
     both = check_run
@@ -357,24 +400,33 @@ def compare_distributed(
     progress: Callable[[str], None] | None = None,
     group: Group | None = None,
     scratch: str | os.PathLike | None = None,
+    weights_dir: str | os.PathLike | None = None,
 ) -> tuple[CompareReport | None, bool]:
     """Every rank of a torchrun launch: run the golden's subject split over this run's ranks and
     judge it (module docstring). Returns ``(report, passed)``: the report on rank 0 (None on the
     others) and the verdict on every rank. ``scratch``: where the scratch set is written (default:
-    the system's temporary directory; a directory every rank can reach)."""
+    the system's temporary directory; a directory every rank can reach). ``weights_dir``: where
+    the checkpoint files a golden names are on this host; the first rank of each host (``LOCAL_RANK``
+    0) checks their sha256, the others their presence and size, before any rank builds."""
 
     started = time.monotonic()
     group = group or join(device)
+    meter = Meter(group.device, started=started)  # rank 0's cost is the report's
     policy = as_policy(policy)
     error: BaseException | None = None
     view = runner = None
+    warnings: list[str] = []
     try:
         view = open_golden(golden)
         runner = runner_from_manifest(view.subject, trusted=policy.trusted_subjects, bundle_dir=view.path)
         runner.check_impl(impl)
         check_triton_mode(impl, group.device)
         _check_budget(budget, view)
-        state, inputs = view.rank0.subject_state(), Inputs.of_bundle(view.rank0)
+        budget, warnings = _budget_of(view, budget)
+        # One rank per host reads the files through for their sha256; the files are the same for its
+        # other ranks, which agree below only once it is done.
+        state = golden_state(view, weights_dir, checksums=_local_rank() == 0)
+        inputs = Inputs.of_bundle(view.rank0)
     except ParityError as err:
         error = err
     group.agree(error, "opening the golden")
@@ -382,6 +434,7 @@ def compare_distributed(
     workdir = group.broadcast(tempfile.mkdtemp(prefix="parity-compare-", dir=scratch) if group.rank == 0 else None,
                               step="making the scratch directory")
     report, passed, error = None, False, None
+    read: list[FullView] = []  # the golden and the scratch set, as diff_sets opened them
     try:
         record_ranks(group, runner, Path(workdir) / "run", impl=impl, state=state, inputs=inputs, store_subject=False,
                      layers=view.capture_layers, reference=None, placements=placements, durable=False,
@@ -389,8 +442,10 @@ def compare_distributed(
         if group.rank == 0:
             try:
                 report = diff_sets(view, Path(workdir) / "run", policy=policy, budget=budget, progress=progress,
-                                   check_run=False, candidate_label="this run")
+                                   check_run=False, candidate_label="this run", read=read)
                 report = dataclasses.replace(report, candidate=None, impl=impl, device=str(group.device),
+                                             warnings=warnings + report.warnings,
+                                             resources=_resources(meter, report.layers, *read),
                                              platforms={**report.platforms, "here": platform.fingerprint(group.device)},
                                              seconds=time.monotonic() - started)
                 passed = report.passed
@@ -402,3 +457,11 @@ def compare_distributed(
         if group.rank == 0:
             shutil.rmtree(workdir, ignore_errors=True)
     return report, passed
+
+
+def _local_rank() -> int:
+    """This process's rank on its host (``LOCAL_RANK`` as torchrun sets it; 0 outside a launch)."""
+    try:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+    except ValueError:
+        return 0

@@ -57,6 +57,7 @@ from parity.judge.results import CompareReport, TensorResult, fingerprint_differ
 from parity.judge.seeds import combine
 from parity.run import platform
 from parity.run.recorder import RecordedTensor, Recorder, select_modules
+from parity.run.resources import Meter
 from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
 from parity.run.seeds import DrawView, draw_views
 from parity.run.subjects import Inputs, runner_from_manifest
@@ -91,6 +92,8 @@ def compare_bundle(
     Raises UsageError (BundleError) for an unusable bundle, a subject that cannot be re-created,
     an unknown impl, a bad device, Triton on the CPU without the interpreter, ``isolate`` without
     recorded inputs, and ``budget=True`` without references. Tensor-level problems are results.
+    The report's ``resources`` say what the run cost (:mod:`parity.run.resources`; the GPU peak
+    counter of a CUDA ``device`` is reset when the run starts).
     """
     started = time.monotonic()
     repeat = check_runs(repeat)
@@ -100,6 +103,7 @@ def compare_bundle(
     runner = runner_from_manifest(bundle.subject, trusted=policy.trusted_subjects, bundle_dir=bundle.path)
     runner.check_impl(impl)
     device = check_device(device if device is not None else platform.default_device())
+    meter = Meter(device, started=started)  # once the device is known: its GPU peak counter starts here
     check_triton_mode(impl, device)
     if isolate and not bundle.record_inputs:
         raise UsageError(f"--isolate needs a bundle captured with --record-inputs; {bundle.path} was captured "
@@ -194,6 +198,7 @@ def compare_bundle(
         independent_cases=len(runner.case_ids(dict(module.named_children()))),
         determinism=determinism,
         seeds=seeds_report,
+        resources=meter.summary(tensors=len(ordered), nbytes=bytes_read(bundle), direction="read"),
     )
     say(f"compared {plural(len(ordered), 'tensor')} in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
@@ -236,6 +241,11 @@ def repeat_runs(tracker: RepeatTracker, runner: SubjectRunner, module: torch.nn.
     return report
 
 
+def bytes_read(bundle: BundleReader) -> int:
+    """Bytes of the bundle's tensors this run read (each one read is checksummed: ``verified``)."""
+    return sum(entry.nbytes for entry in bundle.entries if (entry.kind, entry.name) in bundle.verified)
+
+
 def reference_scope(bundle: BundleReader) -> str | None:
     """``"model"`` (a whole-model reference run), ``"module"`` (each module replayed on its own
     inputs) or None (no references). Bundles from before scopes existed hold whole-model ones."""
@@ -245,14 +255,16 @@ def reference_scope(bundle: BundleReader) -> str | None:
     return "module" if info.get("scope") == "module" else "model"
 
 
-def subject_state(bundle: BundleReader, weights_dir: str | os.PathLike | None = None) -> StateSource:
+def subject_state(bundle: BundleReader, weights_dir: str | os.PathLike | None = None, *,
+                  checksums: bool = True) -> StateSource:
     """The bundle's subject state, read one tensor at a time: its stored tensors and, for a bundle
     that names checkpoint files, theirs, after every file's size and sha256 are verified
-    (a UsageError names the first that is missing or differs)."""
+    (a UsageError names the first that is missing or differs). ``checksums=False`` checks the
+    files' presence and size only: for the other ranks of a host where one rank checks the sha256."""
     meta = {entry.name: (entry.shape, entry.torch_dtype) for entry in bundle.entries_of("state")}
     loaders = {name: (lambda name=name: bundle.load(name, "state")) for name in meta}
     if bundle.weights is not None:
-        files = checkpoint_weights.verify(bundle.weights, weights_dir)
+        files = checkpoint_weights.verify(bundle.weights, weights_dir, checksums=checksums)
         file_meta, load = checkpoint_weights.file_state(bundle.weights, files)
         meta.update(file_meta)
         loaders.update({name: (lambda name=name: load(name)) for name in file_meta})

@@ -320,6 +320,8 @@ class CompareReport:
     # A bundle of several input draws (capture --seeds N): a parity.judge.seeds.SeedsReport; each
     # result in ``layers`` is then its tensor's worst draw.
     seeds: Any = None
+    # What the run cost (compare: parity.run.resources.summary; None for diff, which runs nothing).
+    resources: dict[str, Any] | None = None
 
     @property
     def tensors(self) -> list[TensorResult]:
@@ -432,6 +434,7 @@ class CompareReport:
             "seconds": round(self.seconds, 3),
             **({"determinism": self.determinism.to_dict()} if self.determinism is not None else {}),
             **({"seeds": self.seeds.to_dict()} if self.seeds is not None else {}),
+            **({"resources": self.resources} if self.resources is not None else {}),
             "layers": [result.to_dict() for result in self.layers],
         }
 

@@ -65,6 +65,7 @@ from parity.base.numbers import format_cosine, format_dtype, format_number, form
 from parity.base.text import plural, printable, subject_name
 from parity.judge import distribution as distribution_bins
 from parity.judge.bounds import BoundCheck
+from parity.run.resources import summary_line
 from parity.judge.policy import MISMATCH_ALTERNATIVES
 from parity.judge.results import CompareReport, TensorResult, unrelaxable_checks, verdict_line, would_pass_text
 from parity.report.runs import determinism_lines, seeds_lines
@@ -536,5 +537,7 @@ def format_text(report: CompareReport, *, tablefmt: str = TABLE_FORMAT, max_rows
     runs += seeds_lines(report.seeds.to_dict() if report.seeds is not None else None)
     if runs:
         lines += [""] + runs
+    if report.resources is not None:
+        lines += ["", f"compare cost: {summary_line(report.resources)}"]
     lines += ["", verdict_line(report)]
     return "\n".join(lines)

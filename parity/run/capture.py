@@ -33,6 +33,7 @@ from parity.run.repeats import RepeatTracker, capture_record, check_runs
 from parity.run import platform
 from parity.run.module_reference import ModuleReference
 from parity.run.recorder import RecordedTensor, Recorder, flatten
+from parity.run.resources import Meter
 from parity.run.runtime import Progress, check_device, check_triton_mode, cores_left_for, launch_configs
 from parity.run.seeds import DRAW_KINDS, SEED_ARG, draw_name, seed_values
 from parity.run.subjects import SubjectRunner, load_subject
@@ -56,6 +57,8 @@ class CaptureResult:
     hooks_check: dict[str, Any]
     reference: str | None
     repeat: dict[str, Any] | None = None  # capture --repeat N: the manifest's capture.repeat
+    # What the capture cost: parity.run.resources.summary (also the manifest's capture.resources).
+    resources: dict[str, Any] | None = None
 
 
 def _reference_plan(reference: str | None, device: torch.device,
@@ -153,6 +156,9 @@ def capture(
     ``seeds``: record the input draws of that many seeds (the subject's ``seed`` argument and the
     ones after it) through the same model, each with its outputs and (model-scope) references
     (:mod:`parity.run.seeds`); a subject without a ``seed`` argument is a UsageError.
+
+    The result's ``resources`` (and the manifest's ``capture.resources``) say what the capture
+    cost: :mod:`parity.run.resources`.
     """
     repeat = check_runs(repeat)
     runner = subject if isinstance(subject, SubjectRunner) else load_subject(subject, subject_args)
@@ -165,6 +171,7 @@ def capture(
     plan = _reference_plan(reference, device, reference_scope)
     if plan is not None:
         runner.check_impl(runner.reference_impl)
+    meter = Meter(device)
     checkpoint = checkpoint_weights.describe(weights_from) if weights_from else None
     say = Progress(progress)
     importing = platform.prefetch_imports()  # overlaps the runs; the fingerprint is taken after them
@@ -292,6 +299,9 @@ def capture(
             del ref_module, recorder, state
 
         importing.join()
+        # Measured once every shard is on disk: the manifest, a few KiB, is all that is left to write.
+        writer.finish_shards()
+        resources = meter.summary(tensors=len(writer.entries), nbytes=writer.bytes_written, direction="written")
         manifest = {
             "subject": runner.describe(),
             "impl": impl,
@@ -303,6 +313,7 @@ def capture(
                 "shard_bytes": shard_bytes,
                 "durable": durable,
                 **({"repeat": capture_record(determinism)} if determinism is not None else {}),
+                "resources": resources,
             },
             "platform": platform.fingerprint(device),
             "kernel_configs": {"used": used_configs, "provided": dict(kernel_configs) if kernel_configs else None},
@@ -317,7 +328,7 @@ def capture(
         path = writer.commit(manifest)
         result = CaptureResult(path=path, layers=len(calls), tensors=len(writer.entries),
                                bytes=writer.bytes_written, hooks_check=hooks_check,
-                               reference=reference if plan is not None else None,
+                               reference=reference if plan is not None else None, resources=resources,
                                repeat=capture_record(determinism) if determinism is not None else None)
     return result
 

@@ -60,13 +60,18 @@ def capture(args: argparse.Namespace, *, subject_args: dict, shard_bytes: int, d
         result = capture_rank_set(args.subject, args.out, subject_args=subject_args, impl=args.impl,
                                   layers=args.layers, reference=args.reference, placements=rules, force=args.force,
                                   shard_bytes=shard_bytes, durable=args.durable, group=group,
+                                  reference_scope=args.reference_scope, weights_from=args.weights_from,
                                   progress=None if args.quiet else stderr_progress(group.rank, group.world_size))
         finished = True
     finally:  # after an error another rank may be gone: no barrier then
         group.close(synchronize=finished)
     if group.rank == 0:
+        from parity.run.resources import summary_line
+
         print(f"wrote rank set {result.path}: {result.world_size} ranks, {len(result.placements)} recorded tensors "
               f"per rank; hooks on/off bitwise equal on every rank")
+        print(f"capture cost on rank 0: {summary_line(result.resources)} (each rank's: capture.resources of its "
+              "bundle)")
     return 0
 
 
@@ -90,14 +95,14 @@ def compare(args: argparse.Namespace, *, device: str | None, progress):
         if getattr(args, "placements", None):
             raise UsageError("--placement applies to a distributed compare; run it under torchrun")
         report = compare_rank_set(view, impl=args.impl, device=device, policy=policy, budget=args.budget,
-                                  progress=progress)
+                                  progress=progress, weights_dir=args.weights_dir)
         return report, report.passed
     group = join(device)
     finished = False
     try:
         outcome = compare_distributed(view.path, impl=args.impl, policy=policy, budget=args.budget,
                                       placements=placement_map(args), progress=progress if group.rank == 0 else None,
-                                      group=group)
+                                      group=group, weights_dir=args.weights_dir)
         finished = True
     finally:  # after an error another rank may be gone: no barrier then
         group.close(synchronize=finished)

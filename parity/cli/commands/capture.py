@@ -123,6 +123,7 @@ def check_shard_mib(value: float) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from parity.run.capture import REFERENCE_CHOICES, capture, stderr_progress
+    from parity.run.resources import summary_line
     from parity.run.runtime import enable_triton_interpreter
     from parity.run.subjects.base import add_cwd_to_sys_path
 
@@ -141,9 +142,6 @@ def run(args: argparse.Namespace) -> int:
     _make_parent(args.out)
     from parity.distributed.group import launched
 
-    if launched() and (args.reference_scope != "model" or args.weights_from):
-        raise UsageError("--reference-scope module and --weights-from apply to a single-process capture; "
-                         "a torchrun capture takes neither")
     if launched() and (args.repeat > 1 or args.seeds > 1):
         raise UsageError("--repeat and --seeds apply to a single-process capture; a torchrun capture takes neither")
     if launched():  # one rank of a torchrun launch: a rank set (parity.distributed)
@@ -172,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"wrote {result.path}: {plural(result.layers, 'layer')}, {plural(result.tensors, 'tensor')}, "
           f"{result.bytes / 2**20:.1f} MiB; {_checks_text(result)}")
+    print(f"capture cost: {summary_line(result.resources)}")
     return 0
 
 

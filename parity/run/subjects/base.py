@@ -705,10 +705,13 @@ class SubjectRunner:
                 detail = " ".join(str(err).split())
                 raise UsageError(f"stored state does not fit subject {self.name} (impl {impl!r}): {detail}") from None
 
-    def build_sharing(self, impl: str, source: nn.Module) -> nn.Module:
+    def build_sharing(self, impl: str, source: nn.Module,
+                      prepare: Callable[[nn.Module], Any] | None = None) -> nn.Module:
         """The module for ``impl`` holding ``source``'s own parameter and buffer tensors (no copy):
         built on the meta device, then every parameter and buffer assigned by name from ``source``
-        (the per-module reference replays the reference implementation on the live weights)."""
+        (the per-module reference replays the reference implementation on the live weights).
+        ``prepare(module)`` runs on the meta module before the assignment: a split over ranks
+        (``parallelize``) installs there the same hooks and tensor kinds ``source`` has."""
         self.check_impl(impl)
         try:
             module = self.build_module(impl, "meta")
@@ -716,6 +719,8 @@ class SubjectRunner:
             raise UsageError(f"subject {self.name}: build({impl!r}) fails on the meta device ({type(err.error).__name__}: "
                              f"{printable(str(err.error), limit=120)}); give "
                              "build a device parameter, or capture with --reference-scope model") from None
+        if prepare is not None:
+            prepare(module)
         tensors = dict(source.named_parameters(remove_duplicate=False))
         tensors.update(source.named_buffers(remove_duplicate=False))
         for group in ("_parameters", "_buffers"):

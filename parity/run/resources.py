@@ -1,0 +1,93 @@
+"""What a capture or compare run cost: wall time, tensors and bytes per second, peak host and GPU memory.
+
+Measured, not estimated:
+
+- host peak: the process's peak resident set, ``VmHWM`` of ``/proc/self/status`` (Linux). It is
+  the peak since the process started, so a library call in a long-lived process reports at least
+  what the process held before; the CLI runs one command per process, where it is that command's.
+  ``getrusage``'s ``ru_maxrss`` is not used: it is carried across ``fork`` and ``exec``, so a child
+  of a large process would report its parent's size. None where there is no ``/proc``.
+- GPU peak: ``torch.cuda.max_memory_allocated`` of the run's device (the caching allocator's
+  tensors, not its reserved pool), reset when the meter starts: the peak of this run alone. None
+  when the run did not use a CUDA (or ROCm) device.
+
+:func:`summary` makes the JSON object (the manifest's ``capture.resources``, the compare report's
+``resources``) from the counts; :func:`summary_line` says it in one line.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from parity.base.text import plural
+
+_STATUS = "/proc/self/status"
+
+
+def peak_host_bytes() -> int | None:
+    """This process's peak resident set (VmHWM) in bytes; None where /proc is not there."""
+    try:
+        with open(_STATUS) as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _gpu(device: torch.device | str | None) -> torch.device | None:
+    if device is None:
+        return None
+    device = torch.device(device)
+    return device if device.type == "cuda" and torch.cuda.is_available() else None
+
+
+class Meter:
+    """Started when a run begins: ``elapsed()`` seconds since, and the GPU's peak since (reset here).
+    ``started``: the run's own ``time.monotonic()`` start, where it began before its device was known."""
+
+    def __init__(self, device: torch.device | str | None = None, started: float | None = None):
+        self.device = _gpu(device)
+        if self.device is not None:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.started = time.monotonic() if started is None else started
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def peak_gpu_bytes(self) -> int | None:
+        return None if self.device is None else int(torch.cuda.max_memory_allocated(self.device))
+
+    def summary(self, *, tensors: int, nbytes: int, direction: str) -> dict[str, Any]:
+        """:func:`summary` of this run so far."""
+        return summary(tensors=tensors, nbytes=nbytes, seconds=self.elapsed(), direction=direction,
+                       peak_host=peak_host_bytes(), peak_gpu=self.peak_gpu_bytes())
+
+
+def summary(*, tensors: int, nbytes: int, seconds: float, direction: str, peak_host: int | None,
+            peak_gpu: int | None) -> dict[str, Any]:
+    """The JSON object of a run's cost. ``direction``: ``"written"`` (capture: bytes of shards
+    written) or ``"read"`` (compare: bytes of the bundle's tensors read and checksummed)."""
+    rate = (lambda count: round(count / seconds, 3)) if seconds > 0 else (lambda count: None)
+    return {"seconds": round(seconds, 3), "tensors": tensors, f"bytes_{direction}": nbytes,
+            "tensors_per_second": rate(tensors), "gb_per_second": rate(nbytes / 1e9),
+            "peak_host_bytes": peak_host, "peak_gpu_bytes": peak_gpu}
+
+
+def _gib(nbytes: int | None) -> str:
+    return "not measured" if nbytes is None else f"{nbytes / 2**30:.2f} GiB"
+
+
+def summary_line(info: dict[str, Any]) -> str:
+    """One line for people: ``97 tensors, 1.75 GB written in 22.1 s (4.4 tensors/s, 0.08 GB/s);
+    peak memory: host 1.02 GiB (VmHWM), GPU not used``."""
+    direction = "written" if "bytes_written" in info else "read"
+    nbytes = info[f"bytes_{direction}"]
+    rates = ("" if info["tensors_per_second"] is None
+             else f" ({info['tensors_per_second']:.1f} tensors/s, {info['gb_per_second']:.2f} GB/s)")
+    gpu = "not used" if info["peak_gpu_bytes"] is None else _gib(info["peak_gpu_bytes"])
+    return (f"{plural(info['tensors'], 'tensor')}, {nbytes / 1e9:.3g} GB {direction} in {info['seconds']:.1f} s{rates}; "
+            f"peak memory: host {_gib(info['peak_host_bytes'])} (VmHWM), GPU {gpu}")

@@ -1,0 +1,106 @@
+"""bench/capture_scale_gpu.py, the GPU measurement of capture and compare at 1-10B parameters, run on the CPU at a tiny size."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from jsonschema import Draft202012Validator
+
+from bench import capture_scale_gpu as scale
+from bench import formats
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _valid(document: dict) -> dict:
+    Draft202012Validator(formats.schema_for(document["format"])).validate(document)
+    return document
+
+
+def test_the_sizes_have_the_parameters_they_are_named_for():
+    def parameters(shape):
+        head = shape["hidden"] // shape["heads"]
+        attention = 2 * shape["hidden"] ** 2 + 2 * shape["hidden"] * shape["kv_heads"] * head
+        layer = attention + 3 * shape["hidden"] * shape["mlp"] + 2 * shape["hidden"]
+        return shape["layers"] * layer + 2 * shape["vocab"] * shape["hidden"] + shape["hidden"]
+
+    billions = {name: parameters(shape) / 1e9 for name, shape in scale.SIZES.items() if name != "tiny"}
+    assert 1.0 < billions["1b"] < 1.2 and 3.0 < billions["3b"] < 3.7
+    assert 7.9 < billions["8b"] < 8.1 and 9.5 < billions["10b"] < 10.2
+
+
+def test_budget_records_every_module_of_a_few_layers_and_the_ends():
+    globs, chosen = scale.record_globs(40, "budget", 2)
+    assert chosen == [0, 39]
+    assert globs == ["<root>", "model.embed_tokens", "model.norm", "lm_head", "model.layers.0", "model.layers.0.*",
+                     "model.layers.39", "model.layers.39.*"]
+    assert scale.record_globs(40, "budget", 3)[1] == [0, 20, 39]
+    assert scale.record_globs(40, "all", 2) == (None, list(range(40)))
+
+
+def test_targets_are_the_issues_formulas():
+    gib = 2**30
+    disk = {"write_gb_s": 2.0, "read_cold_gb_s": 4.0}
+    row = {"weights_bytes": 20 * gib, "weights_mode": "reference",
+           "capture": {"wall_s": 30.0, "resources": {"peak_host_bytes": 24 * gib, "peak_gpu_bytes": 25 * gib}},
+           "bundle": {"bytes": 8_000_000_000, "manifest_bytes": 1000, "largest_reference_bytes": 2 * gib,
+                      "by_kind": {"output": 3_000_000_000, "reference": 4_999_998_000, "input": 1000},
+                      "reference": {"peak_copy_bytes": 2 * gib}},
+           "forward": {"bf16_sdpa_s": 1.0, "reference_fp32_s": 10.0, "bf16_kernel_s": 0.5},
+           "compare": {"wall_s": 3.0, "resources": {"bytes_read": 10_000_000_000}}}
+    out = scale.targets(row, disk)
+    assert out["capture_host"] == {"measured": 24 * gib, "limit": 25 * gib, "met": True}
+    assert out["capture_gpu"]["limit"] == 26 * gib and out["capture_gpu"]["met"] is True
+    assert out["capture_time"]["limit_s"] == 2 * (1.0 + 10.0 + 4.0) and out["capture_time"]["met"] is True
+    assert out["compare_time"]["limit_s"] == 1.2 * 2.5 and out["compare_time"]["met"] is True
+    assert out["bundle_size"] == {"measured": 8_000_000_000, "limit": 8_000_000_000, "state_bytes": 0,
+                                  "shard_header_bytes": 0, "met": True}
+    row["capture"]["resources"]["peak_host_bytes"] = 25 * gib + 1
+    row["compare"]["wall_s"] = 3.01
+    row["bundle"]["by_kind"]["state"] = 1  # one byte of weights stored
+    row["bundle"]["by_kind"]["reference"] -= 1
+    out = scale.targets(row, disk)
+    assert [out[key]["met"] for key in ("capture_host", "compare_time", "bundle_size")] == [False, False, False]
+    assert set(scale.targets({}, disk)) == set()
+
+
+def test_no_row_starts_after_the_deadline(tmp_path, capsys):
+    assert scale.main(["--sizes", "tiny,1b", "--seq", "128", "--device", "cpu", "--out", str(tmp_path / "out"),
+                       "--workdir", str(tmp_path / "work"), "--disk-probe-gib", "0.01", "--deadline-s", "0"]) == 0
+    for size in ("tiny", "1b"):
+        document = _valid(json.loads((tmp_path / "out" / f"capture-scale-{size}.json").read_text()))
+        assert document["disk"]["write_gb_s"] > 0 and document["disk"]["read_cold_gb_s"] > 0
+        assert [row["status"] for row in document["rows"]] == ["not run: --deadline-s reached"]
+
+
+def test_a_tiny_llama_is_captured_and_compared_with_the_kernel_on_the_cpu(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-m", "bench.capture_scale_gpu", "--sizes", "tiny", "--seq", "128",
+                           "--device", "cpu", "--out", str(out), "--workdir", str(tmp_path / "work"),
+                           "--disk-probe-gib", "0.05", "--row-limit-s", "600"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    document = _valid(json.loads((out / "capture-scale-tiny.json").read_text()))
+    (row,) = document["rows"]
+    assert row["status"] == "done", (row.get("errors"), row.get("logs"))
+    assert row["parameters"] == 574_336 and row["weights_bytes"] == 2 * row["parameters"]
+    # Recorded: every module of layers 0 and 2 of 3, the ends; each with its fp32 reference.
+    assert row["recorded"]["decoder_layers"] == [0, 2]
+    bundle = row["bundle"]
+    assert bundle["by_kind"]["state"] == row["weights_bytes"]
+    assert bundle["by_kind"]["reference"] == 2 * bundle["by_kind"]["output"]  # fp32 of every bf16 output
+    assert bundle["reference"]["scope"] == "module" and bundle["reference"]["outputs_without_reference"] == []
+    capture = row["capture"]
+    assert capture["resources"]["bytes_written"] + bundle["manifest_bytes"] == bundle["bytes"]
+    assert capture["resources"]["peak_gpu_bytes"] is None and capture["peak_host_bytes"] > 0
+    compare = row["compare"]
+    assert compare["passed"] and compare["failing"] == 0 and compare["tensors"] == bundle["tensors_by_kind"]["output"]
+    assert compare["resources"]["bytes_read"] >= bundle["by_kind"]["output"] + bundle["by_kind"]["state"]
+    assert set(row["forward"]) == {"bf16_sdpa_s", "reference_fp32_s", "bf16_kernel_s"}
+    assert all(value > 0 for value in row["forward"].values())
+    assert set(row["targets"]) == {"capture_host", "capture_time", "compare_time"}  # no GPU: no GPU target
+    assert not (tmp_path / "work" / "tiny-128").exists()  # the bundle is removed after its row
