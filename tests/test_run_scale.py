@@ -126,11 +126,13 @@ def test_peak_memory_grows_with_the_model_not_with_a_reference_copy_of_it(tmp_pa
     # weights; measured 2.9x: 418 -> 803 MiB); the per-module one adds the weights alone (measured
     # 1.1-1.2x: 368 -> 521 MiB; its high-precision copy is one 8 MiB fp64 linear map at any depth).
     # 16 MiB shards keep the writer's ring (bounded by a shard) out of the difference. Each child
-    # reports its own peak (VmHWM) in a fixed environment.
+    # reports its own peak (VmHWM) in a fixed environment. The lower bound only says the weights
+    # are seen: on a loaded machine (the whole suite on 2 cores) the writer thread lags and the
+    # small model's peak rises by the queued shards, measured 0.76x (97 of 128 MiB).
     added_weights = 16 * 2 * 1024 * 1024 * 4
     module_growth = _peak_rss(tmp_path, 20, "module") - _peak_rss(tmp_path, 4, "module")
     model_growth = _peak_rss(tmp_path, 20, "model") - _peak_rss(tmp_path, 4, "model")
-    assert 0.8 * added_weights < module_growth < 1.4 * added_weights, (module_growth, model_growth)
+    assert 0.5 * added_weights < module_growth < 1.4 * added_weights, (module_growth, model_growth)
     assert model_growth > 2.4 * added_weights, (module_growth, model_growth)
 
 
