@@ -482,3 +482,84 @@ def test_attention(parity_check):
         "*parity: impl triton (impl= of parity_check.subject()) on device cpu (--parity-device) needs the Triton "
         "interpreter: run with TRITON_INTERPRET=1 in the environment (it must be set before Python starts)"])
     assert "--impl " not in result.stdout.str() and "--device " not in result.stdout.str()
+
+
+SKEWED_SUBJECT = '''
+import torch
+from torch import nn
+
+
+class Skewed(nn.Linear):
+    """A linear map whose output is scaled by 1 + 1e-3: far beyond its rounding bound."""
+
+    def forward(self, x):
+        return super().forward(x) * (1 + 1e-3)
+
+
+class Net(nn.Module):
+    def __init__(self, skewed):
+        super().__init__()
+        self.inner = (Skewed if skewed else nn.Linear)(64, 64)
+        self.outer = nn.Linear(64, 8)
+
+    def forward(self, x):
+        return self.outer(torch.relu(self.inner(x)))
+
+
+class Pair:
+    name = "pair"
+    impls = ("reference", "skewed")
+    reference_impl = "reference"
+
+    def __init__(self):
+        self.args = {}
+
+    def make_inputs(self):
+        return {"x": torch.randn(16, 64, generator=torch.Generator().manual_seed(0))}
+
+    def make_state(self):
+        gen = torch.Generator().manual_seed(1)
+        return {name: torch.randn(t.shape, generator=gen) * 0.1 for name, t in Net(False).state_dict().items()}
+
+    def build(self, impl):
+        return Net(impl == "skewed")
+
+
+def make(**args):
+    return Pair(**args)
+'''
+
+
+def test_isolate_names_a_tensor_beyond_its_derived_bound_in_the_summary(pytester):
+    """``--parity-isolate``: the golden records its modules' inputs, every module is replayed on
+    them, and a linear map whose replayed error is far beyond its rounding bound is named in the
+    summary (and by ``ParityResult.beyond_derived_bound``); the correct implementation is not."""
+    pytester.makepyfile(skewed_subject=SKEWED_SUBJECT)
+    pytester.makepyfile(test_skewed='''
+import pytest
+
+
+@pytest.mark.parametrize("impl", ["reference", "skewed"])
+def test_pair(parity_check, impl):
+    result = parity_check.subject("skewed_subject:make", name="pair", impl=impl)
+    assert result.beyond_derived_bound == []  # reached only where the check passed
+''')
+    options = ("-p", "no:cacheprovider", "--parity-device", "cpu", "--parity-isolate")
+    pytester.runpytest(*options, "-k", "reference").assert_outcomes(failed=1, deselected=1)  # recorded, never a pass
+    golden = pytester.path / "goldens" / "pair"
+    from parity.bundle.reader import open_bundle
+
+    with open_bundle(golden) as bundle:
+        assert bundle.entries_of("module_input"), "the golden records its modules' inputs"
+    passing = pytester.runpytest(*options, "-v", "-k", "reference")
+    passing.assert_outcomes(passed=1, deselected=1)
+    assert "beyond derived bound" not in passing.stdout.str()
+    skewed = pytester.runpytest(*options, "-k", "not reference")
+    skewed.assert_outcomes(failed=1, deselected=1)
+    skewed.stdout.fnmatch_lines(["beyond derived bound: test_skewed.py::test_pair[[]skewed[]] inner: *x of its op's "
+                                 "rounding bound*"])
+    assert "outer" not in [line.split(": ")[2].split(":")[0] for line in skewed.stdout.lines
+                           if line.startswith("beyond derived bound: ")]
+    # Without --parity-isolate no bound is derived: nothing is named.
+    plain = pytester.runpytest("-p", "no:cacheprovider", "--parity-device", "cpu", "-k", "not reference")
+    assert "beyond derived bound" not in plain.stdout.str()

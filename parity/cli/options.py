@@ -149,6 +149,11 @@ OPTIONS: dict[str, Option] = {
                "with --repeat: tensors (or layers) matching this glob may differ run to run (atomics-based "
                "reductions); still reported with their spread; repeatable",
                (("action", "append"), ("default", None), ("metavar", "GLOB"))),
+        Option("isolate", None, "--parity-isolate",
+               "subject checks: record the goldens' module inputs and replay every module on them, so each "
+               "tensor also gets the error it introduces and, where its op's arithmetic is known, that error "
+               "over the derived rounding bound (tensors beyond it are named in the summary)",
+               (("action", "store_true"), ("default", False))),
         Option("record", None, "--parity-record",
                "reference host: re-record every golden a test checks from this run (missing goldens are "
                "always recorded; either way the test fails, so a recording is never a pass)",

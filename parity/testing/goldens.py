@@ -74,6 +74,26 @@ class CheckedTensor:
                    shape=result.here_shape if result.here_shape is not None else result.shape, result=result)
 
 
+def _derived(result) -> Any:
+    isolated = getattr(result, "isolated", None)
+    return getattr(isolated, "derived", None)
+
+
+def _beyond(result) -> bool:
+    derived = _derived(result)
+    return bool(derived is not None and derived.beyond)
+
+
+def _iso_bound(result) -> str | None:
+    """The replayed error over the derived bound, as the reports print it (None: no bound)."""
+    derived = _derived(result)
+    if derived is None:
+        return None
+    from parity.base.numbers import format_ratio
+
+    return format_ratio(derived.ratio)
+
+
 @dataclasses.dataclass
 class ParityResult:
     """What one check found: ``status`` is pass, fail, missing, recorded or regenerated."""
@@ -90,6 +110,12 @@ class ParityResult:
     @property
     def passed(self) -> bool:
         return self.status == "pass"
+
+    @property
+    def beyond_derived_bound(self) -> list[str]:
+        """Labels of the tensors whose replay on the golden inputs (``isolate``) differs from the
+        golden by more than the slack times their op's derived rounding bound."""
+        return [tensor.label for tensor in self.tensors if _beyond(tensor.result)]
 
     def records(self) -> list[dict[str, Any]]:
         """JSON-safe per-tensor rows, for the summary and ``--parity-report``."""
@@ -113,6 +139,7 @@ class ParityResult:
                 "test": self.test_id, "golden": str(self.golden), "tensor": tensor.label, "dtype": tensor.dtype,
                 "shape": list(tensor.shape) if tensor.shape is not None else None, **number,
                 "status": status, "verdict": verdict, "reasons": list(result.verdict.reasons) if result is not None else [],
+                "beyond_derived_bound": _beyond(result), "iso_bound": _iso_bound(result),
                 # Formatted where the check ran, so that the xdist controller prints the summary
                 # without importing torch.
                 "text": {
@@ -251,7 +278,7 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
                   regen: bool = False, record_impl: str | None = None, rootdir: str | os.PathLike | None = None,
                   test_id: str | None = None, obtained_dir: str | os.PathLike | None = None, name: str | None = None,
                   impl_flag: str = "impl", device_flag: str = "device", repeat: int = 1,
-                  allow_nondeterministic: tuple[str, ...] = (), seeds: int = 1) -> ParityResult:
+                  allow_nondeterministic: tuple[str, ...] = (), seeds: int = 1, isolate: bool = False) -> ParityResult:
     """Run ``subject`` (a built-in name or ``package.module:factory``) with ``impl`` (default: the
     subject's ``reference_impl``) and compare it with the golden bundle ``golden`` through
     ``parity.judge.compare.compare_bundle``, with the same lifecycle as tensor goldens. A missing
@@ -270,6 +297,10 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
     (:mod:`parity.run.repeats`); the failure names the first that is not, with its spread.
     ``seeds``: a golden recorded here holds the input draws of that many seeds
     (:mod:`parity.run.seeds`); the check judges every draw a golden holds, each tensor on its worst.
+    ``isolate``: a golden recorded here holds its modules' inputs, and the check replays every
+    module on them (``compare --isolate``): each tensor's result then carries the error its module
+    introduces and, where its op is known, that error over the derived rounding bound
+    (``ParityResult.beyond_derived_bound``). A golden without inputs is a failure that says so.
     """
     import torch
 
@@ -301,7 +332,8 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
 
     def write(target: Path, force: bool) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
-        capture(runner, target, impl=recorder_impl, device=run_device, force=force, seeds=seeds)
+        capture(runner, target, impl=recorder_impl, device=run_device, force=force, seeds=seeds,
+                record_inputs=isolate)
 
     def write_obtained(target: Path) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -316,6 +348,7 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
 
         with open_bundle(path) as bundle:
             recorded = bundle.subject
+            recorded_inputs = bool(bundle.entries_of("module_input")) if isolate else True
         wanted = runner.describe()
         if (recorded.get("spec"), recorded.get("args")) != (wanted["spec"], wanted["args"]):
             return Judged([], False, hint="rerun with --parity-regen to re-capture it", text=(
@@ -325,8 +358,11 @@ def check_subject(subject: str, args: Mapping[str, Any] | None = None, *, golden
         # Trusted for compare_bundle because the test named it and the golden records the same
         # spec (checked above); any other spec in a golden is refused there, before it is imported.
         trusting = dataclasses.replace(resolved, trusted_subjects=tuple(resolved.trusted_subjects) + (runner.spec,))
+        if isolate and not recorded_inputs:
+            return Judged([], False, hint="rerun with --parity-regen to re-capture it with its inputs", text=(
+                f"parity: golden {path} holds no module inputs, which --parity-isolate (isolate=) replays"))
         report = compare_bundle(path, impl=impl, device=device, policy=trusting, repeat=repeat,
-                                allow_nondeterministic=allow_nondeterministic)
+                                allow_nondeterministic=allow_nondeterministic, isolate=isolate)
         checked = [CheckedTensor.of(result) for result in report.layers]
         if report.passed:
             return Judged(checked, True)

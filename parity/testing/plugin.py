@@ -74,10 +74,11 @@ from parity.testing.goldens import (
 
 MARKER = "parity"
 REPORT_ATTRIBUTE = "parity_tensors"  # the test report attribute that carries per-tensor rows
-_MARKER_KWARGS = ("golden", "policy", "subject", "args", "impl", "record_impl", "repeat")
+_MARKER_KWARGS = ("golden", "policy", "subject", "args", "impl", "record_impl", "repeat", "isolate")
 
 MARKER_HELP = (
-    "parity(golden=None, policy=None, subject=None, args=None, impl=None, record_impl=None, repeat=None): "
+    "parity(golden=None, policy=None, subject=None, args=None, impl=None, record_impl=None, repeat=None, "
+    "isolate=None): "
     "defaults for the parity_check fixture: the golden name, a tolerance policy (Policy or TOML path), "
     "the subject and its args for parity_check.subject(), the impl to run and the impl that records, "
     "and how many times parity_check.subject() runs the impl to judge it bitwise run to run"
@@ -102,6 +103,7 @@ class _State:
     verbose: bool
     repeat: int = 1
     seeds: int = 1
+    isolate: bool = False
     allow_nondeterministic: tuple[str, ...] = ()
     records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     is_worker: bool = False
@@ -142,6 +144,7 @@ def pytest_configure(config):
         verbose=config.getoption("verbose") > 0,
         repeat=config.getoption("parity_repeat"),
         seeds=config.getoption("parity_seeds"),
+        isolate=config.getoption("parity_isolate"),
         allow_nondeterministic=tuple(config.getoption("parity_allow_nondeterministic") or ()),
         is_worker=hasattr(config, "workerinput"),
     )
@@ -231,12 +234,17 @@ class ParityChecker:
 
     def subject(self, subject: str | None = None, args: Mapping[str, Any] | None = None, *,
                 name: str | None = None, policy: Any = None, impl: str | None = None,
-                record_impl: str | None = None, repeat: int | None = None) -> ParityResult:
+                record_impl: str | None = None, repeat: int | None = None,
+                isolate: bool | None = None) -> ParityResult:
         """Assert that a whole subject run matches its golden bundle. The implementation run is, most
         specific first: ``impl=``, the ``parity`` marker's ``impl``, ``--parity-impl``, the subject's
         own ``reference_impl``; on ``--parity-device``. ``repeat`` (else the marker's, else
         ``--parity-repeat``): run it that many times and fail where a tensor is not bitwise equal
-        run to run, unless ``--parity-allow-nondeterministic`` names it (:mod:`parity.run.repeats`)."""
+        run to run, unless ``--parity-allow-nondeterministic`` names it (:mod:`parity.run.repeats`).
+        ``isolate`` (else the marker's, else ``--parity-isolate``): the golden records its modules'
+        inputs and every module is replayed on them; the result's ``beyond_derived_bound`` names the
+        tensors whose replayed error exceeds their op's derived rounding bound (evidence beside the
+        verdict, shown in the summary, never a failure by itself)."""
         __tracebackhide__ = True
         subject = subject or self._marker.get("subject")
         if subject is None:
@@ -250,12 +258,13 @@ class ParityChecker:
             (state.impl, "--parity-impl")) if value), (None, "the subject's reference_impl"))
         record_impl = record_impl or self._marker.get("record_impl")
         repeat = next((value for value in (repeat, self._marker.get("repeat")) if value is not None), state.repeat)
+        isolate = next((value for value in (isolate, self._marker.get("isolate")) if value is not None), state.isolate)
         return self._run(golden, lambda: check_subject(
             subject, args, golden=self.golden_dir / check_name(golden), impl=run_impl, device=state.device,
             policy=self._policy(policy), record=state.record, regen=state.regen, record_impl=record_impl,
             rootdir=state.rootdir, test_id=self._request.node.nodeid, obtained_dir=self.obtained_dir,
             name=golden, impl_flag=impl_flag, device_flag="--parity-device", repeat=repeat, seeds=state.seeds,
-            allow_nondeterministic=state.allow_nondeterministic))
+            allow_nondeterministic=state.allow_nondeterministic, isolate=bool(isolate)))
 
 
 def _marker_kwargs(node) -> dict[str, Any]:
@@ -334,6 +343,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         for line in tabulate(table, headers=["test", "tensor", "dtype", "cosine", "max abs", "rel L2", "verdict"],
                              tablefmt="github", disable_numparse=True).splitlines():
             terminalreporter.write_line(line)
+    beyond = [row for row in rows if row.get("beyond_derived_bound")]
+    for row in beyond:
+        terminalreporter.write_line(f"beyond derived bound: {printable(row.get('test') or '-')} "
+                                    f"{printable(row.get('tensor'))}: {row.get('iso_bound')} of its op's rounding bound "
+                                    "(replayed on the golden inputs; evidence, not a failure)")
     folded = len(rows) - len(shown)
     tail = f" ({folded} passing not shown: -v lists them)" if folded and shown else (
         " (-v lists them)" if folded else "")
