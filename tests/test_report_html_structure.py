@@ -262,3 +262,4 @@ def test_subject_name_never_reads_subject_subject():
     assert subject_name("evil\x1b[31m", None) == "evil\\x1b[31m"
     page = render_html({"subject": {"name": "subject", "spec": "pkg.mod:make"}, "layers": []})
     assert "subject subject" not in page and "parity compare: pkg.mod:make" in page
+

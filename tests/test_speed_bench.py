@@ -391,3 +391,22 @@ def test_equivalence_margin_from_the_cli_and_an_equivalent_row_in_the_verdict_li
     outcomes = {"ref": outcome("baseline"), "twin": outcome("holds")}
     assert _verdict_line("ref", outcomes, rows, "ref") == ("NO SPEEDUP: the baseline ref is the fastest; twin "
                                                            "EQUIVALENT within \u00b12% of it")
+
+
+def test_every_table_of_the_bench_page_scrolls_in_its_box_and_an_unnamed_subject_reads_as_its_spec(tmp_path,
+                                                                                                    virtual_clock):
+    """Whole forward and modules (and cases, the saved run where present): each table scrolls
+    sideways in its own box, so a narrow window never cuts columns off; a subject without a name
+    is titled by its spec, never ``parity bench: subject``."""
+    import re
+
+    from parity.speed.pages import render_bench
+
+    status, document = bench(tmp_path, "--subject", MATMUL_SPEC, "--impls", "reference,fast", "--reps", "6")
+    page = render_bench(document)
+    tables = re.findall(r'(<div class="table-scroll">)?<table class="view', page)
+    assert len(tables) >= 2 and all(tables), tables  # the whole forward's and the modules'
+    document["subject"]["name"] = "subject"
+    unnamed = render_bench(document)
+    spec = document["subject"]["spec"]
+    assert f"<title>parity bench: {spec}</title>" in unnamed and "parity bench: subject<" not in unnamed

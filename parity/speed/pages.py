@@ -13,7 +13,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from parity.base.text import printable
+from parity.base.text import printable, subject_name
 from . import stats
 from .tables import (against_run_title, against_table, against_title, amdahl_text, equivalence_cell,
                      fmt_integer_time, fmt_percent, fmt_time, integer_time_unit, ratio_cell, time_unit)
@@ -395,7 +395,7 @@ def render_bench(document: Mapping[str, Any]) -> str:
         cells.append(f'<td class="text">{_esc(parity.get("status"))}</td>')
         cells.append(f'<td class="text">{_esc(r.get("validity", "-"))}</td>')
         body.append(f'<tr class="{"fail" if fails else "pass"}">{"".join(cells)}</tr>')
-    table = f'<table class="view"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    table = f'<div class="table-scroll"><table class="view"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
     parts = [f'<section id="summary"><h2>Summary</h2>{summary}</section>', _warnings(document),
              '<section id="chart"><h2>Speedup over the baseline (whole forward; red: not valid, parity fails)</h2>'
              + bar_chart(bars, label="speedup over the baseline", reference=1.0, value_text=lambda v: f"{v:.2f}x")
@@ -418,7 +418,8 @@ def render_bench(document: Mapping[str, Any]) -> str:
                             f'<td>{_esc(cmp["verdict"])}</td><td>{_num(r["amdahl_whole_forward"]):.3f}x</td>'
                             if cmp else "<td>baseline</td><td>-</td><td>-</td>") + "</tr>")
         parts.append('<section id="modules"><h2>Modules (timed with hooks in separate rounds)</h2>'
-                     f'<table class="view"><thead><tr>{mhead}</tr></thead><tbody>{"".join(mbody)}</tbody></table></section>')
+                     f'<div class="table-scroll"><table class="view"><thead><tr>{mhead}</tr></thead>'
+                     f'<tbody>{"".join(mbody)}</tbody></table></div></section>')
     cases = document.get("cases")
     if cases:
         lines = "".join(f"<li>{_esc(line)}</li>" for line in cases.get("lines") or [])
@@ -430,10 +431,12 @@ def render_bench(document: Mapping[str, Any]) -> str:
             f'<td>{_num(r["speedup"]):.3f}x</td><td>[{_num(r["ci_low"]):.3f}, {_num(r["ci_high"]):.3f}]</td>'
             f'<td>{_esc(r["verdict"])}</td></tr>' for r in cases.get("rows") or [])
         parts.append(f'<section id="cases"><h2>Cases</h2><ul>{lines}</ul>'
-                     f'<table class="view"><thead><tr>{chead}</tr></thead><tbody>{cbody}</tbody></table></section>')
+                     f'<div class="table-scroll"><table class="view"><thead><tr>{chead}</tr></thead>'
+                     f'<tbody>{cbody}</tbody></table></div></section>')
     passed = bool(document.get("passed"))
-    return _page(f"parity bench: {printable(subject.get('name'), limit=120)}",
-                 f"parity bench: {printable(subject.get('name'), limit=200)}", document.get("verdict") or "",
+    name = subject_name(subject.get("name"), subject.get("spec"))
+    return _page(f"parity bench: {printable(name, limit=120)}",
+                 f"parity bench: {printable(name, limit=200)}", document.get("verdict") or "",
                  "pass" if passed else "fail", "\n".join(p for p in parts if p), document)
 
 
@@ -468,4 +471,5 @@ def _against_run_section(against: Mapping[str, Any] | None) -> str:
     title = against_run_title(against)
     return (f'<section id="baseline-run"><h2>{_esc(title[:1].upper() + title[1:])}</h2>'
             f'<p>{_esc(against.get("line"))}</p>'
-            f'<table class="view"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>')
+            f'<div class="table-scroll"><table class="view"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+            '</div></section>')
