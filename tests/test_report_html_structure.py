@@ -263,3 +263,17 @@ def test_subject_name_never_reads_subject_subject():
     page = render_html({"subject": {"name": "subject", "spec": "pkg.mod:make"}, "layers": []})
     assert "subject subject" not in page and "parity compare: pkg.mod:make" in page
 
+
+
+def test_the_tensor_column_stays_in_view_while_the_table_scrolls_sideways(h200_report):
+    """The tensor's name (the second column, after the index) is sticky to the scroll box's left
+    edge, opaque, and above the cells that scroll under it; its header likewise, above the sticky
+    header row."""
+    dom = parse(render_html(h200_report))
+    style = dom.find("style")[0].text()
+    assert "table.results td.name{position:sticky;left:0;background:#fff;z-index:1}" in style
+    assert "table.results th:nth-child(2){left:0;z-index:2}" in style
+    table = dom.find("table", id="results")[0]
+    assert [th.text() for th in table.find("th")][1] == "tensor"
+    second = [row.find("td")[1] for row in table.iter("tr") if row.find("td")]
+    assert len(second) == 300 and all("name" in cell.attrs.get("class", "").split() for cell in second)

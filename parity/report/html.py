@@ -442,6 +442,7 @@ table.results{border-collapse:collapse;font:11.5px ui-monospace,SFMono-Regular,M
 table.results th,table.results td{border:1px solid #ddd;padding:2px 4px;text-align:right;white-space:nowrap}
 .table-scroll{overflow-x:auto;max-width:100%}
 table.results td.name{text-align:left;white-space:normal;overflow-wrap:normal;word-break:normal;min-width:9em}
+table.results td.name{position:sticky;left:0;background:#fff;z-index:1}table.results th:nth-child(2){left:0;z-index:2}
 table.results th{background:#f4f4f6;position:sticky;top:0;cursor:pointer;white-space:normal;vertical-align:bottom}
 table.results td.verdict,table.results td.iso-verdict{white-space:normal}table.results tr.fail td{background:#fff0ee}table.results tr.fail td.verdict{color:#b3261e;font-weight:bold}
 table.results.failures-only tr.pass{display:none}

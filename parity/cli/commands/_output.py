@@ -21,8 +21,8 @@ from pathlib import Path
 from parity.base.errors import ParityError, UsageError, check_readable_file
 from parity.base.files import check_distinct, check_writable, shown, write_atomically
 from parity.base.jsonformat import COMPARE_REPORT
-from parity.base.text import write_line
 from parity.cli.options import STDOUT
+from parity.cli.progress import progress_writer
 from parity.report.error_report import error_reports
 
 # The report options, by argparse dest: each may be a file or "-".
@@ -198,7 +198,6 @@ def check_judging_args(args: argparse.Namespace) -> None:
 
 
 def stderr_progress(command: str) -> Callable[[str], None]:
-    """Progress lines on stderr, ``parity <command>: ...``."""
-    def say(message: str) -> None:
-        write_line(sys.stderr, f"parity {command}: {message}")
-    return say
+    """Progress lines on stderr, ``parity <command>: ...``; on a terminal, counted progress
+    (``N of M``) as a bar with the time left (:mod:`parity.cli.progress`)."""
+    return progress_writer(sys.stderr, f"parity {command}: ")
