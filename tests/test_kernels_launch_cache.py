@@ -431,6 +431,23 @@ def test_another_stream_or_device_is_another_entry():
     assert (cache.hits, cache.misses) == (2, 2)
 
 
+def _kind_steps(path, layout, tensors):
+    """The launcher's real launches of one call on ``layout`` (sm_90's pinned configs; decode: two
+    splits): what the cache binds and what a fresh build of the same call passes."""
+    from parity.kernels import triton_attention
+    from parity.kernels.decode import build_decode_launch, decode_steps
+
+    q, k, v, out, lse = tensors
+    if path == "decode":
+        cfg = configs.decode_config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_n)
+        return decode_steps(build_decode_launch(q, k, v, out, lse, layout, cfg, sm_scale=0.125, num_splits=2,
+                                                units=132))
+    cfg = configs.config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_m, layout.block_n)
+    launch = build_launch(q, k, v, out, lse, layout, cfg, sm_scale=0.125, use_tma=True)
+    return [LaunchStep(triton_attention.block_sparse_attn_fwd, launch.grid, launch.args, launch.constexprs,
+                       launch.options)]
+
+
 _KINDS = ([("prefill", kind) for kind in ("documents", "padding", "dense mask bits", "prefix lm", "window")]
           + [("decode", kind) for kind in ("padding", "dense mask bits", "window")])
 
@@ -442,7 +459,6 @@ def test_a_hit_passes_every_tensor_as_the_address_of_the_one_it_would_pass(monke
     the tensor path passes (the call's own, or the one the entry keeps alive), a new workspace's
     for the workspace, and every other argument is passed as it is."""
     from parity.kernels import triton_attention
-    from parity.kernels.decode import build_decode_launch, decode_steps
     from parity.kernels.layout import BlockLayout
 
     seq_q = 256 if path == "prefill" else 2
@@ -452,15 +468,7 @@ def test_a_hit_passes_every_tensor_as_the_address_of_the_one_it_would_pass(monke
                else (triton_attention.block_sparse_decode_fwd, triton_attention.decode_combine))
 
     def steps(tensors):
-        q, k, v, out, lse = tensors
-        if path == "decode":
-            cfg = configs.decode_config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_n)
-            return decode_steps(build_decode_launch(q, k, v, out, lse, layout, cfg, sm_scale=0.125, num_splits=2,
-                                                    units=132))
-        cfg = configs.config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_m, layout.block_n)
-        launch = build_launch(q, k, v, out, lse, layout, cfg, sm_scale=0.125, use_tma=True)
-        return [LaunchStep(triton_attention.block_sparse_attn_fwd, launch.grid, launch.args, launch.constexprs,
-                           launch.options)]
+        return _kind_steps(path, layout, tensors)
 
     q, k, v = random_qkv(2, 4, 2, seq_q, 256, 64, torch.bfloat16, 0, "cpu")
     first = (q, k, v, torch.empty_like(q), torch.empty(2, 4, seq_q))
@@ -525,7 +533,6 @@ def test_every_kind_of_launch_binds_and_is_reissued_with_the_arguments_a_build_g
     through the cache with a compiled stand-in: the entry binds every parameter, and a hit issues,
     for a second call's tensors, what building that call afresh passes."""
     from parity.kernels import triton_attention
-    from parity.kernels.decode import build_decode_launch, decode_steps
     from parity.kernels.layout import BlockLayout
 
     seq_q = 256 if path == "prefill" else 2  # (documents and prefix-LM layouts are square: no decode case)
@@ -540,15 +547,7 @@ def test_every_kind_of_launch_binds_and_is_reissued_with_the_arguments_a_build_g
                         addresses=False)
 
     def steps(tensors):
-        q, k, v, out, lse = tensors
-        if path == "decode":
-            cfg = configs.decode_config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_n)
-            return decode_steps(build_decode_launch(q, k, v, out, lse, layout, cfg, sm_scale=0.125, num_splits=2,
-                                                    units=132))
-        cfg = configs.config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_m, layout.block_n)
-        launch = build_launch(q, k, v, out, lse, layout, cfg, sm_scale=0.125, use_tma=True)
-        return [LaunchStep(triton_attention.block_sparse_attn_fwd, launch.grid, launch.args, launch.constexprs,
-                           launch.options)]
+        return _kind_steps(path, layout, tensors)
 
     def tensors(seed):
         q, k, v = random_qkv(2, 4, 2, seq_q, 256, 64, torch.bfloat16, seed, "cpu")
