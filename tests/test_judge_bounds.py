@@ -142,3 +142,31 @@ def test_bound_check_counts_both_hosts_roundings_and_serialises():
     assert bounds.BoundCheck.from_dict(check.to_dict()) == check
     wrong = golden * 1.02  # a 2% scale error: beyond any rounding of a bf16 output
     assert bounds.check_bound(wrong, golden, bound).beyond
+
+
+@pytest.mark.parametrize("mask", ["causal", "window", "padding bool", "padding additive"])
+def test_the_transformers_attention_core_is_bounded_on_its_own_output_layout(mask):
+    """``ParityAttention`` (a Hugging Face model's attention core): the bound is the attention
+    bound on the elements transformers' mask shows (none given: bottom-right causal, within the
+    window), transposed to the core's [B, Sq, Hq, D] output; SDPA's bf16 output lies inside it
+    against the fp64 result, and the bound is not loose by orders of magnitude."""
+    from parity.integrations.transformers import ParityAttention
+
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, heads, 40, 32, generator=gen).to(torch.bfloat16) for heads in (4, 2, 2))
+    keys = torch.arange(40)
+    causal = keys[None, :] <= keys[:, None]
+    padded = causal & (keys >= 6)[None, :]  # left padding of 6 keys
+    given = {"causal": (None, {}), "window": (None, {"sliding_window": 8}),
+             "padding bool": (padded[None, None], {}),
+             "padding additive": (torch.where(padded, 0.0, torch.finfo(torch.bfloat16).min)[None, None], {})}[mask]
+    attention_mask, extra = given
+    core = ParityAttention("reference")
+    kwargs = {"scaling": 32 ** -0.5, **extra}
+    out = core(q, k, v, attention_mask, **kwargs)
+    bound = module_bound(core, (q, k, v, attention_mask), kwargs, "", out)
+    assert bound is not None and bound.op.startswith("attention D=32") and tuple(bound.det.shape) == tuple(out.shape)
+    exact = ParityAttention("reference")(q.double(), k.double(), v.double(), attention_mask, **kwargs)
+    check = bounds.check_bound(out, exact, bound, sides=1)
+    assert 0.01 < check.ratio <= 1.0, check
+    assert module_bound(core, (q, k, v, None), {"cu_seq_lens_q": torch.tensor([0, 40])}, "", out) is None

@@ -4,7 +4,9 @@ A module is known by its type: ``nn.Linear``, ``nn.LayerNorm`` (over one dimensi
 (``nn.RMSNorm``, or any module named ``*RMSNorm`` with ``weight`` and ``eps`` or
 ``variance_epsilon``: the built-in decoder's and transformers' Llama), ``nn.ReLU``, ``nn.SiLU``,
 ``nn.GELU``, ``nn.Tanh``, ``nn.Sigmoid``, ``nn.Softmax``, and the built-in block-sparse attention
-(``SparseAttention``: its output ``out``; the LSE has no bound here). Anything else (a whole
+(``SparseAttention``: its output ``out``; the LSE has no bound here), and the transformers
+integration's attention core (``ParityAttention``: query, key and value [B, H, S, D] with
+transformers' mask, output [B, Sq, Hq, D]). Anything else (a whole
 decoder layer, an MLP of several ops) has none: its error is the composition of several ops'
 roundings and what each propagates, which a per-op bound does not cover.
 """
@@ -64,6 +66,8 @@ def module_bound(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], path
         return bounds.softmax_bound(x, module.dim if module.dim is not None else -1, out_dtype=dtype)
     if type(module).__name__ == "SparseAttention" and path in ("", "out"):
         return _attention(module, args, kwargs, dtype)
+    if type(module).__name__ == "ParityAttention" and path == "":
+        return _transformers_attention(module, args, kwargs, dtype)
     return None
 
 
@@ -74,3 +78,34 @@ def _attention(module: nn.Module, args: tuple, kwargs: Mapping[str, Any], dtype:
     layout = BlockLayout.from_tensors(bound_args["layout"], bound_args["layout_meta"]).to(q.device)
     visible = layout.dense_mask(0, q.shape[2])
     return bounds.attention_bound(q, k, v, visible, scale=getattr(module, "sm_scale", None), out_dtype=dtype)
+
+
+def _transformers_attention(module: nn.Module, args: tuple, kwargs: Mapping[str, Any],
+                            dtype: torch.dtype) -> bounds.Bound | None:
+    """``ParityAttention.forward(query, key, value, attention_mask, *, scaling, sliding_window,
+    is_causal, cu_seq_lens_q, cu_seq_lens_k)``: the elements it sees are transformers' mask (bool,
+    or additive: visible where above fp16's minimum), or without one bottom-right causal (within
+    ``sliding_window``) or every key; packed documents (``cu_seq_lens``) have no bound here. Its
+    output is [B, Sq, Hq, D]: the bound is transposed to it."""
+    bound_args = inspect.signature(module.forward).bind(*args, **kwargs)
+    bound_args.apply_defaults()
+    a = bound_args.arguments
+    q, k, v, mask = a["query"], a["key"], a["value"], a["attention_mask"]
+    if a.get("cu_seq_lens_q") is not None or not all(isinstance(t, torch.Tensor) for t in (q, k, v)):
+        return None
+    seq_q, seq_k = q.shape[2], k.shape[2]
+    if isinstance(mask, torch.Tensor):
+        visible = mask if mask.dtype == torch.bool else mask > torch.finfo(torch.float16).min
+    elif mask is not None:
+        return None
+    elif a.get("is_causal", True):
+        position = torch.arange(seq_q, device=q.device)[:, None] + (seq_k - seq_q)
+        keys = torch.arange(seq_k, device=q.device)[None, :]
+        visible = keys <= position
+        window = a.get("sliding_window") or 0
+        if window:
+            visible &= keys > position - window
+    else:
+        visible = None
+    bound = bounds.attention_bound(q, k, v, visible, scale=a.get("scaling"), out_dtype=dtype)
+    return bounds.Bound(bound.op, bound.det.transpose(1, 2), bound.prob.transpose(1, 2), bound.k)
