@@ -57,6 +57,44 @@ class Verdict:
         }
 
 
+# The fixed thresholds that back the error budget up (policy.py: "Which rule judges a tensor").
+BACKSTOP = ("max_mismatch_fraction", "min_cosine", "max_rel_l2", "max_abs")
+
+
+def waive_backstop(verdict: Verdict, tol: Tolerance, golden_vs_reference: LayerMetrics) -> Verdict:
+    """``verdict`` with each failed backstop check waived that the golden itself fails against the
+    high-precision reference, measured under the same tolerances (``golden_vs_reference``:
+    ``measure(golden, reference, tol)``); pure.
+
+    A backstop catches what a budget computed from a bad golden would let through; it cannot ask
+    of a port what the capture host's own arithmetic does not achieve. Two correct bf16 runs of a
+    deep model each differ from fp32 by as much as the thresholds allow (a random-weight Llama's
+    16th layer: rel L2 2.7e-2 against the 2.5e-2 backstop, ``docs/scale.md``), so the port fails
+    where the golden would too. Only for a verdict whose budget was checked and passed and whose
+    failures are all backstop checks; a waived check becomes a note that names the golden's value,
+    so the report still shows a golden far from its reference."""
+    if verdict.passed or tol.budget_k is None or not verdict.failed or not set(verdict.failed) <= set(BACKSTOP):
+        return verdict
+    golden = golden_vs_reference
+    golden_fails = {
+        "max_mismatch_fraction": golden.mismatch_fraction > tol.max_mismatch_fraction,
+        "min_cosine": not golden.cosine >= tol.min_cosine,
+        "max_rel_l2": not golden.rel_l2 <= tol.max_rel_l2,
+        "max_abs": tol.max_abs is not None and not golden.max_abs <= tol.max_abs,
+    }
+    kept = [(name, reason) for name, reason in zip(verdict.failed, verdict.reasons) if not golden_fails[name]]
+    waived = [name for name in verdict.failed if golden_fails[name]]
+    if not waived:
+        return verdict
+    shown = {"max_mismatch_fraction": f"mismatch {scientific(golden.mismatch_fraction)}",
+             "min_cosine": f"cosine {cosine_pair(golden.cosine, tol.min_cosine)[0]}",
+             "max_rel_l2": f"rel L2 {scientific(golden.rel_l2)}", "max_abs": f"max abs {scientific(golden.max_abs)}"}
+    note = (f"backstop waived for {', '.join(waived)}: the golden itself is beyond it against the reference "
+            f"({', '.join(shown[name] for name in waived)}); judged by the error budget, which holds")
+    return Verdict(passed=not kept, reasons=[reason for _, reason in kept], needed=verdict.needed,
+                   notes=verdict.notes + [note], failed=tuple(name for name, _ in kept))
+
+
 def measure(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, **kwargs) -> LayerMetrics:
     """``compute_metrics`` with the mismatch tolerances of ``tol``, ready for ``judge``."""
     return compute_metrics(out, ref, atol=tol.atol, atol_rms=tol.atol_rms, rtol=tol.rtol,

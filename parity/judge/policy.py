@@ -42,7 +42,10 @@ Checks made by ``judge`` (each failed check gives one reason):
 Which rule judges a tensor. With a reference in the bundle, the budget *and* the fixed
 thresholds below (a backstop) are checked: the budget is the sharp rule, relative to what the
 capture host's own arithmetic achieved on this very tensor; the thresholds catch what a budget
-computed from a bad golden would let through. Without a reference, the thresholds alone judge.
+computed from a bad golden would let through. A threshold the golden itself fails against the
+reference is waived where the budget holds (``checks.waive_backstop``): a deep bf16 model's golden
+is beyond it, and a correct port would fail where the capture host does. Without a reference,
+the thresholds alone judge.
 
 The error budget's floor, and why it is derived rather than fixed. ``k x capture error`` judges
 rounding noise when the capture host's error is itself only rounding: an fp32 LSE whose golden is
