@@ -46,12 +46,7 @@ def determinism_lines(determinism: dict[str, Any] | None) -> list[str]:
 
 def determinism_html(report: dict[str, Any]) -> str:
     """A ``<section id="determinism">`` with the same lines, or nothing."""
-    lines = determinism_lines(report.get("determinism"))
-    if not lines:
-        return ""
-    items = "".join(f"<li>{html.escape(line.strip())}</li>" for line in lines[1:])
-    return (f"<section id=\"determinism\"><h2>Determinism</h2><p>{html.escape(lines[0])}</p>"
-            + (f"<ul>{items}</ul>" if items else "") + "</section>")
+    return _section("determinism", "Determinism", determinism_lines(report.get("determinism")))
 
 
 def determinism_junit_case(determinism: dict[str, Any] | None) -> tuple[str, str | None, str] | None:
@@ -89,9 +84,13 @@ def seeds_lines(seeds: dict[str, Any] | None) -> list[str]:
 
 def seeds_html(report: dict[str, Any]) -> str:
     """A ``<section id="seeds">`` with the same lines, or nothing."""
-    lines = seeds_lines(report.get("seeds"))
+    return _section("seeds", "Input draws", seeds_lines(report.get("seeds")))
+
+
+def _section(key: str, title: str, lines: list[str]) -> str:
+    """The text lines as an HTML section: the first a paragraph, the others a list; nothing without lines."""
     if not lines:
         return ""
     items = "".join(f"<li>{html.escape(line.strip())}</li>" for line in lines[1:])
-    return (f"<section id=\"seeds\"><h2>Input draws</h2><p>{html.escape(lines[0])}</p>"
+    return (f"<section id=\"{key}\"><h2>{title}</h2><p>{html.escape(lines[0])}</p>"
             + (f"<ul>{items}</ul>" if items else "") + "</section>")

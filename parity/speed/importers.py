@@ -361,9 +361,12 @@ def check_profile_document(document: dict[str, Any]) -> None:
             _check_row(row, f"{key}[{index}]")
 
 
-def _load_json(path: str | os.PathLike, flag: str) -> Any:
+def load_json_file(path: str | os.PathLike, flag: str, expected: str = "a profile JSON file") -> Any:
+    """The JSON document in the file at ``path`` (checked first, UTF-8); UsageError with one line
+    starting with ``flag`` where it is not readable or not JSON. ``expected``: what the file
+    should be, for the refusal of a file that is not one (a directory, a FIFO, too large)."""
     try:
-        return json.loads(_read_text(path, flag, "a profile JSON file"))
+        return json.loads(_read_text(path, flag, expected))
     except RecursionError:
         raise UsageError(f"{flag} {path}: not a JSON document: nested too deeply") from None
     except ValueError as err:  # JSONDecodeError is a ValueError; so is an int of too many digits
@@ -373,7 +376,7 @@ def _load_json(path: str | os.PathLike, flag: str) -> Any:
 def read_profile_json(path: str | os.PathLike, flag: str) -> dict[str, Any]:
     """A parity profile's ``--json`` file, its format, version and the fields a side by side
     reads checked (:func:`check_profile_document`); UsageError naming the first bad field."""
-    document = _load_json(path, flag)
+    document = load_json_file(path, flag)
     if not isinstance(document, dict) or document.get("format") != PROFILE_REPORT:
         raise UsageError(f"{flag} {path}: not a parity profile (format {PROFILE_REPORT})")
     version = document.get("version")

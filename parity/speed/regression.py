@@ -34,16 +34,15 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from parity.base.errors import UsageError, check_readable_file
+from parity.base.errors import UsageError
 from parity.base.jsonformat import BENCH_REPORT, version_of
 from parity.base.text import printable
 from . import stats
+from .importers import load_json_file
 
 DEFAULT_THRESHOLD = 0.05
-MAX_BYTES = 256 * 2**20  # a bench report of 100,000 rounds of a few impls is a few MiB
 REGRESSED, IMPROVED, SAME, UNCLEAR = "REGRESSED", "IMPROVED", "SAME", "UNCLEAR"
 STATUSES = (REGRESSED, IMPROVED, SAME, UNCLEAR)
 
@@ -112,17 +111,7 @@ def load_previous(path: str | os.PathLike, flag: str = "--baseline") -> dict[str
     """The saved ``bench --json`` report at ``path``, checked (:func:`check_previous_document`);
     UsageError with one line naming the problem."""
     shown = printable(os.fspath(path), limit=200)
-    check_readable_file(path, flag, expected="a bench JSON report", max_bytes=MAX_BYTES)
-    try:
-        document = json.loads(Path(path).read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError as err:
-        raise UsageError(f"{flag} {shown}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    except RecursionError:
-        raise UsageError(f"{flag} {shown}: not a JSON document: nested too deeply") from None
-    except ValueError as err:  # JSONDecodeError, or an int of too many digits
-        raise UsageError(f"{flag} {shown}: not a JSON document: {printable(str(err), limit=200)}") from None
-    except OSError as err:
-        raise UsageError(f"{flag} {shown}: cannot read: {err.strerror or err}") from None
+    document = load_json_file(path, flag, expected="a bench JSON report")
     if not isinstance(document, dict) or document.get("format") != BENCH_REPORT:
         raise UsageError(f"{flag} {shown}: not a parity bench report (format {BENCH_REPORT})")
     version = document.get("version")
@@ -209,13 +198,9 @@ def regression_status(low: float, high: float, threshold: float = DEFAULT_THRESH
     median(then) (module docstring)."""
     if not (math.isfinite(threshold) and 0.0 < threshold < 1.0):
         raise ValueError(f"regression threshold must be in (0, 1), got {threshold}")
-    if low > 1.0 + threshold:
-        return REGRESSED
-    if high < 1.0 - threshold:
-        return IMPROVED
-    if low >= 1.0 - threshold and high <= 1.0 + threshold:
-        return SAME
-    return UNCLEAR
+    # stats.verdict's rule on the ratio now / then: above the band is slower now
+    return {stats.FASTER: REGRESSED, stats.SLOWER: IMPROVED, stats.SAME: SAME,
+            stats.UNCLEAR: UNCLEAR}[stats.verdict(low, high, threshold)]
 
 
 def compare_runs(now_times: Mapping[str, Sequence[float]], previous: Mapping[str, Any], *, path: str,
