@@ -14,7 +14,13 @@
 - ``python``: cProfile of the queued steps, the functions with the most time of their own, µs per
   step (cProfile adds its own cost to every Python call: compare implementations, not absolutes);
 - ``api``: torch.profiler's host-side events per step (CUDA runtime and driver calls, aten ops),
-  the largest by self time, with counts.
+  the largest by self time, with counts;
+- ``attribution``: where a queued step's wall time goes, timed by wrappers (no profiler): the
+  host time inside the mask function (once per forward), inside the attention function of the
+  first layer and of the other layers (a forward's first call builds what the others reuse), and
+  the rest of the step; beside it, ``device_us_per_step``: the GPU's kernel time per step (sum of
+  kernel durations in a torch.profiler trace) and the attention kernels' share of it. A step
+  whose host time exceeds its device time is bound by the host.
 
     python -m bench.hf_host --model llama8b --batch 1 --seq 4096 --json hf-host.json
 
@@ -120,10 +126,84 @@ def measure(model, impl: str, batch: int, seq: int, steps: int) -> dict:
         for _ in range(4):
             step()
         torch.cuda.synchronize()
-    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:30]
+    averages = prof.key_averages()
+    events = sorted(averages, key=lambda e: -e.self_cpu_time_total)[:30]
     row["api"] = [{"name": e.key[:80], "count_per_step": e.count / 4, "self_us_per_step": round(e.self_cpu_time_total / 4, 1)}
                   for e in events]
+    row["kernels"] = _kernels(averages, 4)
+    row["attribution"] = _attribution(model, impl, step, reset, steps)
     return row
+
+
+_ATTENTION_KERNELS = ("attn", "attention", "flash", "fmha", "decode", "combine", "cudnn", "sdpa")
+
+
+def _kernels(averages, steps: int) -> dict:
+    """GPU kernel time per step from a profiler's averages: total, the attention kernels' part
+    (by name) and the largest kernels."""
+    kernels = [e for e in averages if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+               and getattr(e, "self_device_time_total", 0) > 0]
+    total = sum(e.self_device_time_total for e in kernels) / steps
+    attention = sum(e.self_device_time_total for e in kernels
+                    if any(word in e.key.lower() for word in _ATTENTION_KERNELS)) / steps
+    top = sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]
+    return {"device_us_per_step": round(total, 1), "attention_device_us_per_step": round(attention, 1),
+            "top": [{"name": e.key[:90], "count_per_step": e.count / steps,
+                     "us_per_step": round(e.self_device_time_total / steps, 1)} for e in top]}
+
+
+def _attribution(model, impl: str, step, reset, steps: int) -> dict:
+    """Host microseconds per queued step inside the mask function, the first layer's attention
+    call, the other layers' calls, and the rest (wrappers around transformers' registered
+    functions, restored afterwards)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    spent = {"mask": 0.0, "attention_first": 0.0, "attention_rest": 0.0}
+    calls = {"n": 0}
+    layers = model.config.num_hidden_layers
+    attention, mask = ALL_ATTENTION_FUNCTIONS[impl], ALL_MASK_ATTENTION_FUNCTIONS[impl]
+
+    def timed_attention(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return attention(*args, **kwargs)
+        finally:
+            slot = "attention_first" if calls["n"] % layers == 0 else "attention_rest"
+            calls["n"] += 1
+            spent[slot] += time.perf_counter() - start
+
+    def timed_mask(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return mask(*args, **kwargs)
+        finally:
+            spent["mask"] += time.perf_counter() - start
+
+    ALL_ATTENTION_FUNCTIONS._global_mapping[impl] = timed_attention
+    ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[impl] = timed_mask
+    try:
+        reset()
+        step()
+        torch.cuda.synchronize()
+        for key in spent:
+            spent[key] = 0.0
+        calls["n"] = 0
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        wall = time.perf_counter() - start
+        torch.cuda.synchronize()
+        total = time.perf_counter() - start
+    finally:
+        ALL_ATTENTION_FUNCTIONS._global_mapping[impl] = attention
+        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[impl] = mask
+    out = {key: round(value * 1e6 / steps, 1) for key, value in spent.items()}
+    out["host_step_us"] = round(wall * 1e6 / steps, 1)
+    out["rest_us"] = round(out["host_step_us"] - sum(out[key] for key in spent), 1)
+    out["queued_step_us"] = round(total * 1e6 / steps, 1)
+    out["attention_calls_per_step"] = calls["n"] / steps
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
