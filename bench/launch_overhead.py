@@ -22,12 +22,16 @@ each call's output is allocated as on a GPU (here by the CPU allocator). Median 
 GPU (``--device cuda``): ``call_us`` (``triton.testing.do_bench``, mean), ``graph_us``
 (``do_bench_cudagraph``: the same call replayed from a CUDA graph, no host), ``host_us`` = call
 minus graph, and ``queued_us`` (wall time of 50 calls issued without waiting, per call).
+Decode rows on a GPU also get ``hit_parts``: the host microseconds per call of each step of the
+plan's hit (dispatch state, key, lookup, the output's and the workspace's allocation, each kernel's
+issue), issued back to back, beside the whole call and PyTorch's SDPA on the same tensors.
 Each line records the device, Python, torch and Triton versions.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import platform
 import sys
@@ -42,7 +46,7 @@ from bench.launch_time import per_call_us  # noqa: E402  (the same timing loop a
 
 # The decode rows of the issue's targets (kernels/BENCHMARK.md's decode table: Hq=32, Hkv=8,
 # D=128, one token, bf16): name -> (batch, cache length).
-DECODE_ROWS = {"decode-b8-4k": (8, 4096), "decode-b1-128k": (1, 131072)}
+DECODE_ROWS = {"decode-b8-4k": (8, 4096), "decode-b1-128k": (1, 131072), "decode-b1-4k": (1, 4096)}
 DEFAULT_PREFILL = ("d128-s4k-causal", "d128-s4k-window1024", "d128-s4k-random25", "d128-s4k-dense",
                    "d64-s4k-causal", "d64-s4k-window1024", "d64-s4k-random25", "d64-s4k-dense",
                    "gqa32:8-d128-s8k-causal", "gqa32:8-d128-s8k-window1024", "fp16-d128-s8k-causal")
@@ -137,6 +141,63 @@ def _gpu_us(fn) -> dict[str, float]:
             "queued_us": round(queued, 2)}
 
 
+def _hit_parts(layout, q, k, v, calls: int = 400) -> dict[str, float]:
+    """Host microseconds per call of each part of a decode call's plan hit on the GPU, issued
+    back to back (``kernels.attention._planned``'s steps, in order), beside the whole call and
+    PyTorch's SDPA on the same tensors: where the host time of a hit goes."""
+    from parity.kernels import attention, block_sparse_attention
+
+    block_sparse_attention(q, k, v, layout)  # the plan exists
+    tensors = (layout.kv_num_blocks, layout.kv_indices, layout.full_kv_num_blocks, layout.full_kv_indices,
+               layout.q_doc, layout.k_doc, layout.k_start, layout.k_end, layout.mask_bits)
+    mask = layout.mask
+    meta = (layout.seq_q, layout.seq_k, layout.block_m, layout.block_n, mask.causal, mask.window,
+            mask.sink_tokens, mask.offset)
+    cache = attention._launch_cache("decode")
+    state = cache.state()
+    key = (state, attention._plan_key(q, k, v, tensors, meta, None, False))
+    version = attention._layout_version(tensors)
+    entry = cache.find(tensors[0], key, version)
+    out = torch.empty_like(q)
+    made = {name: torch.empty_strided(*spec[:2], dtype=spec[2], device=spec[3]) for name, spec in entry.fresh.items()}
+    group = q.shape[1] // k.shape[1]
+
+    def issue_each(index):
+        def run():
+            cache.issue(dataclasses.replace(entry, steps=entry.steps[index:index + 1]), (q, k, v, out, None), state)
+        return run
+
+    parts = {
+        "whole_call": lambda: block_sparse_attention(q, k, v, layout),
+        "dispatch_state": cache.state,
+        "plan_key": lambda: attention._plan_key(q, k, v, tensors, meta, None, False),
+        "layout_version": lambda: attention._layout_version(tensors),
+        "find": lambda: cache.find(tensors[0], key, version),
+        "empty_like_out": lambda: torch.empty_like(q),
+        "workspace": lambda: [torch.empty_strided(*spec[:2], dtype=spec[2], device=spec[3])
+                              for spec in entry.fresh.values()],
+        "issue_split_kernel": issue_each(0),
+        "issue_combine_kernel": issue_each(1) if len(entry.steps) > 1 else None,
+        "sdpa_call": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=group > 1),
+    }
+    del made
+    result = {}
+    for name, fn in parts.items():
+        if fn is None:
+            continue
+        fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - start) / calls * 1e6)
+            torch.cuda.synchronize()
+        result[name] = round(sorted(times)[2], 2)
+    return result
+
+
 def measure(rows: list[str], device: torch.device, calls: int) -> list[dict]:
     from parity.kernels import block_sparse_attention, targets
 
@@ -158,6 +219,11 @@ def measure(rows: list[str], device: torch.device, calls: int) -> list[dict]:
             if not cpu:  # the plan's hit handing the launcher tensors, as before it handed addresses
                 with _tensor_arguments():
                     row["plan_tensors"] = _gpu_us(paths["plan"])
+                if decode:
+                    try:
+                        row["hit_parts"] = _hit_parts(layout, q, k, v)
+                    except Exception as err:  # a measurement aid: the row keeps what it measured
+                        row["hit_parts"] = {"error": f"{type(err).__name__}: {err}"[:300]}
             out.append(row)
             print(json.dumps(row), flush=True)
             del layout, q, k, v
