@@ -759,6 +759,8 @@ def _pack_classes(classes: torch.Tensor, *, traceable: bool = False) -> tuple[to
     """(partial counts, partial indices, full counts, full indices) of a [Bl, Hl, nQ, nK] class
     tensor, on its device (``_layout_from_classes``, which says what ``traceable`` does)."""
     nk = classes.shape[-1]
+    if not traceable and classes.device.type == "cpu" and classes.numel() <= _SMALL_GRID:
+        return _pack_small(classes)
     # 2-D [tile rows, nK]: torch's cumsum over the last dim of a 4-D tensor is several times slower
     rows = classes.reshape(-1, nk)
     block_ids = torch.arange(nk, dtype=torch.int32, device=classes.device).expand(rows.shape)
@@ -779,6 +781,28 @@ def _pack_classes(classes: torch.Tensor, *, traceable: bool = False) -> tuple[to
     partial_counts, partial_indices = pack(rows == PARTIAL)
     full_counts, full_indices = pack(rows == FULL)
     return partial_counts, partial_indices, full_counts, full_indices
+
+
+# Tiles up to which a CPU class grid is packed in Python lists: a decode step's layout (one query
+# block over a few hundred key blocks) is packed in about a tenth of the time the ~20 small tensor
+# ops take (`python bench/layout_time.py`); the two give the same tensors (tests/test_kernels_layout_formula.py).
+_SMALL_GRID = 4096
+
+
+def _pack_small(classes: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``_pack_classes`` of a small CPU class grid, from its values as Python lists: the same
+    int32 tensors (counts [Bl, Hl, nQ], indices [Bl, Hl, nQ, width], width the longest list or 1,
+    slots past a count 0)."""
+    lead, nk = classes.shape[:-1], classes.shape[-1]
+    rows = classes.reshape(-1, nk).tolist()
+    packed = []
+    for wanted in (PARTIAL, FULL):
+        lists = [[block for block, kind in enumerate(row) if kind == wanted] for row in rows]
+        width = max([1, *map(len, lists)])
+        packed.append(torch.tensor([len(blocks) for blocks in lists], dtype=torch.int32).view(lead))
+        packed.append(torch.tensor([blocks + [0] * (width - len(blocks)) for blocks in lists],
+                                   dtype=torch.int32).view(*lead, width))
+    return tuple(packed)
 
 
 def _mask_layout(mask: MaskSpec, seq_q, seq_k, block_m, block_n, kind, device=None, traceable=False) -> BlockLayout:

@@ -319,3 +319,27 @@ def test_gpu_predicate_layouts_are_made_without_waiting_for_the_gpu(build):
     on_cpu = make(None)
     for name, tensor in on_cpu.to_tensors().items():
         assert torch.equal(on_gpu.to_tensors()[name], tensor), name
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_small_grids_pack_as_the_tensor_ops_do(seed, monkeypatch):
+    """A CPU class grid of at most ``_SMALL_GRID`` tiles is packed from Python lists (a decode
+    step's layout in about half the time); the tensors equal the tensor-op packing's and the
+    oracle's: values, dtype, shape and contiguity, with empty lists, empty rows of query blocks
+    and widths of one."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+    for _ in range(60):
+        shape = [int(torch.randint(1, 4, (1,), generator=gen)), int(torch.randint(1, 3, (1,), generator=gen)),
+                 int(torch.randint(0, 6, (1,), generator=gen)), int(torch.randint(1, 40, (1,), generator=gen))]
+        classes = torch.randint(0, 3, shape, generator=gen).to(torch.int8)
+        if seed == 0:
+            classes[..., : shape[-1] // 2] = layouts.SKIP  # rows with few or no selected blocks
+        small = layouts._pack_small(classes)
+        monkeypatch.setattr(layouts, "_SMALL_GRID", -1)
+        tensor_ops = layouts._pack_classes(classes)
+        monkeypatch.undo()
+        expected = (*_pack(classes, layouts.PARTIAL), *_pack(classes, layouts.FULL))
+        for got, ops, oracle in zip(small, tensor_ops, expected):
+            assert got.dtype == ops.dtype == torch.int32
+            assert got.shape == ops.shape == oracle.shape and got.is_contiguous() == ops.is_contiguous()
+            assert torch.equal(got, ops) and torch.equal(got, oracle)
