@@ -381,9 +381,9 @@ class LaunchCache:
                 or any(given[names[position]] is not tensors[index] for position, index in slots)):
             raise RuntimeError("LaunchCache: the launch's arguments do not match the kernel's parameters "
                                f"and the per-call tensors {self._per_call}")
-        values = [_unlinked(given[name]) for name in names]
-        for position, _ in slots:
-            values[position] = None  # the entry does not keep this call's tensors alive
+        # the entry does not keep this call's tensors alive: their slots hold None
+        per_call = {position for position, _ in slots}
+        values = [None if position in per_call else _unlinked(given[name]) for position, name in enumerate(names)]
         made = []
         # A per-call parameter the caller left None gets a stand-in the launch allocates (the LSE
         # of a call without one): it is made anew on each hit like a workspace, so that the entry
