@@ -130,3 +130,26 @@ def test_bad_options_are_one_line_and_exit_2(tmp_path, capsys, override, message
     assert status == 2
     assert message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_bench_builds_a_subject_without_make_state_once_per_impl(monkeypatch):
+    """No extra build on the host only to read the weights (for llama8b: 16 GB and minutes of
+    initialisation); every impl gets the first build's weights."""
+    from parity.speed.bench import prepare
+
+    built = []
+    original = hf_subject.HFSubject.build
+
+    def counting(self, impl, device="cpu"):
+        built.append((impl, str(device)))
+        return original(self, impl, device=device)
+
+    monkeypatch.setattr(hf_subject.HFSubject, "build", counting)
+    prepared = prepare(SPEC, {"size": "tiny", "seq": 8, "dtype": "fp32", "seed": 5},
+                       impls=["parity_sparse", "sdpa", "parity_sdpa"], device=torch.device("cpu"))
+    assert built == [("parity_sparse", "cpu"), ("sdpa", "cpu"), ("parity_sdpa", "cpu")]
+    first = prepared.modules["parity_sparse"].state_dict()
+    for impl in ("sdpa", "parity_sdpa"):
+        state = prepared.modules[impl].state_dict()
+        assert set(state) == set(first) and all(torch.equal(state[name], first[name]) for name in first)
+    assert "weights of its parity_sparse build" in prepared.source
