@@ -40,7 +40,7 @@ PY=${PYTHON:-python3}
 STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect inspect-decode"}
 # (also: "table-sweep" and "table", the prefill table of bench/benchmark_table.py, and
 # "launch-time", "host-parts" and "ncu", where a short case's time goes; "launch-overhead",
-# "hf-host", "hf-generate", "hf-compiled" and "hf-window", inference; "capture-scale", capture and compare of
+# "hf-host", "hf-generate", "hf-compiled", "hf-window" and "hf-bench", inference; "capture-scale", capture and compare of
 # 1-10B Llama shapes; not run by default)
 
 step() {  # step NAME LIMIT_S COMMAND...
@@ -113,6 +113,15 @@ step hf-compiled "${HF_COMPILED_LIMIT:-420}" "$PY" -m bench.hf_generate --model 
 # shellcheck disable=SC2086
 step hf-window "${HF_WINDOW_LIMIT:-300}" "$PY" -m bench.hf_generate --model mistral7b --json "$R/hf-mistral7b.json" \
     --deadline-s $(( ${HF_WINDOW_LIMIT:-300} - 60 )) ${HF_WINDOW_ARGS:---cases 1x16384 --modes eager}
+# The same Llama-3-8B shape's prefill (1 x 4096 tokens, no cache, bf16) timed by `parity bench`
+# (bench/hf_subject.py) with sdpa, parity_sdpa and parity_sparse on one set of weights: each
+# speedup over sdpa valid only where its logits hold parity with sdpa's; the attention blocks
+# (model.layers.*.self_attn) timed apart. Few rounds: one forward is about 0.1-0.6 s. HF_BENCH_ARGS
+# replaces the size, length and rounds, e.g. "--set size=mistral7b --set seq=16384 --reps 5".
+# shellcheck disable=SC2086
+step hf-bench "${HF_BENCH_LIMIT:-180}" "$PY" -m parity bench --subject bench.hf_subject:make_subject \
+    --impls sdpa,parity_sdpa,parity_sparse --device cuda --json "$R/hf-bench.json" --html "$R/hf-bench.html" \
+    ${HF_BENCH_ARGS:---set size=llama8b --set seq=4096 --set batch=1 --warmup 2 --reps 5 --module model.layers.*.self_attn}
 # Capture and compare at scale (bench/capture_scale_gpu.py): Llama shapes of 1, 3, 8 and 10B
 # parameters built in bf16 on the GPU, the per-module fp32 reference, compare with parity_sparse,
 # against the targets of issue 47; one JSON per size under capture-scale/, rewritten after every

@@ -275,3 +275,39 @@ def test_capture_scale_step_runs_the_gpu_measurement_within_its_limit(tmp_path):
     assert words[-4:] == ["--seq", "4096", "--sizes", "8b,10b"]
     assert [line.split()[0] for line in status.splitlines()] == ["install", "capture-scale"]
     assert _step_limits({})["capture-scale"] + _step_limits({})["install"] <= 600
+
+
+def test_hf_bench_step_runs_parity_bench_of_the_hf_subject(tmp_path):
+    calls, status = _dry_run(tmp_path, {"STEPS": "hf-bench"})
+    bench = [c for c in calls if c.startswith("-m parity bench")]
+    assert len(bench) == 1
+    words = bench[0].split()
+    assert words[words.index("--subject") + 1] == "bench.hf_subject:make_subject"
+    assert words[words.index("--impls") + 1] == "sdpa,parity_sdpa,parity_sparse"
+    assert words[words.index("--device") + 1] == "cuda"
+    assert words[words.index("--json") + 1].endswith("/hf-bench.json")
+    assert bench[0].endswith("--set size=llama8b --set seq=4096 --set batch=1 --warmup 2 --reps 5 "
+                             "--module model.layers.*.self_attn")
+    assert [line.split()[:2] for line in status.splitlines()] == [["install", "rc=0"], ["hf-bench", "rc=0"]]
+    (tmp_path / "args").mkdir()
+    calls, _ = _dry_run(tmp_path / "args", {"STEPS": "hf-bench", "HF_BENCH_ARGS": "--set size=tiny --reps 3"})
+    assert next(c for c in calls if c.startswith("-m parity bench")).endswith("--set size=tiny --reps 3")
+
+
+def test_hf_bench_step_default_arguments_are_ones_the_cli_and_the_subject_take():
+    """The step's default command parses as ``parity bench`` and its --set values make the subject
+    (a typo would end the step at once, after the device's start-up)."""
+    from parity.base.overrides import json_value, parse_overrides
+    from parity.cli.main import build_parser
+    from parity.run.subjects import load_subject
+
+    text = (REPO / "bench" / "h200_run.sh").read_text()
+    block = re.search(r'^step hf-bench .*?-m parity (bench .*?)\$\{HF_BENCH_ARGS:-(.*?)\}$', text, re.M | re.S)
+    fixed = [word for word in block.group(1).replace("\\\n", " ").split() if word]
+    fixed = ["/dev/null" if word.startswith('"$R/') else word for word in fixed]
+    args = build_parser().parse_args(fixed + block.group(2).split())
+    assert (args.subject, args.impls, args.device, args.reps, args.warmup) == (
+        "bench.hf_subject:make_subject", "sdpa,parity_sdpa,parity_sparse", "cuda", 5, 2)
+    assert args.modules == ["model.layers.*.self_attn"]
+    subject = load_subject(args.subject, parse_overrides(args.arg, flag="--set", convert=json_value(max_int=2**63 - 1)))
+    assert subject.args == {"size": "llama8b", "seq": 4096, "batch": 1, "dtype": "bf16", "seed": 0, "layers": 0}

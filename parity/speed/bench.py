@@ -4,8 +4,9 @@ only where the timed output holds parity.
 Procedure (:func:`run_bench`):
 
 1. Inputs and weights: a bundle's stored ones (``bundle=``; the subject is re-created from its
-   manifest, only if trusted), else the subject's own ``make_inputs``/``make_state``. Every impl
-   gets the same inputs, moved to the device once, and the same weights.
+   manifest, only if trusted), else the subject's own ``make_inputs``/``make_state`` (without
+   ``make_state``, the first impl's build's own weights). Every impl gets the same inputs, moved
+   to the device once, and the same weights.
 2. Warm-up: ``warmup`` calls of each impl (compilation and autotuning happen here; the first
    call's time is reported apart as ``first_call_s``).
 3. Timed rounds: ``reps`` rounds; in each, every impl runs once, in an order shuffled per round
@@ -145,13 +146,21 @@ def prepare(subject: str | None, subject_args: Mapping[str, Any] | None, *, impl
         runner = load_subject(subject, subject_args)
         made = runner.make_inputs()
         inputs = made.to(device)
-        state = runner.make_state()
-        source = "the subject's own inputs and weights (make_inputs, make_state)"
+        # A subject without make_state: the first impl's build supplies the weights every impl gets,
+        # drawn where it builds. Building it once more on the host only to read its state would cost
+        # a second copy of the model (a Llama-3-8B shape: 16 GB, and minutes of initialisation on a CPU).
+        state = runner.made_state()
+        source = ("the subject's own inputs and weights (make_inputs, make_state)" if state is not None else
+                  f"the subject's own inputs (make_inputs) and the weights of its {impls[0]} build")
     for impl in impls:
         runner.check_impl(impl)
         check_triton_mode(impl, device)
     runner.check_inputs(inputs)
-    modules = {impl: runner.build(impl, state=state, device=device) for impl in impls}
+    modules: dict[str, nn.Module] = {}
+    for impl in impls:
+        modules[impl] = runner.build(impl, state=state, device=device)
+        if state is None:
+            state = modules[impl].state_dict()
     return Prepared(runner, inputs, modules, bundle, source)
 
 
