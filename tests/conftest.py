@@ -45,7 +45,7 @@ SLOW_FILES = {
     "test_wheel.py": "builds and installs the wheel, then runs every command from it in real processes",
     "test_kernels_decode.py": "the decode path at every split count through the Triton interpreter",
     "test_distributed.py": "rank processes (2 and 4) importing torch and DTensor",
-    "test_report_html_layout.py": "a headless Chromium renders every page",
+    "test_report_html_browser.py": "a headless Chromium renders every page at two widths",
     "test_judge_fault_matrix.py": "a fault-injected model compared per case",
     "test_kernels_op.py": "opcheck and torch.compile of the operator through the Triton interpreter",
     "test_kernels_host_tma.py": "the host_tma option's loads through the Triton interpreter",
