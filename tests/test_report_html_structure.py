@@ -3,7 +3,7 @@ wide tables inside a box that scrolls sideways, the depth chart's mark labels ou
 the legend), x-axis labels that never collide (their widths estimated from the text, 0.6 em per
 character of the 11 px monospace font), empty columns left out, and the profile page's tables
 largest first, in one integer unit per table, with nsys's standard deviation column, folded past
-their largest rows. ``test_report_html_layout.py`` measures the same pages in headless Chromium
+their largest rows. ``test_report_html_browser.py`` measures the same pages in headless Chromium
 where one is installed.
 """
 from __future__ import annotations
