@@ -14,13 +14,17 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
+
+import pytest
 
 HERE = Path(__file__).resolve().parent
 # The names Debian, Ubuntu and Google give the binary; tests/ensure_chromium.sh looks for the same.
@@ -39,6 +43,12 @@ PAGES = {
     "bench": "parity bench of three implementations, one of them wrong",
     "error": "a refused run's page (compare of a bundle that does not exist)",
 }
+
+# The docs' screenshots: (PNG stem, page, the one part of the page shown ("": all of it), height).
+SHOTS = [(name, name, "", SHOT_HEIGHT) for name in PAGES if name != "error"] + [
+    ("compare-fail-table", "compare-fail", "#table", 700),  # the wide table in its sideways-scrolling box
+    ("error", "error", "", 300),
+]
 
 _HEAD = ("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
          "script-src 'unsafe-inline'; img-src data:\">"
@@ -68,7 +78,7 @@ def chromium_command(user_dir: Path, width: int, height: int) -> list[str]:
 def make_pages(root: Path) -> dict[str, Path]:
     """Each page of :data:`PAGES` under ``root``, written by the CLI as a user would: a fault-injected
     residual model (bf16) for compare and diff, the matmul subject of the bench tests for profile
-    and bench. Asserts each command's exit status, so a page is never of the wrong run."""
+    and bench (timed on their virtual clock, so the bench page is the same on any machine). Asserts each command's exit status, so a page is never of the wrong run."""
     sys.path.insert(0, str(HERE))
     import fault_models
     import speed_subjects
@@ -100,10 +110,14 @@ def make_pages(root: Path) -> dict[str, Path]:
                  "--against", str(root / "fast.json"), "--html", str(made["profile-against"])]),
             # A CI workspace's path: one long word, which the page must wrap, not run off the window.
             (2, ["compare", "--quiet", "--bundle", str(root / ("no-such-bundle-" + "0123456789abcdef" * 8)),
-                 "--html", str(made["error"])]),
+                 "--impl", "reference", "--html", str(made["error"])]),
         ]
         for status, argv in runs:
-            got = main(argv)
+            with pytest.MonkeyPatch.context() as patch:
+                if argv[0] == "bench":  # the bench tests' virtual clock: the same timings on a loaded machine
+                    clock = speed_subjects.virtual_clock(patch)
+                    next(clock)
+                got = main(argv)
             assert got == status, f"parity {' '.join(argv)} exited {got}, not {status}"
     finally:
         threads.close()
@@ -135,12 +149,19 @@ def measure_all(pages: dict[str, Path], widths=WIDTHS, workers: int = 2) -> dict
         return dict(zip(jobs, results))
 
 
-def screenshot(page: Path, target: Path, width: int = SHOT_WIDTH, height: int = SHOT_HEIGHT) -> Path:
-    """A PNG of the first ``height`` px of ``page`` (the page itself, unchanged) at ``width`` px."""
+def screenshot(page: Path, target: Path, width: int = SHOT_WIDTH, height: int = SHOT_HEIGHT, only: str = "") -> Path:
+    """A PNG of the first ``height`` px of ``page`` at ``width`` px; with ``only`` (the id of one of
+    the body's sections, ``#table``) of a copy in which the body shows that section alone."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="parity-browser-") as scratch:
-        done = subprocess.run([*chromium_command(Path(scratch), width, height), f"--screenshot={target.resolve()}",
-                               page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+        shown = page.resolve()
+        if only:
+            shown = Path(scratch) / page.name
+            shown.write_text(page.read_text(encoding="utf-8").replace(
+                "</head>", f"<style>body>:not({only}){{display:none}}</style></head>", 1), encoding="utf-8")
+        done = subprocess.run([*chromium_command(Path(scratch) / "profile", width, height),
+                               f"--screenshot={target.resolve()}", shown.as_uri()],
+                              capture_output=True, text=True, timeout=120)
     if not target.is_file():
         raise BrowserError(f"chromium wrote no screenshot of {page.name} (exit {done.returncode}): "
                            f"{done.stderr.strip()[-400:]}")
@@ -156,10 +177,11 @@ def main(argv=None) -> int:
         print(f"browser_pages: error: no browser on PATH (looked for {', '.join(BROWSERS)})", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="parity-pages-") as scratch:
-        pages = make_pages(Path(scratch))
-        for name, page in pages.items():
-            shot = screenshot(page, Path(args.screenshots) / f"{name}.png")
-            print(f"{shot}: {PAGES[name]} ({shot.stat().st_size // 1024} KB)")
+        with open(os.devnull, "w") as quiet, redirect_stdout(quiet), redirect_stderr(quiet):  # the runs' reports
+            pages = make_pages(Path(scratch))
+        for stem, name, only, height in SHOTS:
+            shot = screenshot(pages[name], Path(args.screenshots) / f"{stem}.png", height=height, only=only)
+            print(f"{shot}: {PAGES[name]}{', ' + only + ' alone' if only else ''} ({shot.stat().st_size // 1024} KB)")
     return 0
 
 

@@ -199,10 +199,10 @@ def strip_plot(rows: Sequence[tuple[str, Sequence[float], str]], *, label: str) 
         centre = min(x, STRIP_WIDTH - len(text) * STRIP_CHAR_WIDTH / 2 - 1)  # the last label inside the drawing
         parts.append(f'<line class="grid" x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{axis_y}"/>'
                      f'<text x="{centre:.1f}" y="{axis_y + 16}" text-anchor="middle">{_esc(text)}</text>')
-    # The unit ends left of the first tick's label, which is centred on the axis's start (12 px
+    # The axis title ends left of the first tick's label, which is centred on the axis's start (12 px
     # monospace: 7.2 px a character).
-    unit_x = x_of(ticks[0]) - len(fmt_time(ticks[0], scale)) * STRIP_CHAR_WIDTH / 2 - 8
-    parts.append(f'<text x="{unit_x:.1f}" y="{axis_y + 16}" text-anchor="end">{_esc(unit)}</text></g>')
+    unit_x = x_of(ticks[0]) - len(fmt_time(ticks[0], scale)) * STRIP_CHAR_WIDTH / 2 - 12
+    parts.append(f'<text x="{unit_x:.1f}" y="{axis_y + 16}" text-anchor="end">time ({_esc(unit)})</text></g>')
     for index, (name, times, css) in enumerate(rows):
         summary = stats.summarize(times)
         middle = index * STRIP_ROW + STRIP_ROW / 2
