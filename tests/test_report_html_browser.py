@@ -13,6 +13,7 @@ file with stand-ins for apt-get).
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -141,8 +142,9 @@ def ensure(tmp_path, *, uid: int, browser: str | None = None, apt: str | None = 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in TOOLS:
-        (bin_dir / tool).symlink_to(subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True,
-                                                   text=True, check=True).stdout.strip())
+        found = shutil.which(tool, path=f"{os.environ.get('PATH', '')}{os.pathsep}{os.defpath}")
+        assert found, f"no {tool} on this machine"
+        (bin_dir / tool).symlink_to(found)
     stand_ins = {"id": f"echo {uid}"}
     if browser:
         stand_ins[browser] = "exit 0"
