@@ -23,7 +23,7 @@ TRITON_SPEC_PY310 ?= triton==3.8.0; python_version < "3.11"
 PYTEST_ARGS ?= -n 2
 PIP_INSTALL := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: demo test test-fast venv clean
+.PHONY: demo test test-fast venv clean browser
 
 venv: $(STAMP)
 
@@ -46,11 +46,16 @@ demo: $(STAMP)
 	$(PY) -m parity compare --bundle golden/h200-decoder --impl triton --isolate
 	$(PY) -m parity compare --bundle golden/h200-fuzz --impl triton --max-rows 20
 
-test: $(STAMP)
+# The browser layout tests render the HTML reports in headless Chromium: found on PATH, else
+# Debian's installed where this runs as root, else one line saying those tests will be skipped.
+test: $(STAMP) browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) browser
 	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow"
+
+browser:
+	@sh tests/ensure_chromium.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

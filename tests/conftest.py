@@ -45,7 +45,6 @@ SLOW_FILES = {
     "test_wheel.py": "builds and installs the wheel, then runs every command from it in real processes",
     "test_kernels_decode.py": "the decode path at every split count through the Triton interpreter",
     "test_distributed.py": "rank processes (2 and 4) importing torch and DTensor",
-    "test_report_html_layout.py": "a headless Chromium renders every page",
     "test_judge_fault_matrix.py": "a fault-injected model compared per case",
     "test_kernels_op.py": "opcheck and torch.compile of the operator through the Triton interpreter",
     "test_kernels_host_tma.py": "the host_tma option's loads through the Triton interpreter",
@@ -84,8 +83,9 @@ SLOW_TESTS = {
 # The lab's tests (bench/: benchmarks, probes, device scripts, the harness benchmark) are slow as a
 # room: they check the programs that measured the kernel, not what a user installs.
 SLOW_PREFIXES = {"test_bench_": "the lab beside the package (bench/), not the installed harness"}
-# Markers whose tests are slow too: the full mutation run of the bundle reader.
-SLOW_MARKERS = ("mutation",)
+# Markers whose tests are slow too: the full mutation run of the bundle reader; headless Chromium
+# rendering the HTML pages (a browser start per page and width).
+SLOW_MARKERS = ("mutation", "browser")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects: `-m "not slow"` sees these markers

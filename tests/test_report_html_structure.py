@@ -3,7 +3,7 @@ wide tables inside a box that scrolls sideways, the depth chart's mark labels ou
 the legend), x-axis labels that never collide (their widths estimated from the text, 0.6 em per
 character of the 11 px monospace font), empty columns left out, and the profile page's tables
 largest first, in one integer unit per table, with nsys's standard deviation column, folded past
-their largest rows. ``test_report_html_layout.py`` measures the same pages in headless Chromium
+their largest rows. ``test_report_html_browser.py`` measures the same pages in headless Chromium
 where one is installed.
 """
 from __future__ import annotations
@@ -277,3 +277,53 @@ def test_the_tensor_column_stays_in_view_while_the_table_scrolls_sideways(h200_r
     assert [th.text() for th in table.find("th")][1] == "tensor"
     second = [row.find("td")[1] for row in table.iter("tr") if row.find("td")]
     assert len(second) == 300 and all("name" in cell.attrs.get("class", "").split() for cell in second)
+
+
+# ---------------------------------------------------------------------------------------------
+# labels the browser test found overlapping (tests/test_report_html_browser.py), held here where
+# no browser runs: positions from the SVG, text boxes as Chromium draws them
+
+
+LABEL_BOX_11PX = 13  # px: the height of an 11 px sans-serif label's box, measured in Chromium 156
+
+
+def own_text(node):
+    return "".join(part for part in node.text_parts if isinstance(part, str))
+
+
+def test_the_zero_and_non_finite_band_labels_clear_the_nearest_decade_labels(h200_report):
+    svg = parse(render_plot(isolated(h200_report, 40), "rel_l2")).find("svg")[0]
+    ticks = {own_text(node): float(node.attrs["y"]) for node in svg.iter("text")
+             if node.attrs.get("class") == "tick"}
+    decades = sorted(y for text, y in ticks.items() if text.startswith("1e"))
+    assert len(decades) >= 2
+    assert ticks["0"] - decades[-1] >= LABEL_BOX_11PX  # y grows downwards: the lowest decade is the largest y
+    assert decades[0] - ticks["inf/nan"] >= LABEL_BOX_11PX
+
+
+@pytest.mark.parametrize("times", [[7.3e-6, 8.1e-6, 2.0e-4], [0.5, 0.52, 123.4], [1.0, 1.0, 1.0]])
+def test_the_strip_plots_axis_title_and_tick_labels_stay_apart_and_inside_the_drawing(times):
+    from parity.speed.pages import STRIP_CHAR_WIDTH, STRIP_WIDTH, strip_plot
+
+    svg = parse(strip_plot([("reference", times, ""), ("fast", [t / 2 for t in times], "")],
+                           label="timings")).find("svg")[0]
+    axis = svg.find("g", **{"class": "axis"})[0]
+    labels = [(float(n.attrs["x"]), n.attrs["text-anchor"], own_text(n)) for n in axis.iter("text")]
+    title = [label for label in labels if label[2].startswith("time (")]
+    assert len(title) == 1 and title[0][1] == "end"
+    boxes = [(x - len(text) * STRIP_CHAR_WIDTH / 2, x + len(text) * STRIP_CHAR_WIDTH / 2, text)
+             for x, anchor, text in labels if anchor == "middle"]
+    assert len(boxes) == 6
+    assert title[0][0] + 4 <= boxes[0][0], f"{title[0][2]!r} runs into {boxes[0][2]!r}"
+    for (_, right, a), (left, _, b) in zip(boxes, boxes[1:]):
+        assert right + 4 <= left, f"{a!r} and {b!r} collide"
+    assert boxes[-1][1] <= STRIP_WIDTH
+    title_left = title[0][0] - len(title[0][2]) * STRIP_CHAR_WIDTH
+    assert title_left >= 0
+
+
+def test_the_error_page_wraps_a_long_message():
+    from parity.report.error_report import error_html
+
+    page = error_html(2, "usage", "bundle /ci/" + "x" * 300 + " does not exist")
+    assert re.search(r"<style>pre\{white-space:pre-wrap;overflow-wrap:anywhere\}</style>", page)

@@ -71,7 +71,9 @@ def _exit_line(status: int, kind: str) -> str:
 def error_html(status: int, kind: str, message: str, *, report_format: str = REPORT_FORMAT) -> str:
     """A short self-contained page saying that the run ended with ``status`` and why."""
     title = html.escape(f"{_command(report_format)}: error")
-    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
+    # The message is one line that often holds a long path: it wraps anywhere rather than widen the page.
+    return (f"<!DOCTYPE html>\n<html lang=\"en\">\n<head><meta charset=\"utf-8\"><title>{title}</title>"
+            f"<style>pre{{white-space:pre-wrap;overflow-wrap:anywhere}}</style></head>\n"
             f"<body>\n<h1>{title}</h1>\n<p>{html.escape(_exit_line(status, kind))}</p>\n"
             f"<pre>{html.escape(message)}</pre>\n</body>\n</html>\n")
 

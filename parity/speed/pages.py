@@ -21,6 +21,7 @@ from .tables import (against_run_title, against_table, against_title, amdahl_tex
 BAR_WIDTH, BAR_HEIGHT, BAR_LABEL = 900, 22, 330
 MAX_BARS = 15
 STRIP_WIDTH, STRIP_ROW, STRIP_LABEL, STRIP_AXIS = 900, 34, 230, 28
+STRIP_CHAR_WIDTH = 7.2  # the advance of the 12 px monospace font of the strip plot's text
 MAX_POINTS = 400  # points drawn per row; the box is computed from every timing
 
 _CSS = """
@@ -194,10 +195,14 @@ def strip_plot(rows: Sequence[tuple[str, Sequence[float], str]], *, label: str) 
     axis_y = STRIP_ROW * len(rows) + 4
     parts.append('<g class="axis">')
     for tick in ticks:
-        x = x_of(tick)
+        x, text = x_of(tick), fmt_time(tick, scale)
+        centre = min(x, STRIP_WIDTH - len(text) * STRIP_CHAR_WIDTH / 2 - 1)  # the last label inside the drawing
         parts.append(f'<line class="grid" x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{axis_y}"/>'
-                     f'<text x="{x:.1f}" y="{axis_y + 16}" text-anchor="middle">{_esc(fmt_time(tick, scale))}</text>')
-    parts.append(f'<text x="{STRIP_LABEL - 6}" y="{axis_y + 16}" text-anchor="end">{_esc(unit)}</text></g>')
+                     f'<text x="{centre:.1f}" y="{axis_y + 16}" text-anchor="middle">{_esc(text)}</text>')
+    # The axis title ends left of the first tick's label, which is centred on the axis's start (12 px
+    # monospace: 7.2 px a character).
+    unit_x = x_of(ticks[0]) - len(fmt_time(ticks[0], scale)) * STRIP_CHAR_WIDTH / 2 - 12
+    parts.append(f'<text x="{unit_x:.1f}" y="{axis_y + 16}" text-anchor="end">time ({_esc(unit)})</text></g>')
     for index, (name, times, css) in enumerate(rows):
         summary = stats.summarize(times)
         middle = index * STRIP_ROW + STRIP_ROW / 2
