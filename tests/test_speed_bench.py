@@ -355,6 +355,17 @@ def test_bench_page_shows_the_spread_and_a_slower_row_as_slower(tmp_path, virtua
     assert slow["vs_baseline"]["verdict"] == "SLOWER" and slow["validity"] == "parity holds; slower"
     page = render_bench(document)
     assert "min\u2013max" in page and "valid: parity holds" not in page
+    # the speedup, its verdict and whether it counts come before the spread (a 1024 px window
+    # shows them without scrolling the table sideways)
+    import re
+
+    impls = page[page.index('<section id="impls">'):]
+    headers = re.findall(r"<th[^>]*>([^<]*)</th>", impls[:impls.index("</thead>")])
+    assert headers[:7] == ["impl", "median ms", "speedup [95% CI]", "verdict", "speedup valid?", "parity",
+                           "equivalence [90% CI]"], headers
+    slow_row = impls[impls.index('<td class="name">slow</td>'):]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", slow_row[:slow_row.index("</tr>")])
+    assert cells[3] == "SLOWER" and cells[4] == "parity holds; slower" and cells[5] == "holds"
     low, high = min(slow["times_s"]), max(slow["times_s"])
     assert low < high  # the virtual clock's jitter: a spread to show
 

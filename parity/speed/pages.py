@@ -367,10 +367,14 @@ def render_bench(document: Mapping[str, Any]) -> str:
                                         if settings.get("equivalence") is not None else "not recorded")])
     unit, scale = time_unit([_num(r["summary"]["median"]) for r in rows])
     device = any("device_time" in r for r in rows)
-    head = "".join(f"<th{' class=name' if i == 0 else ''}>{_esc(h)}</th>" for i, h in enumerate(
-        ["impl", f"median {unit}", f"IQR {unit}", f"p20\u2013p80 {unit}", f"min\u2013max {unit}", "n"]
-        + ([f"device {unit} (speedup)"] if device else [])
-        + ["speedup [95% CI]", "verdict", "equivalence [90% CI]", "parity", "speedup valid?"]))
+    headers = (["impl", f"median {unit}", f"IQR {unit}", f"p20\u2013p80 {unit}", f"min\u2013max {unit}", "n"]
+               + ([f"device {unit} (speedup)"] if device else [])
+               + ["speedup [95% CI]", "verdict", "equivalence [90% CI]", "parity", "speedup valid?"])
+    # What a reader looks for first (the speedup, its verdict and whether it counts) before the
+    # spread of the timings, so that a narrow window shows it without scrolling sideways
+    first = [0, 1, len(headers) - 5, len(headers) - 4, len(headers) - 1, len(headers) - 2, len(headers) - 3]
+    order = first + [i for i in range(len(headers)) if i not in first]
+    head = "".join(f"<th{' class=name' if i == 0 else ''}>{_esc(headers[j])}</th>" for i, j in enumerate(order))
     body = []
     bars = []
     for r in rows:
@@ -399,7 +403,7 @@ def render_bench(document: Mapping[str, Any]) -> str:
             bars.append((r["impl"], 1.0, "base"))
         cells.append(f'<td class="text">{_esc(parity.get("status"))}</td>')
         cells.append(f'<td class="text">{_esc(r.get("validity", "-"))}</td>')
-        body.append(f'<tr class="{"fail" if fails else "pass"}">{"".join(cells)}</tr>')
+        body.append(f'<tr class="{"fail" if fails else "pass"}">{"".join(cells[j] for j in order)}</tr>')
     table = f'<div class="table-scroll"><table class="view"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
     parts = [f'<section id="summary"><h2>Summary</h2>{summary}</section>', _warnings(document),
              '<section id="chart"><h2>Speedup over the baseline (whole forward; red: not valid, parity fails)</h2>'
