@@ -421,3 +421,17 @@ def test_every_table_of_the_bench_page_scrolls_in_its_box_and_an_unnamed_subject
     unnamed = render_bench(document)
     spec = document["subject"]["spec"]
     assert f"<title>parity bench: {spec}</title>" in unnamed and "parity bench: subject<" not in unnamed
+
+
+@pytest.mark.parametrize("low, high, scale, expected", [
+    (0.0, 3.49e-3, 1e3, [0.0, 1.0, 2.0, 3.0]),            # ms: fifths of the range were 0.698, 1.4, 2.09, ...
+    (0.1e-3, 0.2e-3, 1e3, [0.1, 0.12, 0.14, 0.16, 0.18, 0.2]),
+    (1.23e-6, 9.9e-6, 1e6, [2.0, 4.0, 6.0, 8.0]),          # us, the first tick past the axis's start
+    (5.0, 5.0, 1.0, [5.0]),                                # one timing: one tick
+])
+def test_the_strip_plots_axis_has_round_ticks(low, high, scale, expected):
+    from parity.speed.pages import nice_ticks
+
+    ticks = nice_ticks(low, high, scale)
+    assert [round(t * scale, 9) for t in ticks] == expected
+    assert all(low - 1e-15 <= t <= high + 1e-15 for t in ticks)

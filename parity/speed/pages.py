@@ -10,6 +10,7 @@ long names at dots and underscores (``overflow-wrap:anywhere``) instead of widen
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -169,6 +170,25 @@ def bar_chart(bars: Sequence[tuple[str, float, str]], *, label: str, reference: 
     return "".join(parts)
 
 
+def nice_ticks(low: float, high: float, scale: float, count: int = 5) -> list[float]:
+    """Tick values (seconds) inside [low, high] at a round step in the axis's unit (1, 2 or 5
+    times a power of ten, about ``count`` steps across), as a person draws an axis: 0, 0.5, 1,
+    1.5 ms rather than fifths of the range (0.698, 1.4, 2.09)."""
+    span = (high - low) * scale
+    if not span > 0 or not math.isfinite(span):
+        return [low]
+    raw = span / count
+    power = 10.0 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * (1 - 1e-9))
+    first = math.ceil(low * scale / step - 1e-9)
+    ticks = []
+    k = first
+    while k * step <= high * scale * (1 + 1e-12):
+        ticks.append(round(k * step, 12) / scale)
+        k += 1
+    return ticks or [low]
+
+
 def strip_plot(rows: Sequence[tuple[str, Sequence[float], str]], *, label: str) -> str:
     """Each row's timings (seconds) as a box plot (q1 to q3, the median, whiskers to min and max)
     over its points, on one shared time axis; ``(name, times, css class)``. Points are spread
@@ -191,7 +211,7 @@ def strip_plot(rows: Sequence[tuple[str, Sequence[float], str]], *, label: str) 
     height = STRIP_ROW * len(rows) + STRIP_AXIS
     parts = [f'<svg class="strip" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {STRIP_WIDTH} {height}" '
              f'width="{STRIP_WIDTH}" height="{height}" role="img" aria-label="{_esc(label)}">']
-    ticks = [low + (high - low) * k / 5 for k in range(6)]
+    ticks = nice_ticks(low, high, scale)
     axis_y = STRIP_ROW * len(rows) + 4
     parts.append('<g class="axis">')
     for tick in ticks:
@@ -201,7 +221,7 @@ def strip_plot(rows: Sequence[tuple[str, Sequence[float], str]], *, label: str) 
                      f'<text x="{centre:.1f}" y="{axis_y + 16}" text-anchor="middle">{_esc(text)}</text>')
     # The axis title ends left of the first tick's label, which is centred on the axis's start (12 px
     # monospace: 7.2 px a character).
-    unit_x = x_of(ticks[0]) - len(fmt_time(ticks[0], scale)) * STRIP_CHAR_WIDTH / 2 - 12
+    unit_x = min(STRIP_LABEL - 6, x_of(ticks[0]) - len(fmt_time(ticks[0], scale)) * STRIP_CHAR_WIDTH / 2 - 12)
     parts.append(f'<text x="{unit_x:.1f}" y="{axis_y + 16}" text-anchor="end">time ({_esc(unit)})</text></g>')
     for index, (name, times, css) in enumerate(rows):
         summary = stats.summarize(times)
