@@ -98,6 +98,43 @@ def test_per_module_reference_copies_one_module_at_a_time(tmp_path):
     assert peaks[2] == peaks[8] == 96 * 96 * 8  # one fp64 linear, whatever the depth
 
 
+def test_per_module_reference_replays_before_the_live_call_holds_its_output():
+    """What is alive beside a replay's high-precision working set: not the live call's output
+    (the root's, at a large vocabulary, is the logits) and no copy of its inputs kept for later."""
+    import weakref
+
+    from parity.run.module_reference import ModuleReference
+
+    runner = load_subject(STACK, {"width": 32, "layers": 3, "tokens": 4})
+    live = runner.build("reference", state=None, device="cpu")
+    reference_model = runner.build_sharing("reference", live)
+    outputs: dict[str, weakref.ref] = {}  # live module path -> its last output
+    alive_at_replay: dict[str, list[str]] = {}
+    for path, module in live.named_modules():
+        module.register_forward_hook(lambda m, a, out, path=path: outputs.__setitem__(path, weakref.ref(out)))
+
+    def note_alive(path):
+        def hook(module, args):
+            alive_at_replay[path] = [p for p, ref in outputs.items() if ref() is not None]
+        return hook
+
+    for path in ("", "layers.1"):
+        reference_model.get_submodule(path).register_forward_pre_hook(note_alive(path))
+    written: list[tuple[str, torch.dtype]] = []
+    x = runner.make_inputs().tensors["x"]
+    with ModuleReference(live, reference_model, lambda r: written.append((r.name, r.tensor.dtype)),
+                         dtype=torch.float64, layers=["<root>", "layers.1"]) as reference:
+        out = live(x)
+    reference.check()
+    assert alive_at_replay[""] == []  # the root replayed before the live forward made anything
+    assert "layers.1" not in alive_at_replay["layers.1"] and "" not in alive_at_replay["layers.1"]
+    assert [call.name for call in reference.calls] == ["layers.1", "<root>"]  # in the order the calls complete
+    assert written == [("<root>", torch.float64), ("layers.1", torch.float64)]  # in the order they start
+    assert out.dtype == torch.float32  # the live run is untouched
+    with torch.no_grad():
+        assert torch.equal(out, live(x))
+
+
 _RSS_CHILD = textwrap.dedent("""
     import sys, json
     sys.path.insert(0, {tests!r})
