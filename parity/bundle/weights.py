@@ -139,8 +139,10 @@ def by_reference(checkpoint: Checkpoint, state: Mapping[str, torch.Tensor]) -> t
         index, key = where[name]
         if index not in handles:
             handles[index] = safe_open(str(checkpoint.files[index].path), framework="pt")
-        on_file = handles[index].get_tensor(key)
-        mine = tensor.detach().to("cpu")
+        # Compared where the module's tensor is: one file tensor at a time goes to the device
+        # (the model, on a GPU, is not copied back to the host).
+        on_file = handles[index].get_tensor(key).to(tensor.device)
+        mine = tensor.detach()
         if on_file.dtype != mine.dtype or tuple(on_file.shape) != tuple(mine.shape) or not torch.equal(
                 on_file.view(-1).view(torch.uint8) if on_file.numel() else on_file,
                 mine.contiguous().view(-1).view(torch.uint8) if mine.numel() else mine):
