@@ -167,12 +167,12 @@ class StateSource(Mapping):
     """
 
     def __init__(self, meta: Mapping[str, tuple[tuple[int, ...], torch.dtype]], load: Callable[[str], torch.Tensor],
-                 *, load_pinned: Callable[[str], torch.Tensor] | None = None):
+                 *, load_to: Callable[[str, torch.device], torch.Tensor] | None = None):
         self.meta = dict(meta)
         self._load = load
-        # Reads a tensor into page-locked host memory (a bundle's); None: ``load``'s tensor is
-        # copied to a GPU from pageable memory, synchronously.
-        self._load_pinned = load_pinned
+        # Reads a tensor onto a device itself (a bundle's: through page-locked pieces); None:
+        # ``load``'s host tensor is copied there.
+        self._load_to = load_to
         self.stream_seconds = 0.0  # wall time of stream(): the first read to the last tensor handed over
         self.stream_bytes = 0  # bytes it handed over
 
@@ -200,8 +200,8 @@ class StateSource(Mapping):
     def _fetch(self, name: str, device: torch.device | None) -> torch.Tensor:
         if device is None or device.type == "cpu":
             return self._load(name)
-        if self._load_pinned is not None:
-            return self._load_pinned(name).to(device, non_blocking=True)
+        if self._load_to is not None:
+            return self._load_to(name, device)
         return self._load(name).to(device)
 
     def stream(self, names: Iterable[str], *, device: torch.device | str | None = None,
@@ -209,8 +209,8 @@ class StateSource(Mapping):
         """``(name, tensor)`` in the order of ``names``, read ahead on background threads (at most
         ``max_bytes``, default ``STATE_READ_AHEAD_BYTES``, read and not yet handed over:
         :func:`parity.base.prefetch.read_ahead`), on
-        ``device`` (copied there by the reading threads, from page-locked memory where the
-        source has it). The reads, checksums and copies of the next tensors then overlap what
+        ``device`` (copied there by the reading threads, through page-locked memory where the
+        source reads it so). The reads, checksums and copies of the next tensors then overlap what
         the caller does with this one."""
         target = None if device is None else torch.device(device)
         started = time.monotonic()
