@@ -78,8 +78,8 @@ import torch
 from torch import nn
 
 from parity.base import dtypes
-from parity.base.prefetch import read_ahead
 from parity.base.errors import ParityError, SubjectError, UsageError
+from parity.base.prefetch import read_ahead
 from parity.base.text import printable
 from parity.run.subjects.loading import UnresolvedModule, module_locations
 
@@ -162,8 +162,8 @@ class StateSource(Mapping):
     """State tensors read one at a time, when asked for (``load(name)``), never all at once.
 
     ``meta``: name -> (shape, dtype) of every tensor, known without reading it. What the harness
-    loads into a module it reads in bounded chunks (:meth:`SubjectRunner.build`), so with a
-    bundle's or a checkpoint's state the host holds the module plus one chunk, not two models.
+    loads into a module it reads in bounded chunks (:meth:`SubjectRunner.load_state`), so with a
+    bundle's or a checkpoint's state the host holds the module plus about two chunks, not two models.
     """
 
     def __init__(self, meta: Mapping[str, tuple[tuple[int, ...], torch.dtype]], load: Callable[[str], torch.Tensor],
@@ -206,12 +206,11 @@ class StateSource(Mapping):
 
     def stream(self, names: Iterable[str], *, device: torch.device | str | None = None,
                max_bytes: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """``(name, tensor)`` in the order of ``names``, read ahead on background threads (at most
-        ``max_bytes``, default ``STATE_READ_AHEAD_BYTES``, read and not yet handed over:
-        :func:`parity.base.prefetch.read_ahead`), on
-        ``device`` (copied there by the reading threads, through page-locked memory where the
-        source reads it so). The reads, checksums and copies of the next tensors then overlap what
-        the caller does with this one."""
+        """``(name, tensor)`` in the order of ``names``, read ahead on background threads
+        (:func:`parity.base.prefetch.read_ahead`; at most ``max_bytes``, default
+        ``STATE_READ_AHEAD_BYTES``, read and not yet handed over), on ``device`` (copied there by
+        the reading threads, through page-locked pieces where the source reads them so). The
+        reads, checksums and copies of the next tensors overlap what the caller does with this one."""
         target = None if device is None else torch.device(device)
         started = time.monotonic()
         try:
@@ -222,8 +221,6 @@ class StateSource(Mapping):
                 yield name, tensor
         finally:
             self.stream_seconds += time.monotonic() - started
-
-
 
 
 class Subject:
@@ -723,7 +720,8 @@ class SubjectRunner:
 
     def load_state(self, module: nn.Module, state: Mapping[str, torch.Tensor], impl: str) -> None:
         """Load ``state`` strictly into ``module`` (copied into its tensors, on their devices); a
-        StateSource is read in chunks of about STATE_CHUNK_BYTES, so only one chunk is on the host."""
+        StateSource is loaded in chunks of about STATE_CHUNK_BYTES and read ahead of them by at most
+        STATE_READ_AHEAD_BYTES, so the host holds about two chunks of it, never the whole state."""
         expected = set(module.state_dict().keys())
         problems = []
         missing = [key for key in module.state_dict() if key not in state]
@@ -737,6 +735,7 @@ class SubjectRunner:
                 f"stored state does not fit the module subject {self.name} builds for impl {impl!r}: "
                 + "; ".join(problems)
             )
+
         def load(chunk: dict[str, torch.Tensor]) -> None:
             try:
                 module.load_state_dict(chunk, strict=False)
