@@ -4,10 +4,12 @@
 ``STATE_CHUNK_BYTES`` (:meth:`parity.run.subjects.base.SubjectRunner.load_state`). This times
 that load on a bundle, alternating two ways, on the same module in one process:
 
-- ``in-turn``: each tensor read (``pread``), checksummed (BLAKE3) and then copied into the module,
-  one after another, chunk by chunk, as compare did before reading ahead;
+- ``in-turn``: each tensor read (``pread``) into pageable host memory, checksummed (BLAKE3) and
+  then copied into the module (to the GPU with ``--device cuda``), one after another, chunk by
+  chunk, as compare did before reading ahead;
 - ``read-ahead``: ``load_state`` as compare runs it: the next tensors read and checksummed on
-  background threads (:func:`parity.base.prefetch.read_ahead`) while this chunk is copied in.
+  background threads (:func:`parity.base.prefetch.read_ahead`) while this chunk is copied in;
+  on a GPU through page-locked pieces copied on by those threads (``BundleReader.load_to``).
 
 With ``--cold`` the bundle's shard files are dropped from the page cache before each load
 (``posix_fadvise(DONTNEED)``; it works without privileges on files one can read), so the disk is read.
@@ -15,7 +17,7 @@ Prints one JSON object: per way, the median seconds, GB/s and tensors/s of ``--r
 
     PYTHONPATH=tests .venv/bin/python -m parity capture --subject scale_subject:make_subject \\
         --set width=2048 --set layers=24 --set tokens=64 --bundle /tmp/stack-c --reference none
-    PYTHONPATH=tests .venv/bin/python bench/state_load.py /tmp/stack-c --repeats 5 [--cold]
+    PYTHONPATH=tests .venv/bin/python bench/state_load.py /tmp/stack-c --repeats 5 [--cold] [--device cuda]
 """
 from __future__ import annotations
 
@@ -64,13 +66,16 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cold", action="store_true", help="drop the shards from the page cache before each load")
     parser.add_argument("--impl", default=None, help="the impl to build (default: the bundle's)")
+    parser.add_argument("--device", default="cpu",
+                        help="where the module is built (cuda: the weights go to the GPU, as compare's do there)")
     args = parser.parse_args()
     bundle = open_bundle(args.bundle)
     spec = bundle.subject["spec"]
     with trusting(spec):
         runner = runner_from_manifest(bundle.subject, trusted=(spec,), bundle_dir=bundle.path)
     impl = args.impl or bundle.impl
-    module = runner.build(impl, state=None, device="cpu")
+    device = torch.device(args.device)
+    module = runner.build(impl, state=None, device=device)
     entries = bundle.entries_of("state")
     nbytes = sum(entry.nbytes for entry in entries)
     times: dict[str, list[float]] = {"in-turn": [], "read-ahead": []}
@@ -83,8 +88,11 @@ def main() -> int:
                 in_turn(bundle, module)
             else:
                 runner.load_state(module, subject_state(bundle), impl)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             times[way].append(time.perf_counter() - start)
     result = {"bundle": str(bundle.path), "state_tensors": len(entries), "state_bytes": nbytes, "cold": args.cold,
+              "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "threads": torch.get_num_threads(), "cpus": os.cpu_count()}
     for way, seconds in times.items():
         median = statistics.median(seconds)

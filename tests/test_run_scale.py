@@ -536,3 +536,15 @@ def test_resources_summary_and_its_line():
     assert instant["tensors_per_second"] is None and instant["gb_per_second"] is None
     assert summary_line(instant) == ("1 tensor, 8e-09 GB written in 0.0 s; peak memory: host not measured (VmHWM), "
                                      "GPU not used")
+
+
+def test_state_load_benchmark_times_both_ways_on_a_bundle(tmp_path):
+    capture(STACK, tmp_path / "b", subject_args={"width": 64, "layers": 3}, reference="none")
+    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
+    done = subprocess.run([sys.executable, str(TESTS_DIR.parent / "bench" / "state_load.py"), str(tmp_path / "b"),
+                           "--repeats", "2", "--cold"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["state_tensors"] == 6 and result["state_bytes"] == 6 * 64 * 64 * 4 and result["cold"] is True
+    for way in ("in-turn", "read-ahead"):
+        assert len(result[way]["all_s"]) == 2 and result[way]["gb_per_second"] > 0
