@@ -67,6 +67,34 @@ def test_targets_are_the_issues_formulas():
     assert set(scale.targets({}, disk)) == set()
 
 
+def test_the_gpu_limit_counts_the_largest_fp32_working_set_and_compare_the_checkpoint_it_reads():
+    gib = 2**30
+    disk = {"write_gb_s": 2.0, "read_cold_gb_s": 2.0}
+    shape = scale.SIZES["10b"]
+    seen = scale.working_set(shape, tokens=4096, measured=None)
+    # The lm_head's fp32 logits (128256 x 4096), weight copy (128256 x 4096) and input (4096 x 4096).
+    assert seen == {"measured_bytes": None, "lm_head_bytes": 4 * (2 * 128256 * 4096 + 4096 * 4096)}
+    row = {"weights_bytes": 20 * gib, "weights_mode": "reference",
+           "capture": {"wall_s": 30.0, "resources": {"peak_host_bytes": 4 * gib, "peak_gpu_bytes": 26 * gib}},
+           "bundle": {"bytes": 8_000_000_000, "manifest_bytes": 1000, "largest_reference_bytes": 128256 * 4096 * 4,
+                      "by_kind": {"output": 3_000_000_000, "reference": 4_999_999_000},
+                      "reference": {"peak_copy_bytes": 128256 * 4096 * 4}},
+           "fp32_working_set": seen,
+           "forward": {"bf16_sdpa_s": 1.0, "reference_fp32_s": 2.0, "bf16_kernel_s": 0.5},
+           "compare": {"wall_s": 30.0, "resources": {"bytes_read": 4_000_000_000, "weights": {
+               "checkpoint_bytes_verified": 20_000_000_000}}}}
+    gpu = scale.targets(row, disk)["capture_gpu"]
+    assert gpu["largest_module_fp32_parts"]["weight_copy_and_output"] == 2 * 128256 * 4096 * 4
+    assert gpu["largest_module_fp32_bytes"] == seen["lm_head_bytes"] > 2 * 128256 * 4096 * 4  # its input counts too
+    assert gpu["limit"] == 22 * gib + seen["lm_head_bytes"] and gpu["met"] is False  # 26 GiB is above it
+    row["fp32_working_set"] = dict(seen, measured_bytes=5 * gib)  # the fp32 attention scores outgrow the head
+    gpu = scale.targets(row, disk)["capture_gpu"]
+    assert gpu["limit"] == 27 * gib and gpu["met"] is True
+    compare = scale.targets(row, disk)["compare_time"]
+    assert compare["checkpoint_bytes"] == 20_000_000_000
+    assert compare["bundle_read_s_at_disk_speed"] == 12.0 and compare["limit_s"] == 14.4 and compare["met"] is False
+
+
 def test_no_row_starts_after_the_deadline(tmp_path, capsys):
     assert scale.main(["--sizes", "tiny,1b", "--seq", "128", "--device", "cpu", "--out", str(tmp_path / "out"),
                        "--workdir", str(tmp_path / "work"), "--disk-probe-gib", "0.01", "--deadline-s", "0"]) == 0
@@ -100,6 +128,11 @@ def test_a_tiny_llama_is_captured_and_compared_with_the_kernel_on_the_cpu(tmp_pa
     compare = row["compare"]
     assert compare["passed"] and compare["failing"] == 0 and compare["tensors"] == bundle["tensors_by_kind"]["output"]
     assert compare["resources"]["bytes_read"] >= bundle["by_kind"]["output"] + bundle["by_kind"]["state"]
+    assert bundle["outputs_plus_manifest_bytes"] == bundle["bytes"] - bundle["by_kind"]["state"]
+    shape = scale.SIZES["tiny"]
+    assert row["fp32_working_set"] == {"measured_bytes": None, "lm_head_bytes": 4 * (
+        shape["vocab"] * 128 + shape["vocab"] * shape["hidden"] + 128 * shape["hidden"])}  # no GPU: not measured
+    assert compare["resources"]["weights"]["bytes"] == bundle["by_kind"]["state"]
     assert set(row["forward"]) == {"bf16_sdpa_s", "reference_fp32_s", "bf16_kernel_s"}
     assert all(value > 0 for value in row["forward"].values())
     assert set(row["targets"]) == {"capture_host", "capture_time", "compare_time"}  # no GPU: no GPU target

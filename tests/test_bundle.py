@@ -698,3 +698,26 @@ def test_reader_exposes_checked_manifest_fields(tmp_path):
     plain = open_bundle(plugin_like)
     assert plain.capture_layers is None and plain.record_inputs is False and plain.layers() == []
     assert plain.platform == {} and plain.kernel_configs is None and plain.capture_info == {}
+
+
+def test_a_tensor_read_in_pieces_on_its_way_to_a_device_is_checksummed_whole(tmp_path, monkeypatch):
+    """load_to's path to a GPU (page-locked pieces, each hashed and copied on), run here on the CPU."""
+    import parity.bundle.reader as reader_module
+
+    tensors = {"big": torch.arange(10_000, dtype=torch.float32), "empty": torch.zeros(0), "odd": torch.ones(3, 7)}
+    _write(tmp_path / "b", tensors)
+    monkeypatch.setattr(reader_module, "_STAGE_BYTES", 4096)  # 10 pieces for "big", the last one short
+    bundle = open_bundle(tmp_path / "b")
+    for name, tensor in tensors.items():
+        got = bundle._load_staged(bundle.entry(name), torch.device("cpu"), pin=False)
+        assert got.dtype == tensor.dtype and torch.equal(got, tensor)
+    assert bundle.load_to("odd", device="cpu").shape == (3, 7)  # no GPU: the plain load
+    entry = bundle.entry("big")
+    begin, _ = bundle._layout(entry.shard).offsets[entry.key]
+    with open(tmp_path / "b" / entry.shard, "r+b") as handle:  # one byte of the ninth piece
+        handle.seek(begin + 8 * 4096 + 5)
+        byte = handle.read(1)
+        handle.seek(begin + 8 * 4096 + 5)
+        handle.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(BundleError, match="checksum mismatch for output 'big'"):
+        open_bundle(tmp_path / "b")._load_staged(entry, torch.device("cpu"), pin=False)

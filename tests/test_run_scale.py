@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,43 @@ def test_per_module_reference_copies_one_module_at_a_time(tmp_path):
     assert peaks[2] == peaks[8] == 96 * 96 * 8  # one fp64 linear, whatever the depth
 
 
+def test_per_module_reference_replays_before_the_live_call_holds_its_output():
+    """What is alive beside a replay's high-precision working set: not the live call's output
+    (the root's, at a large vocabulary, is the logits) and no copy of its inputs kept for later."""
+    import weakref
+
+    from parity.run.module_reference import ModuleReference
+
+    runner = load_subject(STACK, {"width": 32, "layers": 3, "tokens": 4})
+    live = runner.build("reference", state=None, device="cpu")
+    reference_model = runner.build_sharing("reference", live)
+    outputs: dict[str, weakref.ref] = {}  # live module path -> its last output
+    alive_at_replay: dict[str, list[str]] = {}
+    for path, module in live.named_modules():
+        module.register_forward_hook(lambda m, a, out, path=path: outputs.__setitem__(path, weakref.ref(out)))
+
+    def note_alive(path):
+        def hook(module, args):
+            alive_at_replay[path] = [p for p, ref in outputs.items() if ref() is not None]
+        return hook
+
+    for path in ("", "layers.1"):
+        reference_model.get_submodule(path).register_forward_pre_hook(note_alive(path))
+    written: list[tuple[str, torch.dtype]] = []
+    x = runner.make_inputs().tensors["x"]
+    with ModuleReference(live, reference_model, lambda r: written.append((r.name, r.tensor.dtype)),
+                         dtype=torch.float64, layers=["<root>", "layers.1"]) as reference:
+        out = live(x)
+    reference.check()
+    assert alive_at_replay[""] == []  # the root replayed before the live forward made anything
+    assert "layers.1" not in alive_at_replay["layers.1"] and "" not in alive_at_replay["layers.1"]
+    assert [call.name for call in reference.calls] == ["layers.1", "<root>"]  # in the order the calls complete
+    assert written == [("<root>", torch.float64), ("layers.1", torch.float64)]  # in the order they start
+    assert out.dtype == torch.float32  # the live run is untouched
+    with torch.no_grad():
+        assert torch.equal(out, live(x))
+
+
 _RSS_CHILD = textwrap.dedent("""
     import sys, json
     sys.path.insert(0, {tests!r})
@@ -165,6 +204,45 @@ def test_state_source_is_loaded_in_chunks(monkeypatch):
         assert torch.equal(tensor, state[name])
 
 
+def test_state_is_read_ahead_on_threads_while_a_chunk_is_loaded(monkeypatch):
+    import parity.run.subjects.base as base
+
+    runner = load_subject(STACK, {"width": 64, "layers": 8})
+    state = runner.make_state()
+    weight = 64 * 64 * 4
+    read: list[str] = []
+    threads: set[str] = set()
+    ahead_at_load: list[int] = []  # tensors read but not yet loaded when each chunk is loaded
+    loaded = [0]
+
+    def load(name):
+        threads.add(threading.current_thread().name)
+        time.sleep(0.01)  # a read that takes a while, as from a disk
+        read.append(name)
+        return state[name]
+
+    source = StateSource({name: (tuple(t.shape), t.dtype) for name, t in state.items()}, load)
+    monkeypatch.setattr(base, "STATE_CHUNK_BYTES", 2 * weight)
+    monkeypatch.setattr(base, "STATE_READ_AHEAD_BYTES", 3 * weight)
+    original = torch.nn.Module.load_state_dict
+
+    def load_state_dict(self, chunk, *args, **kwargs):
+        time.sleep(0.05)  # copying the chunk in: the reads of the next go on meanwhile
+        loaded[0] += len(chunk)
+        ahead_at_load.append(len(read) - loaded[0])
+        return original(self, chunk, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "load_state_dict", load_state_dict)
+    module = runner.build("reference", state=source, device="cpu")
+    assert threads and all(name.startswith("parity-state") for name in threads)  # never on the caller's thread
+    assert ahead_at_load[0] >= 1  # the first chunk's load overlapped the next reads
+    # STATE_READ_AHEAD_BYTES: three weights read ahead at most, plus the one that opens the next chunk
+    assert max(ahead_at_load) <= 4
+    assert source.stream_bytes == 16 * weight and source.stream_seconds > 0
+    for name, tensor in module.state_dict().items():
+        assert torch.equal(tensor, state[name])
+
+
 # -------------------------------------------------------------------------------------------
 # Weights by reference
 
@@ -210,6 +288,25 @@ def test_a_changed_checkpoint_is_refused_before_the_build(tmp_path, checkpoint, 
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "model.safetensors" in err[0] and "sha256" in err[0]
+
+
+def test_checkpoint_files_hashed_together_name_the_one_that_changed(tmp_path):
+    from parity.bundle import weights as checkpoint_weights
+
+    files = []
+    for index in range(3):
+        path = tmp_path / f"model-{index}.safetensors"
+        save_file({f"w{index}": torch.full((64,), float(index))}, str(path))
+        files.append(path)
+    described = checkpoint_weights.describe([tmp_path])
+    assert [f.sha256 for f in described.files] == [checkpoint_weights.sha256_of(path) for path in files]
+    named = {"files": [{"name": f.path.name, "path": str(f.path), "bytes": f.bytes, "sha256": f.sha256}
+                       for f in described.files], "tensors": []}
+    assert checkpoint_weights.verify(named) == files
+    save_file({"w1": torch.full((64,), 7.0)}, str(files[1]))  # same size, other bytes
+    with pytest.raises(UsageError, match="model-1.safetensors does not match the bundle's sha256"):
+        checkpoint_weights.verify(named)
+    assert checkpoint_weights.verify(named, checksums=False) == files  # the size alone
 
 
 def test_weights_dir_finds_the_checkpoint_elsewhere(tmp_path, checkpoint):
@@ -360,8 +457,12 @@ def test_compare_reports_what_it_read_and_its_peak_memory(tmp_path, capsys):
     assert resources["bytes_read"] == sum(entry.nbytes for entry in bundle.entries)
     assert resources["tensors"] == len(bundle.entries_of("output")) and resources["peak_gpu_bytes"] is None
     assert resources["peak_host_bytes"] > 50 * 2**20
+    state_bytes = sum(entry.nbytes for entry in bundle.entries_of("state"))
+    assert resources["weights"]["bytes"] == state_bytes and resources["weights"]["checkpoint_bytes_verified"] == 0
+    assert 0 < resources["weights"]["seconds"] < resources["seconds"]
     lines = out.splitlines()
     assert lines[-3].startswith("compare cost: ") and "GB read" in lines[-3]
+    assert f"weights: {state_bytes / 1e9:.3g} GB loaded in" in lines[-3]
 
 
 # -------------------------------------------------------------------------------------------
@@ -417,14 +518,33 @@ def test_verify_refuses_weights_dir_for_a_bundle_that_stores_its_weights(tmp_pat
 
 
 def test_resources_summary_and_its_line():
-    from parity.run.resources import summary, summary_line
+    from parity.run.resources import summary, summary_line, weights_stage
 
     info = summary(tensors=10, nbytes=3 * 10**9, seconds=2.0, direction="read", peak_host=2**31, peak_gpu=3 * 2**30)
     assert info == {"seconds": 2.0, "tensors": 10, "bytes_read": 3 * 10**9, "tensors_per_second": 5.0,
                     "gb_per_second": 1.5, "peak_host_bytes": 2**31, "peak_gpu_bytes": 3 * 2**30}
     assert summary_line(info) == ("10 tensors, 3 GB read in 2.0 s (5.0 tensors/s, 1.50 GB/s); peak memory: host "
                                   "2.00 GiB (VmHWM), GPU 3.00 GiB")
+    loaded = dict(info, weights=weights_stage(seconds=1.0, nbytes=2 * 10**9, checkpoint_bytes=4 * 10**9,
+                                              checkpoint_seconds=0.5))
+    assert loaded["weights"] == {"seconds": 1.0, "bytes": 2 * 10**9, "gb_per_second": 2.0,
+                                 "checkpoint_bytes_verified": 4 * 10**9, "checkpoint_verify_seconds": 0.5}
+    assert summary_line(loaded) == ("10 tensors, 3 GB read in 2.0 s (5.0 tensors/s, 1.50 GB/s); weights: 2 GB loaded "
+                                    "in 1.0 s, 2.00 GB/s after 4 GB of checkpoint files verified in 0.5 s; peak "
+                                    "memory: host 2.00 GiB (VmHWM), GPU 3.00 GiB")
     instant = summary(tensors=1, nbytes=8, seconds=0.0, direction="written", peak_host=None, peak_gpu=None)
     assert instant["tensors_per_second"] is None and instant["gb_per_second"] is None
     assert summary_line(instant) == ("1 tensor, 8e-09 GB written in 0.0 s; peak memory: host not measured (VmHWM), "
                                      "GPU not used")
+
+
+def test_state_load_benchmark_times_both_ways_on_a_bundle(tmp_path):
+    capture(STACK, tmp_path / "b", subject_args={"width": 64, "layers": 3}, reference="none")
+    env = {**os.environ, "PYTHONPATH": str(TESTS_DIR)}
+    done = subprocess.run([sys.executable, str(TESTS_DIR.parent / "bench" / "state_load.py"), str(tmp_path / "b"),
+                           "--repeats", "2", "--cold"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["state_tensors"] == 6 and result["state_bytes"] == 6 * 64 * 64 * 4 and result["cold"] is True
+    for way in ("in-turn", "read-ahead"):
+        assert len(result[way]["all_s"]) == 2 and result[way]["gb_per_second"] > 0

@@ -32,6 +32,9 @@ from parity.bundle.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Entry, Man
 from parity.bundle.shards import MAX_HEADER_BYTES, ST_NAMES
 
 _READ_CHUNK = 16 * 2**20
+# The page-locked pieces a tensor goes through on its way to a GPU (load_to): large enough for
+# the disk and the link to run at speed, a size the host allocator's power-of-two blocks fit exactly.
+_STAGE_BYTES = 64 * 2**20
 # What the single-bundle path knows of rank sets (parity.distributed.rankset), to refuse them: a set's
 # directory holds this top manifest, and a rank's bundle manifest names its set under this field.
 RANK_SET_MANIFEST = "rankset.json"
@@ -387,7 +390,11 @@ class BundleReader:
 
     # tensors --------------------------------------------------------------------------------
     def load(self, entry: Entry | str, kind: str = "output", *, device: torch.device | str | None = None) -> torch.Tensor:
-        """Load one tensor, verifying dtype, shape and checksum against the manifest."""
+        """Load one tensor, verifying dtype, shape and checksum against the manifest.
+
+        The bytes are read once, into the tensor's own buffer, and hashed there (no second pass
+        over the file); on an accelerator, see :meth:`load_to`.
+        """
         if isinstance(entry, str):
             entry = self.entry(entry, kind)
         layout = self._layout(entry.shard)
@@ -404,6 +411,41 @@ class BundleReader:
         self.verified.add((entry.kind, entry.name))
         tensor = data.view(entry.torch_dtype).reshape(entry.shape)
         return tensor if device is None else tensor.to(device)
+
+    def load_to(self, entry: Entry | str, kind: str = "output", *, device: torch.device | str) -> torch.Tensor:
+        """:meth:`load` onto ``device``. On a CUDA (or ROCm) device the bytes go through
+        page-locked pieces of at most ``_STAGE_BYTES``: each read, hashed and copied to the device
+        asynchronously while the next is read, so the host holds a few pieces, not the tensor, and
+        the copies run at the link's speed (a pageable copy is staged and synchronous). The
+        checksum is checked once the last piece is read; a mismatch is raised as by :meth:`load`."""
+        device = torch.device(device)
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return self.load(entry, kind, device=device)
+        return self._load_staged(self.entry(entry, kind) if isinstance(entry, str) else entry, device, pin=True)
+
+    def _load_staged(self, entry: Entry, device: torch.device, *, pin: bool) -> torch.Tensor:
+        """:meth:`load_to`'s pieces (``pin``: page-locked, for a GPU; any device otherwise)."""
+        begin, end = self._layout(entry.shard).offsets[entry.key]
+        out = torch.empty(end - begin, dtype=torch.uint8, device=device)
+        digest = checksums.new(self._manifest.checksum)
+        fd, file = self._open_shard(entry.shard)
+        try:
+            for start in range(begin, end, _STAGE_BYTES):
+                size = min(_STAGE_BYTES, end - start)
+                # From the caching host allocator: a piece's block is reused only once the copy
+                # that reads it has completed (the allocator records an event on the copy).
+                stage = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
+                view = memoryview(stage.numpy())
+                _read_exact(fd, start, view, file)
+                digest.update(view)
+                out[start - begin:start - begin + size].copy_(stage, non_blocking=True)
+                del view, stage
+        finally:
+            os.close(fd)
+        if digest.hexdigest() != entry.checksum:
+            raise self._checksum_error(file, entry)
+        self.verified.add((entry.kind, entry.name))
+        return out.view(entry.torch_dtype).reshape(entry.shape)
 
     @staticmethod
     def _checksum_error(file: Path, entry: Entry) -> BundleError:

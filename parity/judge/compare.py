@@ -57,7 +57,7 @@ from parity.judge.results import CompareReport, TensorResult, fingerprint_differ
 from parity.judge.seeds import combine
 from parity.run import platform
 from parity.run.recorder import RecordedTensor, Recorder, select_modules
-from parity.run.resources import Meter
+from parity.run.resources import Meter, weights_stage
 from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
 from parity.run.seeds import DrawView, draw_views
 from parity.run.subjects import Inputs, runner_from_manifest
@@ -119,12 +119,17 @@ def compare_bundle(
         say(f"verifying {len(bundle.weights['files'])} checkpoint file(s) the bundle names")
     elif weights_dir is not None:
         raise UsageError(f"--weights-dir: {bundle.path} stores its weights; it names no checkpoint files")
+    verify_started = time.monotonic()
     state = subject_state(bundle, weights_dir)  # a checkpoint that differs is refused here, before the build
+    verify_seconds = time.monotonic() - verify_started
 
     warnings: list[str] = []
     say(f"{bundle.path}: subject {runner.name}, {plural(len(bundle.entries_of('output')), 'recorded tensor')}, captured with "
         f"impl {bundle.impl} on {bundle.platform.get('device_name') or bundle.platform.get('arch')}")
     module = runner.build(impl, state=state, device=device)
+    weights = weights_stage(seconds=state.stream_seconds, nbytes=state.stream_bytes,
+                            checkpoint_bytes=sum(file["bytes"] for file in (bundle.weights or {}).get("files", [])),
+                            checkpoint_seconds=verify_seconds)
     del state
     stored = Inputs.of_bundle(bundle)
     inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in stored.tensors.items()}, stored.meta)
@@ -198,7 +203,7 @@ def compare_bundle(
         independent_cases=len(runner.case_ids(dict(module.named_children()))),
         determinism=determinism,
         seeds=seeds_report,
-        resources=meter.summary(tensors=len(ordered), nbytes=bytes_read(bundle), direction="read"),
+        resources=meter.summary(tensors=len(ordered), nbytes=bytes_read(bundle), direction="read", weights=weights),
     )
     say(f"compared {plural(len(ordered), 'tensor')} in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
@@ -262,13 +267,14 @@ def subject_state(bundle: BundleReader, weights_dir: str | os.PathLike | None = 
     (a UsageError names the first that is missing or differs). ``checksums=False`` checks the
     files' presence and size only: for the other ranks of a host where one rank checks the sha256."""
     meta = {entry.name: (entry.shape, entry.torch_dtype) for entry in bundle.entries_of("state")}
-    loaders = {name: (lambda name=name: bundle.load(name, "state")) for name in meta}
+    loaders = {name: (lambda device, name=name: bundle.load_to(name, "state", device=device)) for name in meta}
     if bundle.weights is not None:
         files = checkpoint_weights.verify(bundle.weights, weights_dir, checksums=checksums)
         file_meta, load = checkpoint_weights.file_state(bundle.weights, files)
         meta.update(file_meta)
-        loaders.update({name: (lambda name=name: load(name)) for name in file_meta})
-    return StateSource(meta, lambda name: loaders[name]())
+        loaders.update({name: (lambda device, name=name: load(name).to(device)) for name in file_meta})
+    return StateSource(meta, lambda name: loaders[name](torch.device("cpu")),
+                       load_to=lambda name, device: loaders[name](device))
 
 
 def _capture_globs(bundle: BundleReader, module: torch.nn.Module, warnings: list[str]) -> list[str] | None:

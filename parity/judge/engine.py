@@ -423,7 +423,11 @@ class ReadAhead:
                 break
             self.next += 1
             held += nbytes
-            self.pending[key] = self.executor.submit(self.bundle.load, key[1], key[0], device=self.device)
+            self.pending[key] = self.executor.submit(self._read, key[0], key[1], self.device)
+
+    def _read(self, kind: str, name: str, device: torch.device | None) -> torch.Tensor:
+        # onto an accelerator through page-locked pieces (BundleReader.load_to)
+        return self.bundle.load(name, kind) if device is None else self.bundle.load_to(name, kind, device=device)
 
     def close(self) -> None:
         for future in self.pending.values():

@@ -3,9 +3,10 @@
 A whole-model reference runs a second, high-precision copy of the model from the subject's inputs
 (capture's ``--reference-scope model``): two models in memory. Here instead, during the recorded
 run, every selected module call hands its inputs (the tensors the recorder stores as
-``module_input`` with ``--record-inputs``) to a high-precision replay of that one module, and its
-outputs are recorded as ``kind="reference"`` under the same names as the golden outputs. Nothing
-of the model is copied as a whole:
+``module_input`` with ``--record-inputs``), before it runs, to a high-precision replay of that one
+module, and the replay's outputs are recorded as ``kind="reference"`` under the same names as the
+golden outputs (before those of the modules inside it; the manifest's ``reference_layers`` list
+the calls in the order they complete, as ``layers`` does). Nothing of the model is copied as a whole:
 
 - The replay runs the subject's *reference implementation* (``reference_impl``) built on the meta
   device and given the live model's own parameter and buffer tensors (no copy): the same weights,
@@ -14,7 +15,8 @@ of the model is copied as a whole:
   when it is called and drops the copies when it returns, so at most one owning module's
   high-precision copy exists at a time (on the device that ran the forward). Peak memory is the
   model, plus the largest owning module's high-precision copy, plus the replayed module's
-  high-precision activations.
+  high-precision activations, plus the live activations when the call starts (not its output:
+  the replay is done before the live call runs).
 
 What the reference means differs from a whole-model one (parity/NUMERICS.md, "Per-module
 references"): it is the exact output of one module *on the low-precision inputs the capture host
@@ -117,8 +119,11 @@ class HighPrecisionCast:
         self._handles = []
 
 
-def _high_precision(node: Any, dtype: torch.dtype) -> Any:
-    return node.to(dtype) if isinstance(node, torch.Tensor) and node.is_floating_point() else node
+def _replay_input(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A copy of a live input for the replay: ``dtype`` for floating tensors (a copy even where the
+    input already has that dtype), a clone otherwise."""
+    tensor = tensor.detach()
+    return tensor.to(dtype, copy=True) if tensor.is_floating_point() else tensor.clone()
 
 
 class ModuleReference:
@@ -128,8 +133,8 @@ class ModuleReference:
     names the golden outputs (``layers`` are the same globs).
 
     Attach with a :class:`~parity.run.recorder.Recorder` on the same model and run once; ``calls``
-    then lists the replayed calls (the manifest's ``reference_layers``), ``failed`` the layers
-    whose replay raised (the first exception is re-raised by :meth:`check`).
+    then lists the replayed calls in the order they completed (the manifest's ``reference_layers``);
+    the first replay that raised stops the replays and is re-raised by :meth:`check`.
     """
 
     def __init__(self, live: nn.Module, reference_model: nn.Module, on_tensor: Callable[[RecordedTensor], None],
@@ -141,7 +146,7 @@ class ModuleReference:
         self.modules = select_modules(live, layers)
         self.calls: list[LayerCall] = []
         self._counts: dict[str, int] = {}
-        self._open: dict[str, list[tuple[str, Any]]] = {}
+        self._open: dict[str, list[LayerCall | None]] = {}  # per module: its calls started, not yet returned
         self._handles: list[Any] = []
         self._cast: HighPrecisionCast | None = None
         self._error: BaseException | None = None
@@ -153,7 +158,7 @@ class ModuleReference:
         for name, module in self.modules.items():
             path = ROOT_PATH if name == ROOT else name
             self._handles.append(module.register_forward_pre_hook(self._pre_hook(path), with_kwargs=True))
-            self._handles.append(module.register_forward_hook(self._post_hook(path), with_kwargs=True))
+            self._handles.append(module.register_forward_hook(self._post_hook(path)))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -166,42 +171,55 @@ class ModuleReference:
             self._cast = None
 
     def _pre_hook(self, path: str):
+        # The replay runs before the live call, on its inputs as they arrive: nothing of the live
+        # call (its output, its activations) is alive beside the replay's high-precision working
+        # set, and the inputs need no copy kept until the call returns (the replay is done before
+        # the module could change them in place). The root's live output, at a large vocabulary,
+        # is the bf16 logits: half the size of the replay's own fp32 logits.
         def hook(module, args, kwargs):
             index = self._counts.get(path, 0)
             self._counts[path] = index + 1
-            # A copy: a module may change its input in place before it returns.
+            self._open.setdefault(path, []).append(None)
+            if self._error is not None:
+                return None
+            name = layer_name(path, index)
             tree, tensors = flatten({"args": tuple(args), "kwargs": dict(kwargs)})
-            copies = {tensor_path: tensor.detach().clone() for tensor_path, tensor in tensors}
-            self._open.setdefault(path, []).append((index, tree, copies))
+            try:
+                replayed = self._replay(path, tree, dict(tensors))
+            except Exception as err:  # raised after the run by check(), with the layer named
+                self._error, self._error_layer = err, name
+                return None
+            out_tree, outputs = flatten(replayed)
+            del replayed
+            if not outputs:
+                return None
+            call = LayerCall(name, module_display_name(path), index, outputs=out_tree)
+            self._open[path][-1] = call
+            while outputs:  # each handed over and let go of in turn
+                tensor_path, tensor = outputs.pop(0)
+                self.on_tensor(RecordedTensor("reference", tensor_name(name, tensor_path), name, call.module,
+                                              call.call_index, tensor_path, tensor.detach()))
+                del tensor
             return None
 
         return hook
 
     def _post_hook(self, path: str):
-        def hook(module, args, kwargs, output):
-            index, tree, copies = self._open[path].pop()
-            name = layer_name(path, index)
-            if self._error is not None or not flatten(output)[1]:
-                return None
-            try:
-                replayed = self._replay(path, tree, copies)
-            except Exception as err:  # raised after the run by check(), with the layer named
-                self._error, self._error_layer = err, name
-                return None
-            del copies
-            out_tree, tensors = flatten(replayed)
-            call = LayerCall(name, module_display_name(path), index, outputs=out_tree)
-            for tensor_path, tensor in tensors:
-                self.on_tensor(RecordedTensor("reference", tensor_name(name, tensor_path), name, call.module,
-                                              call.call_index, tensor_path, tensor.detach()))
-            self.calls.append(call)
+        # Only the order: a call is listed when it completes, as the recorder lists the outputs'.
+        def hook(module, args, output):
+            call = self._open[path].pop()
+            if call is not None:
+                self.calls.append(call)
             return None
 
         return hook
 
-    def _replay(self, path: str, tree: Any, copies: dict[str, torch.Tensor]) -> Any:
+    def _replay(self, path: str, tree: Any, inputs: dict[str, torch.Tensor]) -> Any:
+        """The module at ``path`` of the reference model run on ``inputs`` (the live call's own
+        tensors): floating ones as high-precision copies, the others cloned, so that the replay
+        never changes the live call's inputs in place."""
         target = self.reference_model if path == ROOT_PATH else self.reference_model.get_submodule(path)
-        structure = unflatten(tree, {key: _high_precision(value, self.dtype) for key, value in copies.items()},
+        structure = unflatten(tree, {key: _replay_input(value, self.dtype) for key, value in inputs.items()},
                               what=f"inputs of {module_display_name(path)}")
         assert self._cast is not None
         self._cast.active = True

@@ -61,20 +61,36 @@ class Meter:
     def peak_gpu_bytes(self) -> int | None:
         return None if self.device is None else int(torch.cuda.max_memory_allocated(self.device))
 
-    def summary(self, *, tensors: int, nbytes: int, direction: str) -> dict[str, Any]:
+    def summary(self, *, tensors: int, nbytes: int, direction: str,
+                weights: dict[str, Any] | None = None) -> dict[str, Any]:
         """:func:`summary` of this run so far."""
         return summary(tensors=tensors, nbytes=nbytes, seconds=self.elapsed(), direction=direction,
-                       peak_host=peak_host_bytes(), peak_gpu=self.peak_gpu_bytes())
+                       peak_host=peak_host_bytes(), peak_gpu=self.peak_gpu_bytes(), weights=weights)
+
+
+def weights_stage(*, seconds: float, nbytes: int, checkpoint_bytes: int, checkpoint_seconds: float) -> dict[str, Any]:
+    """What loading the model's weights cost in a compare: ``bytes`` of state read into the module
+    (from the bundle or the checkpoint files it names) in ``seconds`` (the first read to the last
+    tensor loaded, copies into the module included), and ``checkpoint_bytes`` of checkpoint files
+    whose sha256 was verified first, in ``checkpoint_seconds``."""
+    return {"seconds": round(seconds, 3), "bytes": nbytes,
+            "gb_per_second": round(nbytes / 1e9 / seconds, 3) if seconds > 0 else None,
+            "checkpoint_bytes_verified": checkpoint_bytes, "checkpoint_verify_seconds": round(checkpoint_seconds, 3)}
 
 
 def summary(*, tensors: int, nbytes: int, seconds: float, direction: str, peak_host: int | None,
-            peak_gpu: int | None) -> dict[str, Any]:
+            peak_gpu: int | None, weights: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON object of a run's cost. ``direction``: ``"written"`` (capture: bytes of shards
-    written) or ``"read"`` (compare: bytes of the bundle's tensors read and checksummed)."""
+    written) or ``"read"`` (compare: bytes of the bundle's tensors read and checksummed).
+    ``weights``: :func:`weights_stage` of a compare (its ``bytes`` from the bundle are counted in
+    ``bytes_read`` too; a checkpoint's are not, being no part of the bundle)."""
     rate = (lambda count: round(count / seconds, 3)) if seconds > 0 else (lambda count: None)
-    return {"seconds": round(seconds, 3), "tensors": tensors, f"bytes_{direction}": nbytes,
+    info = {"seconds": round(seconds, 3), "tensors": tensors, f"bytes_{direction}": nbytes,
             "tensors_per_second": rate(tensors), "gb_per_second": rate(nbytes / 1e9),
             "peak_host_bytes": peak_host, "peak_gpu_bytes": peak_gpu}
+    if weights is not None:
+        info["weights"] = weights
+    return info
 
 
 def _gib(nbytes: int | None) -> str:
@@ -89,5 +105,12 @@ def summary_line(info: dict[str, Any]) -> str:
     rates = ("" if info["tensors_per_second"] is None
              else f" ({info['tensors_per_second']:.1f} tensors/s, {info['gb_per_second']:.2f} GB/s)")
     gpu = "not used" if info["peak_gpu_bytes"] is None else _gib(info["peak_gpu_bytes"])
-    return (f"{plural(info['tensors'], 'tensor')}, {nbytes / 1e9:.3g} GB {direction} in {info['seconds']:.1f} s{rates}; "
-            f"peak memory: host {_gib(info['peak_host_bytes'])} (VmHWM), GPU {gpu}")
+    weights = info.get("weights")
+    loaded = ""
+    if weights is not None and weights["bytes"]:
+        speed = "" if weights["gb_per_second"] is None else f", {weights['gb_per_second']:.2f} GB/s"
+        checked = (f" after {weights['checkpoint_bytes_verified'] / 1e9:.3g} GB of checkpoint files verified in "
+                   f"{weights['checkpoint_verify_seconds']:.1f} s" if weights["checkpoint_bytes_verified"] else "")
+        loaded = f"; weights: {weights['bytes'] / 1e9:.3g} GB loaded in {weights['seconds']:.1f} s{speed}{checked}"
+    return (f"{plural(info['tensors'], 'tensor')}, {nbytes / 1e9:.3g} GB {direction} in {info['seconds']:.1f} s{rates}"
+            f"{loaded}; peak memory: host {_gib(info['peak_host_bytes'])} (VmHWM), GPU {gpu}")

@@ -69,6 +69,7 @@ import json
 import os
 import shlex
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,7 @@ from torch import nn
 
 from parity.base import dtypes
 from parity.base.errors import ParityError, SubjectError, UsageError
+from parity.base.prefetch import read_ahead
 from parity.base.text import printable
 from parity.run.subjects.loading import UnresolvedModule, module_locations
 
@@ -149,17 +151,30 @@ class Inputs:
         return Inputs(moved, self.meta)
 
 
+# What one load_state_dict call reads of a StateSource at most: bounded host memory, few calls.
+STATE_CHUNK_BYTES = 256 * 2**20
+# What is read ahead of the chunk being loaded, at most: the host (and, with a GPU, the device)
+# holds at most the chunk plus this beyond the module while its state is read.
+STATE_READ_AHEAD_BYTES = 256 * 2**20
+
+
 class StateSource(Mapping):
     """State tensors read one at a time, when asked for (``load(name)``), never all at once.
 
     ``meta``: name -> (shape, dtype) of every tensor, known without reading it. What the harness
-    loads into a module it reads in bounded chunks (:meth:`SubjectRunner.build`), so with a
-    bundle's or a checkpoint's state the host holds the module plus one chunk, not two models.
+    loads into a module it reads in bounded chunks (:meth:`SubjectRunner.load_state`), so with a
+    bundle's or a checkpoint's state the host holds the module plus about two chunks, not two models.
     """
 
-    def __init__(self, meta: Mapping[str, tuple[tuple[int, ...], torch.dtype]], load: Callable[[str], torch.Tensor]):
+    def __init__(self, meta: Mapping[str, tuple[tuple[int, ...], torch.dtype]], load: Callable[[str], torch.Tensor],
+                 *, load_to: Callable[[str, torch.device], torch.Tensor] | None = None):
         self.meta = dict(meta)
         self._load = load
+        # Reads a tensor onto a device itself (a bundle's: through page-locked pieces); None:
+        # ``load``'s host tensor is copied there.
+        self._load_to = load_to
+        self.stream_seconds = 0.0  # wall time of stream(): the first read to the last tensor handed over
+        self.stream_bytes = 0  # bytes it handed over
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.meta:
@@ -182,9 +197,30 @@ class StateSource(Mapping):
             count *= dim
         return count * torch.empty(0, dtype=dtype).element_size()
 
+    def _fetch(self, name: str, device: torch.device | None) -> torch.Tensor:
+        if device is None or device.type == "cpu":
+            return self._load(name)
+        if self._load_to is not None:
+            return self._load_to(name, device)
+        return self._load(name).to(device)
 
-# What one load_state_dict call reads of a StateSource at most: bounded host memory, few calls.
-STATE_CHUNK_BYTES = 256 * 2**20
+    def stream(self, names: Iterable[str], *, device: torch.device | str | None = None,
+               max_bytes: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` in the order of ``names``, read ahead on background threads
+        (:func:`parity.base.prefetch.read_ahead`; at most ``max_bytes``, default
+        ``STATE_READ_AHEAD_BYTES``, read and not yet handed over), on ``device`` (copied there by
+        the reading threads, through page-locked pieces where the source reads them so). The
+        reads, checksums and copies of the next tensors overlap what the caller does with this one."""
+        target = None if device is None else torch.device(device)
+        started = time.monotonic()
+        try:
+            for name, tensor in read_ahead(list(names), lambda name: self._fetch(name, target), self.nbytes,
+                                           max_bytes=STATE_READ_AHEAD_BYTES if max_bytes is None else max_bytes,
+                                           name="parity-state"):
+                self.stream_bytes += self.nbytes(name)
+                yield name, tensor
+        finally:
+            self.stream_seconds += time.monotonic() - started
 
 
 class Subject:
@@ -482,6 +518,17 @@ def describe_sizes(values: Mapping[str, Any], defaults: Mapping[str, Any] | None
 # Runner
 
 
+def _single_device(module: nn.Module) -> torch.device | None:
+    """The accelerator every parameter and buffer of ``module`` is on, where there is one; None for
+    the CPU, the meta device and a module spread over devices (its state is then read onto the
+    CPU and ``load_state_dict`` copies each tensor where its parameter is)."""
+    devices = {tensor.device for tensor in (*module.parameters(), *module.buffers())}
+    if len(devices) != 1:
+        return None
+    device = devices.pop()
+    return None if device.type in ("cpu", "meta") else device
+
+
 def _out_of_memory_types() -> tuple[type[BaseException], ...]:
     types: list[type[BaseException]] = [MemoryError]
     for owner, name in ((torch, "OutOfMemoryError"), (torch.cuda, "OutOfMemoryError")):
@@ -630,7 +677,7 @@ class SubjectRunner:
             self._guarded("check_state", checker, state if isinstance(state, StateSource) else dict(state))
         module = self.build_module(impl, device if self.builds_on_device else "cpu")
         if state:
-            self._load_state(module, state, impl)
+            self.load_state(module, state, impl)
         placer = getattr(self.subject, "place", None)
         if callable(placer):  # modules on several devices: the subject places them (dtype below keeps devices)
             module = self._guarded("place", placer, module, torch.device(device))
@@ -671,9 +718,10 @@ class SubjectRunner:
             raise UsageError(f"subject {self.name}: build({impl!r}) returned a {type(module).__name__}, not an nn.Module")
         return module
 
-    def _load_state(self, module: nn.Module, state: Mapping[str, torch.Tensor], impl: str) -> None:
+    def load_state(self, module: nn.Module, state: Mapping[str, torch.Tensor], impl: str) -> None:
         """Load ``state`` strictly into ``module`` (copied into its tensors, on their devices); a
-        StateSource is read in chunks of about STATE_CHUNK_BYTES, so only one chunk is on the host."""
+        StateSource is loaded in chunks of about STATE_CHUNK_BYTES and read ahead of them by at most
+        STATE_READ_AHEAD_BYTES, so the host holds about two chunks of it, never the whole state."""
         expected = set(module.state_dict().keys())
         problems = []
         missing = [key for key in module.state_dict() if key not in state]
@@ -687,23 +735,31 @@ class SubjectRunner:
                 f"stored state does not fit the module subject {self.name} builds for impl {impl!r}: "
                 + "; ".join(problems)
             )
-        if isinstance(state, StateSource):
-            chunks: list[list[str]] = [[]]
-            held = 0
-            for key in state:
-                if chunks[-1] and held + state.nbytes(key) > STATE_CHUNK_BYTES:
-                    chunks.append([])
-                    held = 0
-                chunks[-1].append(key)
-                held += state.nbytes(key)
-        else:
-            chunks = [list(state)]
-        for keys in chunks:
+
+        def load(chunk: dict[str, torch.Tensor]) -> None:
             try:
-                module.load_state_dict({key: state[key] for key in keys}, strict=False)
+                module.load_state_dict(chunk, strict=False)
             except RuntimeError as err:  # shape mismatches
                 detail = " ".join(str(err).split())
                 raise UsageError(f"stored state does not fit subject {self.name} (impl {impl!r}): {detail}") from None
+
+        if not isinstance(state, StateSource):
+            load(dict(state))
+            return
+        # The next tensors are read (and checksummed, and copied to the module's device) on
+        # background threads while this chunk is copied into the module: reading at the disk's
+        # speed needs the reads to overlap the copies rather than alternate with them.
+        chunk: dict[str, torch.Tensor] = {}
+        held = 0
+        for key, tensor in state.stream(list(state), device=_single_device(module)):
+            if chunk and held + state.nbytes(key) > STATE_CHUNK_BYTES:
+                load(chunk)
+                chunk, held = {}, 0
+            chunk[key] = tensor
+            held += state.nbytes(key)
+            del tensor
+        if chunk:
+            load(chunk)
 
     def build_sharing(self, impl: str, source: nn.Module,
                       prepare: Callable[[nn.Module], Any] | None = None) -> nn.Module:
