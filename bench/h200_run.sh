@@ -146,12 +146,17 @@ step decode "${DECODE_LIMIT:-480}" "$PY" -m bench.benchmark_decode --json "$R/de
 # transformers: pyproject's test extra, which the host may lack) hold no GPU test; where the host
 # lacks one, they are left out rather than failing collection (in the suite they error, never skip).
 # Each package is probed on its own: one that is missing leaves out only the modules importing it.
+# A test module that imports such a module (``from test_report_json_schemas import validate``) is
+# left out with it.
 IGNORE=()
 for dep in jsonschema xmlschema transformers; do
     "$PY" -c "import $dep" 2>/dev/null && continue
     while read -r module; do
         IGNORE+=("--ignore=$module")
-    done < <(grep -lE "^(import|from) $dep\b" tests/*.py tests/*/*.py)
+        while read -r importer; do
+            IGNORE+=("--ignore=$importer")
+        done < <(grep -lE "^(import|from) $(basename "$module" .py)\b" tests/*.py 2>/dev/null)
+    done < <(grep -lE "^(import|from) $dep\b" tests/*.py tests/*/*.py 2>/dev/null)
 done
 # shellcheck disable=SC2086  # GPU_TESTS: test paths, split on spaces
 step gpu-tests "${GPU_TESTS_LIMIT:-300}" "$PY" -m pytest -m gpu -q -p no:cacheprovider "${IGNORE[@]}" \

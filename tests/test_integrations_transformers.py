@@ -34,6 +34,8 @@ CASES = {
     "decode_left_padded": {"case": "decode", "padding": "left"},
     "window_padded_left": {"case": "padded_left", "sliding_window": 6},
     "window_packed": {"case": "packed", "sliding_window": 5},
+    # no padding: the sliding-window mask becomes the window's predicate layout (no element bits)
+    "window_decode": {"case": "decode", "sliding_window": 5},
     "bf16_padded_left": {"case": "padded_left", "dtype": "bf16"},
 }
 # The kernel's layout per case (kernel_layout), so a test notices if a case stops exercising
@@ -46,6 +48,7 @@ LAYOUT_KINDS = {
     "decode_left_padded": {"padding-left"},
     "window_padded_left": {"densemask"},
     "window_packed": {"densemask"},
+    "window_decode": {"window5"},
     "bf16_padded_left": {"padding-left"},
 }
 
@@ -100,7 +103,7 @@ def test_kernel_holds_parity_with_sdpa_on_every_layer(case, goldens, monkeypatch
     assert report.passed, failing
     assert set(kinds) == LAYOUT_KINDS[case]
     cores = [r for r in report.layers if ".self_attn.attn_core" in r.name]
-    calls = 5 if case.startswith("decode") else 1  # prefill + 4 steps
+    calls = 5 if CASES[case]["case"] == "decode" else 1  # prefill + 4 steps
     assert len(cores) == 2 * calls
     assert {r.name for r in cores} >= {"model.layers.0.self_attn.attn_core", "model.layers.1.self_attn.attn_core"}
     for result in cores:
@@ -305,3 +308,25 @@ def test_the_harness_never_imports_transformers():
             "parity.integrations.transformers; import json; print(json.dumps('transformers' in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(result.stdout) is False
+
+
+def test_a_sliding_window_mask_is_its_predicate_only_when_it_is_exactly_that():
+    """``kernel_layout`` with a window recognises transformers' sliding-window mask (bottom-right,
+    or on the diagonal ``offset`` the mask function knows) as the window's predicate layout, and
+    anything else, one element off or another window, as the mask itself."""
+    seq_q, seq_k, window = 40, 70, 9
+    q = torch.arange(seq_q)[:, None] + (seq_k - seq_q)
+    k = torch.arange(seq_k)[None, :]
+    visible = ((k <= q) & (k > q - window))[None, None]
+    layout = parity_tf.kernel_layout(seq_q, seq_k, visible=visible, window=window, block_m=16, block_n=16)
+    assert layout.kind == f"window{window}" and not layout.has_bits and layout.mask.offset == seq_k - seq_q
+    shifted = ((k <= q - 2) & (k > q - 2 - window))[None, None]
+    explicit = parity_tf.kernel_layout(seq_q, seq_k, visible=shifted, window=window, offset=seq_k - seq_q - 2,
+                                       block_m=16, block_n=16)
+    assert explicit.kind == f"window{window}" and explicit.mask.offset == seq_k - seq_q - 2
+    other = visible.clone()
+    other[0, 0, 5, 3] = ~other[0, 0, 5, 3]  # one element more than the window shows
+    wrong = parity_tf.kernel_layout(seq_q, seq_k, visible=other, window=window, block_m=16, block_n=16)
+    assert wrong.kind == "densemask" and torch.equal(wrong.element_visible().expand_as(other), other)
+    assert parity_tf.kernel_layout(seq_q, seq_k, visible=visible, window=window + 1, block_m=16,
+                                   block_n=16).kind == "densemask"

@@ -345,7 +345,9 @@ def kernel_layout(seq_q: int, seq_k: int, *, visible: torch.Tensor | None = None
     ``visible`` (a mask from transformers, bool [B|1, H|1, Sq, Sk]): key padding under a causal
     mask when it is exactly that (``padding_layout``: 8 bytes per batch element), causal
     documents when it is exactly that (``document_layout``: packed batches, 4 bytes per token),
-    else the exact element mask (``layout_from_dense_mask``: Sq * Sk / 8 bytes per batch
+    with ``window`` (no ``key_padding``) a sliding window on the diagonal ``offset`` (default
+    Sk - Sq) when it is exactly that (a predicate: no element-mask bits, the kernel's regular
+    path), else the exact element mask (``layout_from_dense_mask``: Sq * Sk / 8 bytes per batch
     element). A recognised layout is used only if its own element visibility equals ``visible``.
     ``key_padding`` (bool [B, Sk]) with ``offset``: the caller built ``visible`` as exactly the
     causal mask with that diagonal (key j visible to query i when j <= i + offset) AND these
@@ -362,6 +364,10 @@ def kernel_layout(seq_q: int, seq_k: int, *, visible: torch.Tensor | None = None
         if key_padding is not None:
             layout = _described_padding_layout(seq_q, seq_k, key_padding, offset, **blocks)
             if layout is not None:
+                return layout
+        if _window_of(window) and key_padding is None:
+            layout = layouts.sliding_window_layout(seq_q, seq_k, window, offset=offset, device=visible.device, **blocks)
+            if _same_mask(layout, visible):
                 return layout
         return (_padding_layout(visible, **blocks) or _document_layout(visible, **blocks)
                 or layouts.layout_from_dense_mask(visible, **blocks))
@@ -469,7 +475,7 @@ def _plan(mask: torch.Tensor | None, visible: torch.Tensor | None, documents, se
         layout = _PLANS.for_mask(mask, key)
         if layout is None:
             with _versioned():
-                layout = kernel_layout(seq_q, seq_k, visible=visible, **blocks).to(device)
+                layout = kernel_layout(seq_q, seq_k, visible=visible, window=window, **blocks).to(device)
             _PLANS.remember_mask(mask, key, layout)
         return layout
     if documents is not None:  # cu_seq_lens: already read on the host by their checks
@@ -715,6 +721,18 @@ def _kernel_mask_function(block_m: int, block_n: int):
         mask = _mask_function(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
                               attention_mask=attention_mask, **kwargs)
         plain = mask_function is None or mask_function is causal_mask_function
+        if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and not plain
+                and isinstance(q_offset, int) and isinstance(kv_offset, int)):
+            window = kwargs.get("local_size")
+            if _window_of(window) and _all_keys_real(attention_mask, kv_offset, kv_length):
+                # transformers' sliding-window causal mask (``local_size``): its predicate layout,
+                # checked against the mask, else the mask's own classification
+                with _versioned():
+                    layout = kernel_layout(q_length, kv_length, visible=mask, window=window,
+                                           offset=q_offset - kv_offset, block_m=block_m,
+                                           block_n=block_n).to(mask.device)
+                _PLANS.remember_mask(mask, (block_m, block_n, mask.device), layout)
+            return mask
         if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and plain and isinstance(q_offset, int)
                 and isinstance(kv_offset, int)):
             if attention_mask is None:
@@ -734,6 +752,22 @@ def _kernel_mask_function(block_m: int, block_n: int):
         return mask
 
     return mask_function_with_plan
+
+
+def _window_of(window: Any) -> int:
+    """A window transformers passed (``local_size``, ``sliding_window``) as a positive int, else 0."""
+    return window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0
+
+
+def _all_keys_real(attention_mask: torch.Tensor | None, kv_offset: int, kv_length: int) -> bool:
+    """Whether the 2-D padding mask (None: no padding) marks every key of [kv_offset, kv_offset +
+    kv_length) as real: one host read."""
+    if attention_mask is None:
+        return True
+    if attention_mask.dim() != 2:
+        return False
+    keys = attention_mask[:, kv_offset:kv_offset + kv_length]
+    return keys.shape[1] == kv_length and bool(keys.bool().all())
 
 
 def register(name: str = KERNEL_NAME, *, reference_name: str = REFERENCE_NAME, block_m: int = DEFAULT_BLOCK,
