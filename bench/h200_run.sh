@@ -122,6 +122,11 @@ step hf-window "${HF_WINDOW_LIMIT:-300}" "$PY" -m bench.hf_generate --model mist
 step hf-bench "${HF_BENCH_LIMIT:-180}" "$PY" -m parity bench --subject bench.hf_subject:make_subject \
     --impls sdpa,parity_sdpa,parity_sparse --device cuda --json "$R/hf-bench.json" --html "$R/hf-bench.html" \
     ${HF_BENCH_ARGS:---set size=llama8b --set seq=4096 --set batch=1 --warmup 2 --reps 5 --module model.layers.*.self_attn}
+# How far apart correct attention implementations put the same model's logits, each against an
+# fp32 forward (bench/hf_logit_spread.py; HF_SPREAD_ARGS).
+# shellcheck disable=SC2086
+step hf-logit-spread "${HF_SPREAD_LIMIT:-180}" "$PY" -m bench.hf_logit_spread --json "$R/hf-logit-spread.json" \
+    ${HF_SPREAD_ARGS:-}
 # Capture and compare at scale (bench/capture_scale_gpu.py): Llama shapes of 1, 3, 8 and 10B
 # parameters built in bf16 on the GPU, the per-module fp32 reference, compare with parity_sparse,
 # against the targets of issue 47; one JSON per size under capture-scale/, rewritten after every

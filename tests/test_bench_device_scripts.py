@@ -313,3 +313,26 @@ def test_hf_bench_step_default_arguments_are_ones_the_cli_and_the_subject_take()
     assert args.modules == ["model.layers.*.self_attn"]
     subject = load_subject(args.subject, parse_overrides(args.arg, flag="--set", convert=json_value(max_int=2**63 - 1)))
     assert subject.args == {"size": "llama8b", "seq": 4096, "batch": 1, "dtype": "bf16", "seed": 0, "layers": 0}
+
+
+def test_hf_logit_spread_step_and_its_distances(tmp_path):
+    """The step runs the script with its JSON in the results and the caller's arguments; the
+    distances it reports are known answers; without a GPU it refuses with one line."""
+    import pytest
+    import torch
+
+    from bench.hf_logit_spread import distance, main
+
+    calls, status = _dry_run(tmp_path, {"STEPS": "hf-logit-spread", "HF_SPREAD_ARGS": "--layers 4 --seq 1024"})
+    spread = next(c for c in calls if "bench.hf_logit_spread" in c).split()
+    assert spread[spread.index("--json") + 1].endswith("/hf-logit-spread.json")
+    assert spread[-4:] == ["--layers", "4", "--seq", "1024"]
+    assert [line.split()[0] for line in status.splitlines()] == ["install", "hf-logit-spread"]
+    ref = torch.tensor([3.0, 4.0])
+    same = distance(ref.clone(), ref)
+    assert same == {"rel_l2": 0.0, "cosine": 1.0, "max_abs": 0.0}
+    off = distance(torch.tensor([3.0, 4.5]), ref)
+    assert off["rel_l2"] == pytest.approx(0.1) and off["max_abs"] == pytest.approx(0.5)
+    assert off["cosine"] == pytest.approx((9 + 18) / (5 * (9 + 20.25) ** 0.5))
+    if not torch.cuda.is_available():
+        assert main(["--seq", "16"]) == 2
