@@ -86,6 +86,16 @@ SLOW_PREFIXES = {"test_bench_": "the lab beside the package (bench/), not the in
 # Markers whose tests are slow too: the full mutation run of the bundle reader; headless Chromium
 # rendering the HTML pages (a browser start per page and width).
 SLOW_MARKERS = ("mutation", "browser")
+# A test whose every check is the first part of another test's (file::function -> file::function):
+# skipped, with the reason shown, in a session that selects the other, so nothing runs twice; run
+# alone where the other is deselected.
+PREFIX_OF = {
+    "test_bundle_mutation.py::test_mutation_fast": "test_bundle_mutation.py::test_mutation_full",
+}
+
+
+def _key(item) -> str:
+    return f"{item.path.name}::{getattr(item, 'originalname', item.name)}"
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects: `-m "not slow"` sees these markers
@@ -94,7 +104,7 @@ def pytest_collection_modifyitems(config, items):
 
     for item in items:
         if (item.path.name in SLOW_FILES or item.path.name.startswith(tuple(SLOW_PREFIXES))
-                or f"{item.path.name}::{getattr(item, 'originalname', item.name)}" in SLOW_TESTS
+                or _key(item) in SLOW_TESTS
                 or any(marker in item.keywords for marker in SLOW_MARKERS)):
             item.add_marker(pytest.mark.slow)
     if platform.gpu_available():
@@ -103,3 +113,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+def pytest_collection_finish(session):
+    # After -m and -k have deselected (pytest_collection_modifyitems above runs before them): only
+    # the final selection says whether the longer test runs in this session. Under xdist every
+    # worker collects the same selection, so each decides the same.
+    selected = {_key(item) for item in session.items}
+    for item in session.items:
+        longer = PREFIX_OF.get(_key(item))
+        if longer in selected:
+            item.add_marker(pytest.mark.skip(reason=f"its checks are the first part of {longer}, selected too"))

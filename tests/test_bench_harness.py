@@ -117,7 +117,7 @@ def test_profile_categories_from_a_cprofile_of_the_main_thread():
     assert "model forward (subject runs minus hooks)" in categories
 
 
-@pytest.mark.parametrize("argv, message", [
+BAD_ARGUMENTS = [
     (["--multipliers", "1,x"], "argument --multipliers: '1,x' is not a comma-separated list of integers"),
     (["--multipliers", "0"], "argument --multipliers: '0': every multiplier must be from 1 to 64"),
     (["--repeats", "0"], "argument --repeats: 0 is not from 1 to 100"),
@@ -125,8 +125,22 @@ def test_profile_categories_from_a_cprofile_of_the_main_thread():
     (["--settle", "nan"], "argument --settle: nan is not from 0 to 60 seconds"),
     (["--settle", "soon"], "argument --settle: 'soon' is not a number of seconds"),
     (["--small", "--json", "/nonexistent-dir/r.json"], "--json /nonexistent-dir/r.json: its directory does not exist"),
-])
-def test_bad_arguments_are_one_line_and_exit_2(argv, message):
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD_ARGUMENTS)
+def test_bad_arguments_are_one_line_and_exit_2(argv, message, capsys):
+    # In-process: every refusal is the parser's (parser.exit before any work), the same code the
+    # script runs; the real process below checks that the script's exit status and stderr are these.
+    with pytest.raises(SystemExit) as exited:
+        benchmark.main(argv)
+    captured = capsys.readouterr()
+    assert exited.value.code == 2 and captured.out == ""
+    assert captured.err == f"{benchmark.PROG}: error: {message}\n"
+
+
+@pytest.mark.parametrize("argv, message", [BAD_ARGUMENTS[0], BAD_ARGUMENTS[-1]], ids=["argparse", "after-parsing"])
+def test_bad_arguments_in_a_real_process(argv, message):
     done = subprocess.run([sys.executable, SCRIPT, *argv], capture_output=True, text=True,
                           timeout=120, check=False)
     assert done.returncode == 2 and done.stdout == ""

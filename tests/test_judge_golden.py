@@ -1,5 +1,6 @@
 """The cross-vendor check: this machine's run of the Triton kernel against the goldens that were
 captured on an NVIDIA H200 and committed under golden/ (CPU: through the interpreter)."""
+import functools
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,20 @@ def test_goldens_were_captured_on_an_nvidia_gpu(name):
     assert bundle.hooks_check["bitwise_equal"] is True
 
 
+@pytest.fixture(scope="module")
+def triton_report():
+    """The compare of the Triton kernel here against a golden under the error budget, made once per
+    bundle and module: the tests below only read the report, so a bundle's interpreter runs (the
+    cost of this file) happen once however many of its properties are checked."""
+    from parity.run import platform
+
+    device = platform.default_device()
+    return functools.cache(lambda name: compare_bundle(GOLDEN / name, impl="triton", device=device, budget=True))
+
+
 @pytest.mark.parametrize("name", BUNDLES)
-def test_triton_here_matches_the_nvidia_goldens(name, device):
-    report = compare_bundle(GOLDEN / name, impl="triton", device=device, budget=True)
+def test_triton_here_matches_the_nvidia_goldens(name, triton_report):
+    report = triton_report(name)
     table = format_text(report)
     assert report.passed, table
     assert len(report.layers) >= 16
@@ -41,8 +53,8 @@ def test_triton_here_matches_the_nvidia_goldens(name, device):
     assert report.independent_cases == {"h200-attention": 8, "h200-decoder": 0}[name]
 
 
-def test_bf16_kernel_here_is_as_close_to_fp64_as_the_nvidia_golden(device):
-    report = compare_bundle(GOLDEN / "h200-attention", impl="triton", device=device, budget=True)
+def test_bf16_kernel_here_is_as_close_to_fp64_as_the_nvidia_golden(triton_report):
+    report = triton_report("h200-attention")
     bf16_outputs = [layer for layer in report.layers if layer.dtype == "bfloat16"]
     assert len(bf16_outputs) >= 3
     for layer in bf16_outputs:
