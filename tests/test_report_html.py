@@ -318,3 +318,7 @@ def test_a_diff_page_calls_the_candidates_host_candidate_host(failing_report):
     report["candidate"] = "bundles/candidate"
     page = render_html(report)
     assert "<th>candidate host</th>" in page or ">candidate host<" in page
+    # the plots' legends, their introduction and the error distribution too: the page renders no
+    # output of the machine it is made on
+    assert "this host" not in page
+    assert "candidate host vs golden (rel L2)" in page and "candidate host's output vs the" in page

@@ -78,8 +78,9 @@ def histogram_svg(histogram: dict[str, Any], percentiles: dict[str, Any] | None,
     return "".join(parts)
 
 
-def render_histograms(report: dict[str, Any]) -> str:
-    """The section: one figure per tensor with a histogram, in execution order; "" where none has one."""
+def render_histograms(report: dict[str, Any], host: str = "this host") -> str:
+    """The section: one figure per tensor with a histogram, in execution order; "" where none has one.
+    ``host``: what the page calls the host whose outputs are judged."""
     figures = []
     for index, layer in enumerate(report.get("layers") or []):
         metrics = layer.get("metrics") or {}
@@ -96,8 +97,8 @@ def render_histograms(report: dict[str, Any]) -> str:
                        f'{histogram_svg(histogram, percentiles, layer.get("name") or "")}</figure>')
     if not figures:
         return ""
-    return ('<section id="distribution"><h2>Error distribution</h2><p>|this host - golden| of every element, by '
-            'power of two (grey: exactly 0); dashed: median (blue), p99 (orange), p99.9 (red). Percentiles are '
+    return ('<section id="distribution"><h2>Error distribution</h2><p>'
+            f'|{host} - golden| of every element, by power of two (grey: exactly 0); dashed: median (blue), p99 (orange), p99.9 (red). Percentiles are '
             'within 1.125x above the exact ones (parity.judge.distribution).</p><details><summary>'
             f'{len(figures)} tensors</summary><div style="display:flex;flex-wrap:wrap;gap:12px">'
             + "".join(figures) + "</div></details></section>")

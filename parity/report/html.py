@@ -155,19 +155,27 @@ def _get(layer: dict[str, Any], *path: str) -> Any:
     return value
 
 
+def judged_host(report: dict[str, Any]) -> str:
+    """What the page calls the host whose outputs are judged: "candidate host" for ``parity diff``
+    (two bundles, neither from the machine that renders the page), else "this host", as the text
+    report does."""
+    return "candidate host" if report.get("candidate") else "this host"
+
+
 def plot_series(report: dict[str, Any], quantity: str) -> list[Series]:
     """The series of one plot (``quantity``: ``rel_l2`` or ``max_abs``), from the report's layers."""
     layers = report.get("layers") or []
     threshold = "max_rel_l2" if quantity == "rel_l2" else "max_abs"
     label = "rel L2" if quantity == "rel_l2" else "max abs"
+    host = judged_host(report)
     spec: list[tuple[str, str, str, Callable[[dict[str, Any]], Any], bool]] = [
-        (f"{quantity}-golden", f"this host vs golden ({label})", "s-golden", lambda l: _get(l, "metrics", quantity), False),
-        (f"{quantity}-host-ref", "this host vs reference", "s-host", lambda l: _get(l, "budget", f"host_{quantity}"), False),
+        (f"{quantity}-golden", f"{host} vs golden ({label})", "s-golden", lambda l: _get(l, "metrics", quantity), False),
+        (f"{quantity}-host-ref", f"{host} vs reference", "s-host", lambda l: _get(l, "budget", f"host_{quantity}"), False),
         (f"{quantity}-capture-ref", "capture host vs reference", "s-capture",
          lambda l: _get(l, "budget", f"capture_{quantity}"), False),
-        (f"{quantity}-budget-bound", "budget bound (k x capture + floor), on this host vs reference", "s-budget",
+        (f"{quantity}-budget-bound", f"budget bound (k x capture + floor), on {host} vs reference", "s-budget",
          lambda l: _get(l, "budget", f"allowed_{quantity}"), True),
-        (f"{quantity}-threshold", f"fixed threshold {threshold}, on this host vs golden", "s-threshold",
+        (f"{quantity}-threshold", f"fixed threshold {threshold}, on {host} vs golden", "s-threshold",
          lambda l: _get(l, "tolerance", threshold), True),
     ]
     out = []
@@ -522,7 +530,7 @@ def _summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("golden bundle", printable(report.get("golden"))),
         ("subject", f"{subject_name(subject.get('name'), subject.get('spec'))} (spec {printable(subject.get('spec'))})"),
         ("golden host", f"{host_text(hosts.get('golden'))}; impl {printable(report.get('golden_impl'))}"),
-        ("candidate host" if report.get("candidate") else "this host", f"{host_text(hosts.get('here'))}; impl {printable(report.get('impl'))} on {printable(report.get('device'))}"),
+        (judged_host(report), f"{host_text(hosts.get('here'))}; impl {printable(report.get('impl'))} on {printable(report.get('device'))}"),
         ("policy", printable(policy.get("source") or "?")
          + ("; layers replayed on golden inputs (--isolate)" if report.get("isolate") else "")),
         ("rules", ", ".join(f"{name}: {plural(count, 'tensor')}" for name, count in rules.items()) or "no tensor compared"),
@@ -596,11 +604,11 @@ def render_html(report: dict[str, Any]) -> str:
 {determinism_html(report)}
 {seeds_html(report)}
 <section id="plots"><h2>Error against depth</h2>
-<p>Each point is one compared tensor, in execution order. Against the golden: this host's output vs the capture
-host's. Against the reference (where the bundle holds a high-precision one): each host's own error, and the
-error budget's bound on this host's.</p>
+<p>Each point is one compared tensor, in execution order. Against the golden: {judged_host(report)}'s output vs the
+capture host's. Against the reference (where the bundle holds a high-precision one): each host's own error, and
+the error budget's bound on {judged_host(report)}'s.</p>
 {plots}</section>
-{render_histograms(report)}
+{render_histograms(report, judged_host(report))}
 {_failures(report)}
 <section id="table"><h2>Every tensor</h2>
 <div id="controls" class="controls" hidden="hidden"><label><input type="checkbox" id="failures-only"/> failures only</label>
