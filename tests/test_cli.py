@@ -506,3 +506,30 @@ def test_no_command_prints_the_commands_and_exits_2(capsys):
     for command in parity.cli.main.COMMANDS:
         assert f"\n    {command} " in err  # each command with its one-line help
     assert "argparse" not in err and "thin over the library API" not in err  # no developer docstring
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["compare", "--bundel", "x"], "parity: error: unknown option --bundel for parity compare (did you mean --bundle?)"),
+    (["--debug", "capture", "--subjet", "decoder"],
+     "parity: error: unknown option --subjet for parity capture (did you mean --subject?)"),
+    (["comapre", "--bundle", "x"], "parity: error: unknown command 'comapre' (did you mean compare?); commands: "
+                                   "capture, compare, diff, inspect, show, verify, profile, bench"),
+    (["capture", "--subject", "decodr", "--out", "OUT"],
+     "parity: error: unknown subject 'decodr' (did you mean decoder?); use a built-in (attention, decoder) or "
+     "package.module:factory"),
+])
+def test_a_mistyped_command_option_or_subject_names_the_closest_spelling(argv, line, capsys, tmp_path):
+    argv = [str(tmp_path / "out") if word == "OUT" else word for word in argv]
+    assert parity.cli.main.main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [line]
+
+
+def test_no_spelling_is_suggested_where_none_is_close_or_the_option_is_a_prefix(capsys):
+    parser = parity.cli.main.build_parser()
+    misspelling = parity.cli.main.misspelling
+    assert misspelling(parser, ["compare", "--bund", "x"]) is None  # argparse takes a unique prefix
+    assert misspelling(parser, ["compare", "--bundle", "x", "--", "--bundel"]) is None  # past "--": not options
+    assert misspelling(parser, ["compare", "--bundle=x", "--impl", "triton"]) is None
+    assert misspelling(parser, ["frobnicate"]) is None  # nothing close: argparse's own message
+    assert parity.cli.main.main(["compare", "--xyzzy"]) == 2
+    assert "did you mean" not in capsys.readouterr().err

@@ -6,7 +6,9 @@ newlines that fake extra report lines, so every such string goes through :func:`
 """
 from __future__ import annotations
 
+import difflib
 import unicodedata
+from collections.abc import Iterable
 from typing import TextIO
 
 _MAX_LENGTH = 300
@@ -54,3 +56,10 @@ def subject_name(name: object, spec: object = None) -> str:
     if not text.strip() or text == "subject":
         text = "" if spec is None else str(spec)
     return printable(text or "?")
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the choice closest to a mistyped ``word`` (difflib's ratio at
+    least 0.6, as Python's own NameError suggestions use), else ``""``."""
+    close = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""

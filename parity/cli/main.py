@@ -28,6 +28,7 @@ from parity.base.errors import (
     debug_from_environment,
     print_traceback,
 )
+from parity.base.text import did_you_mean, printable
 from parity.cli.options import HelpFormatter, OneLineParser, stdout_as_dash
 
 COMMANDS = ("capture", "compare", "diff", "inspect", "show", "verify", "profile", "bench")
@@ -72,6 +73,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def misspelling(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
+    """A mistyped command or long option, named with the closest spelling, before argparse
+    parses: argparse reports a missing required option first (``--bundel`` reads as "--bundle is
+    required") and never suggests a spelling. None where nothing is mistyped, or where no known
+    spelling is close (argparse's own message then stands); an unambiguous prefix of an option is
+    not a typo (argparse accepts it)."""
+    commands = next((action.choices for action in parser._actions
+                     if isinstance(action, argparse._SubParsersAction)), {})
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return None
+        if word.startswith("-"):
+            continue  # the top-level options (--debug, --version, --help)
+        if word not in commands:
+            hint = did_you_mean(word, commands)
+            return f"unknown command {word!r}{hint}; commands: {', '.join(commands)}" if hint else None
+        command, options = word, list(commands[word]._option_string_actions)
+        break
+    else:
+        return None
+    for word in words:
+        if word == "--":
+            return None
+        if not word.startswith("--") or len(word) == 2:
+            continue
+        name = word.split("=", 1)[0]
+        if name in options or sum(option.startswith(name) for option in options) == 1:
+            continue
+        hint = did_you_mean(name, [option for option in options if option.startswith("--")])
+        if hint:
+            return f"unknown option {name} for parity {command}{hint}"
+    return None
+
+
 def report_error(err: BaseException, *, debug: bool) -> int:
     """Print ``err`` as the CLI does (one line; the traceback too with ``debug``); its exit status."""
     status, _, message = classify(err)
@@ -91,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         parser = build_parser()
         if not (sys.argv[1:] if argv is None else argv):  # no command: what there is, not one terse line
             sys.stderr.write(parser.format_help())
+            return EXIT_USAGE
+        misspelled = misspelling(parser, sys.argv[1:] if argv is None else list(argv))
+        if misspelled:
+            print(f"parity: error: {printable(misspelled, limit=500)}", file=sys.stderr, flush=True)
             return EXIT_USAGE
         try:
             args = parser.parse_args(argv)

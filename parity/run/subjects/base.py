@@ -80,7 +80,7 @@ from torch import nn
 from parity.base import dtypes
 from parity.base.errors import ParityError, SubjectError, UsageError
 from parity.base.prefetch import read_ahead
-from parity.base.text import printable
+from parity.base.text import did_you_mean, printable
 from parity.run.subjects.loading import UnresolvedModule, module_locations
 
 # Short name -> torch dtype for the floating dtypes a subject may use (parity.base.dtypes' names).
@@ -428,7 +428,8 @@ def _resolve_factory(spec: str, exclude_dirs: Iterable[str | os.PathLike] = ()) 
     target = BUILTINS.get(spec, spec)
     if ":" not in target:
         known = ", ".join(sorted(BUILTINS))
-        raise UsageError(f"unknown subject {printable(spec)!r}; use a built-in ({known}) or package.module:factory")
+        raise UsageError(f"unknown subject {printable(spec)!r}{did_you_mean(spec, BUILTINS)}; use a built-in "
+                         f"({known}) or package.module:factory")
     module_name, attr = _split_spec(target, spec)
     with _bundle_free_import(module_name, spec, exclude_dirs):
         try:
