@@ -173,7 +173,9 @@ class StateSource(Mapping):
         # Reads a tensor onto a device itself (a bundle's: through page-locked pieces); None:
         # ``load``'s host tensor is copied there.
         self._load_to = load_to
-        self.stream_seconds = 0.0  # wall time of stream(): the first read to the last tensor handed over
+        # wall time of stream() (the first read to the last tensor handed over), plus the copy of the
+        # last chunk into the module (``SubjectRunner.load_state``)
+        self.stream_seconds = 0.0
         self.stream_bytes = 0  # bytes it handed over
 
     def __getitem__(self, name: str) -> torch.Tensor:
@@ -760,7 +762,11 @@ class SubjectRunner:
             held += state.nbytes(key)
             del tensor
         if chunk:
+            started = time.monotonic()
             load(chunk)
+            # stream() stopped its clock when it handed over the last tensor: the last chunk's copy
+            # into the module is part of loading the weights too
+            state.stream_seconds += time.monotonic() - started
 
     def build_sharing(self, impl: str, source: nn.Module,
                       prepare: Callable[[nn.Module], Any] | None = None) -> nn.Module:
