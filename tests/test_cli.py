@@ -531,5 +531,9 @@ def test_no_spelling_is_suggested_where_none_is_close_or_the_option_is_a_prefix(
     assert misspelling(parser, ["compare", "--bundle", "x", "--", "--bundel"]) is None  # past "--": not options
     assert misspelling(parser, ["compare", "--bundle=x", "--impl", "triton"]) is None
     assert misspelling(parser, ["frobnicate"]) is None  # nothing close: argparse's own message
+    # an option's value that starts with "--" is a value, not a misspelled option
+    assert misspelling(parser, ["capture", "--subject", "attention", "--bundle", "--out dir"]) is None
+    assert misspelling(parser, ["capture", "--set", "--impls", "--subject", "attention"]) is None
+    assert misspelling(parser, ["capture", "--set", "x=1", "--subjet", "attention"]) is not None
     assert parity.cli.main.main(["compare", "--xyzzy"]) == 2
     assert "did you mean" not in capsys.readouterr().err

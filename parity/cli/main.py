@@ -90,17 +90,24 @@ def misspelling(parser: argparse.ArgumentParser, argv: list[str]) -> str | None:
         if word not in commands:
             hint = did_you_mean(word, commands)
             return f"unknown command {word!r}{hint}; commands: {', '.join(commands)}" if hint else None
-        command, options = word, list(commands[word]._option_string_actions)
+        command, actions = word, commands[word]._option_string_actions
         break
     else:
         return None
+    options = list(actions)
     for word in words:
         if word == "--":
             return None
-        if not word.startswith("--") or len(word) == 2:
+        if not word.startswith("--") or len(word) == 2 or " " in word:  # argparse: a word with a space is a value
             continue
-        name = word.split("=", 1)[0]
-        if name in options or sum(option.startswith(name) for option in options) == 1:
+        name, given = word.split("=", 1)[0], "=" in word
+        known = [name] if name in actions else [option for option in options if option.startswith(name)]
+        if len(known) == 1:
+            # the option's own value(s) follow it unless given with "=": never read as options
+            nargs = actions[known[0]].nargs
+            taken = 0 if given else 1 if nargs is None else nargs if isinstance(nargs, int) else 0
+            for _ in range(taken):
+                next(words, None)
             continue
         hint = did_you_mean(name, [option for option in options if option.startswith("--")])
         if hint:
