@@ -290,7 +290,7 @@ def import_profile(path: str | os.PathLike, flag: str = "--import") -> dict[str,
 # A parity profile's --json file (the other side of --against)
 
 
-def _shown(value: Any) -> str:
+def shown_json(value: Any) -> str:
     """A JSON value as a message shows it: scalars as JSON text, containers by their kind."""
     if isinstance(value, dict):
         return "an object"
@@ -300,7 +300,7 @@ def _shown(value: Any) -> str:
 
 
 def _bad(field: str, expected: str, value: Any) -> ValueError:
-    return ValueError(f"{field} {expected}, got {_shown(value)}")
+    return ValueError(f"{field} {expected}, got {shown_json(value)}")
 
 
 def _member(mapping: dict[str, Any], key: str, field: str) -> Any:
@@ -373,16 +373,21 @@ def load_json_file(path: str | os.PathLike, flag: str, expected: str = "a profil
         raise UsageError(f"{flag} {path}: not a JSON document: {printable(str(err), limit=200)}") from None
 
 
+def check_report_header(document: Any, flag: str, shown: Any, fmt: str, kind: str) -> dict[str, Any]:
+    """``document`` if it is a parity report of format ``fmt`` (``kind`` names it in the message) at
+    the version this parity reads; else a UsageError naming ``flag`` and the file ``shown``."""
+    if not isinstance(document, dict) or document.get("format") != fmt:
+        raise UsageError(f"{flag} {shown}: not a parity {kind} (format {fmt})")
+    version = document.get("version")
+    if type(version) is not int or version != version_of(fmt):
+        raise UsageError(f"{flag} {shown}: {kind} version {shown_json(version)}, this parity reads {version_of(fmt)}")
+    return document
+
+
 def read_profile_json(path: str | os.PathLike, flag: str) -> dict[str, Any]:
     """A parity profile's ``--json`` file, its format, version and the fields a side by side
     reads checked (:func:`check_profile_document`); UsageError naming the first bad field."""
-    document = load_json_file(path, flag)
-    if not isinstance(document, dict) or document.get("format") != PROFILE_REPORT:
-        raise UsageError(f"{flag} {path}: not a parity profile (format {PROFILE_REPORT})")
-    version = document.get("version")
-    if type(version) is not int or version != version_of(PROFILE_REPORT):
-        raise UsageError(f"{flag} {path}: profile version {_shown(version)}, this parity reads "
-                         f"{version_of(PROFILE_REPORT)}")
+    document = check_report_header(load_json_file(path, flag), flag, path, PROFILE_REPORT, "profile")
     try:
         check_profile_document(document)
     except ValueError as err:

@@ -30,17 +30,16 @@ too. Implementations in one run only are named and skipped; none in common is re
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from parity.base.errors import UsageError
-from parity.base.jsonformat import BENCH_REPORT, version_of
+from parity.base.jsonformat import BENCH_REPORT
 from parity.base.text import printable
 from . import stats
-from .importers import load_json_file
+from .importers import check_report_header, load_json_file, shown_json
 
 DEFAULT_THRESHOLD = 0.05
 REGRESSED, IMPROVED, SAME, UNCLEAR = "REGRESSED", "IMPROVED", "SAME", "UNCLEAR"
@@ -56,14 +55,6 @@ IGNORED_KEYS = ("numerics_env",)
 # Reading the saved run
 
 
-def _shown(value: Any) -> str:
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    return printable(json.dumps(value), limit=60)
-
-
 def _positive_time(value: Any) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             and value > 0)
@@ -74,50 +65,45 @@ def check_previous_document(document: Mapping[str, Any]) -> None:
     device, platform, settings, input_shapes, and every impl's name and times."""
     subject = document.get("subject")
     if not isinstance(subject, dict):
-        raise ValueError(f"subject must be an object, got {_shown(subject)}")
+        raise ValueError(f"subject must be an object, got {shown_json(subject)}")
     if not isinstance(subject.get("spec"), str):
-        raise ValueError(f"subject.spec must be a string, got {_shown(subject.get('spec'))}")
+        raise ValueError(f"subject.spec must be a string, got {shown_json(subject.get('spec'))}")
     if not isinstance(subject.get("args"), dict):
-        raise ValueError(f"subject.args must be an object, got {_shown(subject.get('args'))}")
+        raise ValueError(f"subject.args must be an object, got {shown_json(subject.get('args'))}")
     if not isinstance(document.get("device"), str):
-        raise ValueError(f"device must be a string, got {_shown(document.get('device'))}")
+        raise ValueError(f"device must be a string, got {shown_json(document.get('device'))}")
     for key in ("platform", "settings"):
         if not isinstance(document.get(key), dict):
-            raise ValueError(f"{key} must be an object, got {_shown(document.get(key))}")
+            raise ValueError(f"{key} must be an object, got {shown_json(document.get(key))}")
     if document.get("input_shapes") is not None and not isinstance(document["input_shapes"], dict):
-        raise ValueError(f"input_shapes must be an object or absent, got {_shown(document['input_shapes'])}")
+        raise ValueError(f"input_shapes must be an object or absent, got {shown_json(document['input_shapes'])}")
     impls = document.get("impls")
     if not isinstance(impls, list) or not impls:
-        raise ValueError(f"impls must be a non-empty array, got {_shown(impls)}")
+        raise ValueError(f"impls must be a non-empty array, got {shown_json(impls)}")
     seen = set()
     for index, row in enumerate(impls):
         if not isinstance(row, dict):
-            raise ValueError(f"impls[{index}] must be an object, got {_shown(row)}")
+            raise ValueError(f"impls[{index}] must be an object, got {shown_json(row)}")
         name = row.get("impl")
         if not isinstance(name, str) or not name:
-            raise ValueError(f"impls[{index}].impl must be a non-empty string, got {_shown(name)}")
+            raise ValueError(f"impls[{index}].impl must be a non-empty string, got {shown_json(name)}")
         if name in seen:
             raise ValueError(f"impls[{index}].impl names {printable(name)!r} a second time")
         seen.add(name)
         times = row.get("times_s")
         if not isinstance(times, list) or not times:
-            raise ValueError(f"impls[{index}].times_s must be a non-empty array, got {_shown(times)}")
+            raise ValueError(f"impls[{index}].times_s must be a non-empty array, got {shown_json(times)}")
         for k, value in enumerate(times):
             if not _positive_time(value):
-                raise ValueError(f"impls[{index}].times_s[{k}] must be a finite number > 0, got {_shown(value)}")
+                raise ValueError(f"impls[{index}].times_s[{k}] must be a finite number > 0, got {shown_json(value)}")
 
 
 def load_previous(path: str | os.PathLike, flag: str = "--baseline") -> dict[str, Any]:
     """The saved ``bench --json`` report at ``path``, checked (:func:`check_previous_document`);
     UsageError with one line naming the problem."""
     shown = printable(os.fspath(path), limit=200)
-    document = load_json_file(path, flag, expected="a bench JSON report")
-    if not isinstance(document, dict) or document.get("format") != BENCH_REPORT:
-        raise UsageError(f"{flag} {shown}: not a parity bench report (format {BENCH_REPORT})")
-    version = document.get("version")
-    if type(version) is not int or version != version_of(BENCH_REPORT):
-        raise UsageError(f"{flag} {shown}: bench report version {_shown(version)}, this parity reads "
-                         f"{version_of(BENCH_REPORT)}")
+    document = check_report_header(load_json_file(path, flag, expected="a bench JSON report"), flag, shown,
+                                   BENCH_REPORT, "bench report")
     if "error" in document:
         message = (document.get("error") or {}).get("message") if isinstance(document.get("error"), dict) else None
         raise UsageError(f"{flag} {shown}: the report of a run that ended without timings "
@@ -136,7 +122,7 @@ def load_previous(path: str | os.PathLike, flag: str = "--baseline") -> dict[str
 def _first_difference(then: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
     for key in sorted(set(then) | set(now)):
         if then.get(key) != now.get(key):
-            return f"{key}: {_shown(then.get(key))} then, {_shown(now.get(key))} now"
+            return f"{key}: {shown_json(then.get(key))} then, {shown_json(now.get(key))} now"
     return None
 
 
@@ -172,7 +158,7 @@ def check_same_setup(now: Mapping[str, Any], previous: Mapping[str, Any], *, pat
         raise UsageError(f"{where} timed {', '.join(printable(i) for i in then_impls)}, this run "
                          f"{', '.join(impls)}: no implementation in common")
     warnings = []
-    software = [f"{key} {_shown(then_platform.get(key))} -> {_shown(now_platform.get(key))}"
+    software = [f"{key} {shown_json(then_platform.get(key))} -> {shown_json(now_platform.get(key))}"
                 for key in sorted(set(then_platform) | set(now_platform))
                 if key not in DEVICE_KEYS and key not in IGNORED_KEYS and then_platform.get(key) != now_platform.get(key)]
     if software:
