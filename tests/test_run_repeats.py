@@ -17,16 +17,10 @@ import parity.cli.main
 from parity.base.errors import UsageError
 from parity.bundle.reader import open_bundle
 from parity.run.repeats import RepeatTracker, check_runs, spread
-from test_report_json_schemas import validate
+from test_report_json_schemas import cli as run, validate  # the CLI in process: (status, out, err)
 
 SUBJECT = "repeat_subject:make_subject"
 pytest_plugins = ["pytester"]
-
-
-def run(capsys, *argv):
-    code = parity.cli.main.main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")

@@ -20,17 +20,11 @@ from parity.bundle.reader import open_bundle
 from parity.bundle.writer import edit_manifest
 from parity.run.seeds import draw_views, seed_values
 from repeat_subject import draw_exceeds_clip
-from test_report_json_schemas import validate
+from test_report_json_schemas import cli as run, validate  # the CLI in process: (status, out, err)
 
 SUBJECT = "repeat_subject:make_subject"
 BASE_SEED, COUNT = 3, 3
 pytest_plugins = ["pytester"]
-
-
-def run(capsys, *argv):
-    code = parity.cli.main.main(list(argv))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")
