@@ -700,16 +700,20 @@ def test_reader_exposes_checked_manifest_fields(tmp_path):
     assert plain.platform == {} and plain.kernel_configs is None and plain.capture_info == {}
 
 
-def test_a_tensor_read_in_pieces_on_its_way_to_a_device_is_checksummed_whole(tmp_path, monkeypatch):
-    """load_to's path to a GPU (page-locked pieces, each hashed and copied on), run here on the CPU."""
-    import parity.bundle.reader as reader_module
+def test_a_tensor_read_in_pieces_on_its_way_to_a_device_is_checksummed_whole(tmp_path):
+    """load_to's path to a GPU (a ring of page-locked pieces, each hashed and copied on), run here on
+    the CPU with copies deferred as a device stream's are (tests/deferred_device.py)."""
+    from deferred_device import Consumer, DeferredBackend
+    from parity.bundle.staging import DeviceStager
 
     tensors = {"big": torch.arange(10_000, dtype=torch.float32), "empty": torch.zeros(0), "odd": torch.ones(3, 7)}
     _write(tmp_path / "b", tensors)
-    monkeypatch.setattr(reader_module, "_STAGE_BYTES", 4096)  # 10 pieces for "big", the last one short
+    stager = DeviceStager(DeferredBackend(), count=2, piece=4096)  # 10 pieces for "big", the last one short
     bundle = open_bundle(tmp_path / "b")
     for name, tensor in tensors.items():
-        got = bundle._load_staged(bundle.entry(name), torch.device("cpu"), pin=False)
+        consumer = Consumer()
+        got = bundle._load_staged(bundle.entry(name), stager, consumer)
+        consumer.use()
         assert got.dtype == tensor.dtype and torch.equal(got, tensor)
     assert bundle.load_to("odd", device="cpu").shape == (3, 7)  # no GPU: the plain load
     entry = bundle.entry("big")
@@ -720,4 +724,4 @@ def test_a_tensor_read_in_pieces_on_its_way_to_a_device_is_checksummed_whole(tmp
         handle.seek(begin + 8 * 4096 + 5)
         handle.write(bytes([byte[0] ^ 1]))
     with pytest.raises(BundleError, match="checksum mismatch for output 'big'"):
-        open_bundle(tmp_path / "b")._load_staged(entry, torch.device("cpu"), pin=False)
+        open_bundle(tmp_path / "b")._load_staged(entry, stager, Consumer())

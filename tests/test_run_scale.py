@@ -204,6 +204,76 @@ def test_state_source_is_loaded_in_chunks(monkeypatch):
         assert torch.equal(tensor, state[name])
 
 
+def test_what_loading_holds_beyond_the_module_stays_within_the_staged_bound(monkeypatch):
+    """Tensors read (onto the device, on a GPU) and not yet copied into the module, at their most,
+    against ``staged_state_bytes``: the chunk plus the read-ahead (each at least the largest tensor)."""
+    import parity.run.subjects.base as base
+
+    runner = load_subject(STACK, {"width": 64, "layers": 8})
+    state = runner.make_state()
+    weight = 64 * 64 * 4
+    held = [0, 0]  # now, most
+    lock = threading.Lock()
+
+    def load(name):
+        time.sleep(0.002)
+        with lock:
+            held[0] += state[name].numel() * state[name].element_size()
+            held[1] = max(held)
+        return state[name]
+
+    source = StateSource({name: (tuple(t.shape), t.dtype) for name, t in state.items()}, load)
+    monkeypatch.setattr(base, "STATE_CHUNK_BYTES", 2 * weight)
+    monkeypatch.setattr(base, "STATE_READ_AHEAD_BYTES", 3 * weight)
+    original = torch.nn.Module.load_state_dict
+
+    def load_state_dict(self, chunk, *args, **kwargs):
+        time.sleep(0.02)  # the reads go on meanwhile, up to their bound
+        result = original(self, chunk, *args, **kwargs)
+        with lock:
+            held[0] -= sum(t.numel() * t.element_size() for t in chunk.values())
+        return result
+
+    monkeypatch.setattr(torch.nn.Module, "load_state_dict", load_state_dict)
+    runner.build("reference", state=source, device="cpu")
+    bound = base.staged_state_bytes(source.nbytes(name) for name in source)
+    assert bound == 5 * weight
+    assert 3 * weight < held[1] <= bound  # reads ran ahead of the chunk, and no further than the bound
+    assert base.staged_state_bytes([10 * weight]) == 20 * weight  # a tensor larger than both bounds, twice
+
+
+def test_the_memory_check_before_a_device_build_counts_the_weights_staged_there(monkeypatch):
+    import parity.run.subjects.base as base
+
+    inner = load_subject(STACK, {"width": 64, "layers": 4})
+
+    class Estimated:
+        name = "estimated"
+        args: dict = {}
+        impls = ("reference",)
+
+        def make_inputs(self):
+            return inner.subject.make_inputs()
+
+        def build(self, impl):
+            return inner.subject.build(impl)
+
+        def memory_needs(self):
+            return [("weights", 10 * 2**20)]
+
+    runner = base.SubjectRunner("estimated", Estimated())
+    state = inner.make_state()
+    source = StateSource({name: (tuple(t.shape), t.dtype) for name, t in state.items()}, state.__getitem__)
+    staged = base.staged_state_bytes(source.nbytes(name) for name in source)
+    monkeypatch.setattr(base, "host_memory_bytes", lambda device=None: 10 * 2**20 + staged - 1)
+    runner.check_memory(torch.device("cpu"), source)  # on the CPU the weights are not staged apart
+    runner.check_memory(torch.device("cuda"), None)  # without a state read onto the device: fits
+    with pytest.raises(UsageError, match=r"needs about 0\.5 GiB of memory .*cuda has"):
+        runner.check_memory(torch.device("cuda"), source)
+    monkeypatch.setattr(base, "host_memory_bytes", lambda device=None: 10 * 2**20 + staged)
+    runner.check_memory(torch.device("cuda"), source)  # exactly what it needs
+
+
 def test_state_is_read_ahead_on_threads_while_a_chunk_is_loaded(monkeypatch):
     import parity.run.subjects.base as base
 

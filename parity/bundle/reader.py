@@ -18,6 +18,7 @@ import hashlib
 import os
 import stat
 import struct
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,11 +31,9 @@ from parity.bundle import checksums
 from parity.bundle.commit import recover
 from parity.bundle.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Entry, Manifest, Shard, load_manifest, parse_json
 from parity.bundle.shards import MAX_HEADER_BYTES, ST_NAMES
+from parity.bundle.staging import DeviceStager
 
 _READ_CHUNK = 16 * 2**20
-# The page-locked pieces a tensor goes through on its way to a GPU (load_to): large enough for
-# the disk and the link to run at speed, a size the host allocator's power-of-two blocks fit exactly.
-_STAGE_BYTES = 64 * 2**20
 # What the single-bundle path knows of rank sets (parity.distributed.rankset), to refuse them: a set's
 # directory holds this top manifest, and a rank's bundle manifest names its set under this field.
 RANK_SET_MANIFEST = "rankset.json"
@@ -119,6 +118,8 @@ class BundleReader:
         self._layouts: dict[str, _ShardLayout] = {}
         self._inputs_by_layer: dict[str | None, list[Entry]] | None = None
         self.verified: set[tuple[str, str]] = set()  # (kind, name) of every entry whose checksum was checked
+        self._stagers: dict[torch.device, DeviceStager] = {}
+        self._stagers_lock = threading.Lock()
 
     # opening -------------------------------------------------------------------------------
     @property
@@ -412,34 +413,45 @@ class BundleReader:
         tensor = data.view(entry.torch_dtype).reshape(entry.shape)
         return tensor if device is None else tensor.to(device)
 
-    def load_to(self, entry: Entry | str, kind: str = "output", *, device: torch.device | str) -> torch.Tensor:
-        """:meth:`load` onto ``device``. On a CUDA (or ROCm) device the bytes go through
-        page-locked pieces of at most ``_STAGE_BYTES``: each read, hashed and copied to the device
-        asynchronously while the next is read, so the host holds a few pieces, not the tensor, and
-        the copies run at the link's speed (a pageable copy is staged and synchronous). The
-        checksum is checked once the last piece is read; a mismatch is raised as by :meth:`load`."""
+    def load_to(self, entry: Entry | str, kind: str = "output", *, device: torch.device | str,
+                stream: Any | None = None) -> torch.Tensor:
+        """:meth:`load` onto ``device``. On a CUDA (or ROCm) device the bytes go through the reader's
+        ring of page-locked pieces (:mod:`parity.bundle.staging`): each read, hashed and copied on
+        asynchronously on a side stream while the next is read, so the host holds a few pieces,
+        not the tensor, and the copies run at the link's speed (a pageable copy is staged and
+        synchronous). ``stream``: the stream that will use the tensor (default: the calling
+        thread's current one); it waits for the copies. The checksum is checked once the last
+        piece is read; a mismatch is raised as by :meth:`load`. Thread-safe."""
         device = torch.device(device)
         if device.type != "cuda" or not torch.cuda.is_available():
             return self.load(entry, kind, device=device)
-        return self._load_staged(self.entry(entry, kind) if isinstance(entry, str) else entry, device, pin=True)
+        return self._load_staged(self.entry(entry, kind) if isinstance(entry, str) else entry, self.stager(device),
+                                 stream)
 
-    def _load_staged(self, entry: Entry, device: torch.device, *, pin: bool) -> torch.Tensor:
-        """:meth:`load_to`'s pieces (``pin``: page-locked, for a GPU; any device otherwise)."""
+    def stager(self, device: torch.device | str) -> DeviceStager:
+        """The reader's ring of page-locked pieces onto ``device`` (made on first use, released by
+        :meth:`close`): one per device, shared by every thread that loads through it."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        with self._stagers_lock:
+            if device not in self._stagers:
+                self._stagers[device] = DeviceStager.for_device(device)
+            return self._stagers[device]
+
+    def _load_staged(self, entry: Entry, stager: DeviceStager, stream: Any | None = None) -> torch.Tensor:
+        """:meth:`load_to`'s pieces through ``stager``, each hashed as it is read."""
         begin, end = self._layout(entry.shard).offsets[entry.key]
-        out = torch.empty(end - begin, dtype=torch.uint8, device=device)
         digest = checksums.new(self._manifest.checksum)
         fd, file = self._open_shard(entry.shard)
+
+        def fill(piece: torch.Tensor, offset: int) -> None:
+            view = memoryview(piece.numpy())
+            _read_exact(fd, begin + offset, view, file)
+            digest.update(view)
+
         try:
-            for start in range(begin, end, _STAGE_BYTES):
-                size = min(_STAGE_BYTES, end - start)
-                # From the caching host allocator: a piece's block is reused only once the copy
-                # that reads it has completed (the allocator records an event on the copy).
-                stage = torch.empty(size, dtype=torch.uint8, pin_memory=pin)
-                view = memoryview(stage.numpy())
-                _read_exact(fd, start, view, file)
-                digest.update(view)
-                out[start - begin:start - begin + size].copy_(stage, non_blocking=True)
-                del view, stage
+            out = stager.load(end - begin, fill, stream)
         finally:
             os.close(fd)
         if digest.hexdigest() != entry.checksum:
@@ -508,6 +520,10 @@ class BundleReader:
 
     def close(self) -> None:
         self._layouts.clear()
+        with self._stagers_lock:
+            stagers, self._stagers = list(self._stagers.values()), {}
+        for stager in stagers:
+            stager.close()
 
     def __enter__(self) -> "BundleReader":
         return self

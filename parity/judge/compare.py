@@ -267,14 +267,24 @@ def subject_state(bundle: BundleReader, weights_dir: str | os.PathLike | None = 
     (a UsageError names the first that is missing or differs). ``checksums=False`` checks the
     files' presence and size only: for the other ranks of a host where one rank checks the sha256."""
     meta = {entry.name: (entry.shape, entry.torch_dtype) for entry in bundle.entries_of("state")}
-    loaders = {name: (lambda device, name=name: bundle.load_to(name, "state", device=device)) for name in meta}
+    loaders = {name: (lambda device, stream, name=name: bundle.load_to(name, "state", device=device, stream=stream))
+               for name in meta}
     if bundle.weights is not None:
         files = checkpoint_weights.verify(bundle.weights, weights_dir, checksums=checksums)
         file_meta, load = checkpoint_weights.file_state(bundle.weights, files)
         meta.update(file_meta)
-        loaders.update({name: (lambda device, name=name: load(name).to(device)) for name in file_meta})
-    return StateSource(meta, lambda name: loaders[name](torch.device("cpu")),
-                       load_to=lambda name, device: loaders[name](device))
+        loaders.update({name: (lambda device, stream, name=name: _to_device(bundle, load(name), device, stream))
+                        for name in file_meta})
+    return StateSource(meta, lambda name: loaders[name](torch.device("cpu"), None),
+                       load_to=lambda name, device, stream: loaders[name](device, stream))
+
+
+def _to_device(bundle: BundleReader, tensor: torch.Tensor, device: torch.device, stream: Any) -> torch.Tensor:
+    """A checkpoint's host tensor onto ``device``: to a GPU through the bundle reader's ring of
+    page-locked pieces (asynchronous, bounded), elsewhere as it is copied."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        return bundle.stager(device).load_tensor(tensor, stream)
+    return tensor.to(device)
 
 
 def _capture_globs(bundle: BundleReader, module: torch.nn.Module, warnings: list[str]) -> list[str] | None:

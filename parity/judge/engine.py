@@ -390,6 +390,7 @@ class ReadAhead:
         self.max_bytes = max_bytes
         self.next = 0  # index in ``order`` of the next tensor to read ahead
         self.device: torch.device | None = None  # where the threads put what they read (None: the CPU)
+        self.stream: Any = None  # the stream that uses what they read onto ``device``
         self.pending: dict[tuple[str, str], Future] = {}
         self.executor: ThreadPoolExecutor | None = None
         self._read_ahead()  # from now: the first tensors are read while the source starts
@@ -398,6 +399,9 @@ class ReadAhead:
         key = (kind, name)
         if device is not None and torch.device(device).type != "cpu":
             self.device = torch.device(device)
+            # the reading threads copy on a side stream; this thread's stream, which uses what
+            # they read, waits for those copies
+            self.stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         future = self.pending.pop(key, None)
         index = self.position.get(key)
         if index is not None and index >= self.next:
@@ -423,11 +427,12 @@ class ReadAhead:
                 break
             self.next += 1
             held += nbytes
-            self.pending[key] = self.executor.submit(self._read, key[0], key[1], self.device)
+            self.pending[key] = self.executor.submit(self._read, key[0], key[1], self.device, self.stream)
 
-    def _read(self, kind: str, name: str, device: torch.device | None) -> torch.Tensor:
+    def _read(self, kind: str, name: str, device: torch.device | None, stream: Any) -> torch.Tensor:
         # onto an accelerator through page-locked pieces (BundleReader.load_to)
-        return self.bundle.load(name, kind) if device is None else self.bundle.load_to(name, kind, device=device)
+        return (self.bundle.load(name, kind) if device is None
+                else self.bundle.load_to(name, kind, device=device, stream=stream))
 
     def close(self) -> None:
         for future in self.pending.values():

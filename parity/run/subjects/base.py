@@ -158,6 +158,15 @@ STATE_CHUNK_BYTES = 256 * 2**20
 STATE_READ_AHEAD_BYTES = 256 * 2**20
 
 
+def staged_state_bytes(sizes: Iterable[int]) -> int:
+    """The most a StateSource with tensors of ``sizes`` bytes holds on the module's device beyond
+    the module while :meth:`SubjectRunner.load_state` loads it: the chunk being loaded (up to
+    STATE_CHUNK_BYTES, or one tensor larger than that) plus what is read ahead of it (up to
+    STATE_READ_AHEAD_BYTES, or one tensor larger than that; :func:`parity.base.prefetch.read_ahead`)."""
+    largest = max(sizes, default=0)
+    return max(STATE_CHUNK_BYTES, largest) + max(STATE_READ_AHEAD_BYTES, largest)
+
+
 class StateSource(Mapping):
     """State tensors read one at a time, when asked for (``load(name)``), never all at once.
 
@@ -167,11 +176,11 @@ class StateSource(Mapping):
     """
 
     def __init__(self, meta: Mapping[str, tuple[tuple[int, ...], torch.dtype]], load: Callable[[str], torch.Tensor],
-                 *, load_to: Callable[[str, torch.device], torch.Tensor] | None = None):
+                 *, load_to: Callable[[str, torch.device, Any], torch.Tensor] | None = None):
         self.meta = dict(meta)
         self._load = load
-        # Reads a tensor onto a device itself (a bundle's: through page-locked pieces); None:
-        # ``load``'s host tensor is copied there.
+        # Reads a tensor onto a device itself (through page-locked pieces), given the stream that
+        # will use it (which waits for the copies); None: ``load``'s host tensor is copied there.
         self._load_to = load_to
         # wall time of stream() (the first read to the last tensor handed over), plus the copy of the
         # last chunk into the module (``SubjectRunner.load_state``)
@@ -199,11 +208,11 @@ class StateSource(Mapping):
             count *= dim
         return count * torch.empty(0, dtype=dtype).element_size()
 
-    def _fetch(self, name: str, device: torch.device | None) -> torch.Tensor:
+    def _fetch(self, name: str, device: torch.device | None, stream: Any) -> torch.Tensor:
         if device is None or device.type == "cpu":
             return self._load(name)
         if self._load_to is not None:
-            return self._load_to(name, device)
+            return self._load_to(name, device, stream)
         return self._load(name).to(device)
 
     def stream(self, names: Iterable[str], *, device: torch.device | str | None = None,
@@ -214,9 +223,12 @@ class StateSource(Mapping):
         the reading threads, through page-locked pieces where the source reads them so). The
         reads, checksums and copies of the next tensors overlap what the caller does with this one."""
         target = None if device is None else torch.device(device)
+        # The reading threads copy on a side stream; the stream of the thread that uses the
+        # tensors (this one's, now) waits for those copies.
+        consumer = torch.cuda.current_stream(target) if target is not None and target.type == "cuda" else None
         started = time.monotonic()
         try:
-            for name, tensor in read_ahead(list(names), lambda name: self._fetch(name, target), self.nbytes,
+            for name, tensor in read_ahead(list(names), lambda name: self._fetch(name, target, consumer), self.nbytes,
                                            max_bytes=STATE_READ_AHEAD_BYTES if max_bytes is None else max_bytes,
                                            name="parity-state"):
                 self.stream_bytes += self.nbytes(name)
@@ -652,11 +664,16 @@ class SubjectRunner:
                 raise UsageError(f"subject {self.name}: state tensor {name!r} was made on {tensor.device}, not the CPU")
         return state
 
-    def check_memory(self, device: torch.device | str) -> None:
-        """Refuse up front what the subject estimates would not fit ``device`` (``memory_needs``)."""
+    def check_memory(self, device: torch.device | str, state: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Refuse up front what the subject estimates would not fit ``device`` (``memory_needs``),
+        with what loading ``state`` holds there beyond the module where it is a StateSource read
+        onto that device (the chunk being loaded and the read-ahead: :func:`staged_state_bytes`)."""
         needs = getattr(self.subject, "memory_needs", None)
         if callable(needs):
-            estimate = self._guarded("memory_needs", needs)
+            estimate = list(self._guarded("memory_needs", needs))
+            if isinstance(state, StateSource) and torch.device(device).type != "cpu":
+                estimate.append(("weights staged while they are loaded",
+                                 staged_state_bytes(state.nbytes(name) for name in state)))
             named = getattr(self.subject, "sizes_text", None) or describe_sizes(self.args)
             check_memory(self.name, estimate, named=str(named), device=device)
 
@@ -674,7 +691,7 @@ class SubjectRunner:
         """
         self.check_impl(impl)
         if torch.device(device).type != "cpu":
-            self.check_memory(device)  # the CPU side was checked when the subject was created
+            self.check_memory(device, state)  # the CPU side was checked when the subject was created
         checker = getattr(self.subject, "check_state", None)
         if state and callable(checker):  # a StateSource is passed as it is: the check reads what it needs
             self._guarded("check_state", checker, state if isinstance(state, StateSource) else dict(state))
