@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from jsonschema import Draft202012Validator
 
 from bench import capture_scale_gpu as scale
@@ -104,17 +105,38 @@ def test_no_row_starts_after_the_deadline(tmp_path, capsys):
         assert [row["status"] for row in document["rows"]] == ["not run: --deadline-s reached"]
 
 
-def test_a_tiny_llama_is_captured_and_compared_with_the_kernel_on_the_cpu(tmp_path):
+def _tiny_row(tmp_path, *extra: str) -> tuple[dict, dict]:
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-m", "bench.capture_scale_gpu", "--sizes", "tiny", "--seq", "128",
                            "--device", "cpu", "--out", str(out), "--workdir", str(tmp_path / "work"),
-                           "--disk-probe-gib", "0.05", "--row-limit-s", "600"],
+                           "--disk-probe-gib", "0.05", "--row-limit-s", "600", "--deadline-s", "900", *extra],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     document = _valid(json.loads((out / "capture-scale-tiny.json").read_text()))
     (row,) = document["rows"]
     assert row["status"] == "done", (row.get("errors"), row.get("logs"))
+    return document, row
+
+
+def test_the_rerun_with_weights_by_reference_records_what_it_is_judged_on(tmp_path):
+    """The 10B rerun's path (``--weights reference``) at the tiny size: the checkpoint saved, its
+    save's peak kept apart from the capture's, and the compare's reads, sha256 time and host peak
+    by kind recorded beside its limits."""
+    document, row = _tiny_row(tmp_path, "--weights", "reference", "--row-limit-s", "300")
+    assert document["weights"] == "reference" and document["limits"]["row_limit_s"] == 300
+    assert row["checkpoint_save_s"] > 0 and row["checkpoint_save_host_rss"]["peak_bytes"]["anon"] > 0
+    assert row["capture_peak_host_reset"] is True
+    reads, bundle = row["compare"]["reads"], row["bundle"]
+    assert reads["checkpoint_bytes_verified"] > row["weights_bytes"] and reads["checksum_s"] > 0  # the file's header too
+    assert reads["weights_load_s"] > 0 and reads["bundle_bytes_read"] < bundle["bytes"]  # no weight in the bundle
+    assert "state" not in bundle["by_kind"] and row["targets"]["bundle_size"]["met"] is True
+    assert row["compare"]["passed"] and row["compare"]["host_rss"]["peak_bytes"]["file"] > 0
+    assert row["targets"]["compare_time"]["checkpoint_bytes"] == reads["checkpoint_bytes_verified"]
+
+
+def test_a_tiny_llama_is_captured_and_compared_with_the_kernel_on_the_cpu(tmp_path):
+    document, row = _tiny_row(tmp_path)
     assert row["parameters"] == 574_336 and row["weights_bytes"] == 2 * row["parameters"]
     # Recorded: every module of layers 0 and 2 of 3, the ends; each with its fp32 reference.
     assert row["recorded"]["decoder_layers"] == [0, 2]
@@ -137,3 +159,53 @@ def test_a_tiny_llama_is_captured_and_compared_with_the_kernel_on_the_cpu(tmp_pa
     assert all(value > 0 for value in row["forward"].values())
     assert set(row["targets"]) == {"capture_host", "capture_time", "compare_time"}  # no GPU: no GPU target
     assert not (tmp_path / "work" / "tiny-128").exists()  # the bundle is removed after its row
+    assert document["limits"] == {"row_limit_s": 600, "deadline_s": 900}
+    reads = compare["reads"]
+    assert reads["bundle_bytes_read"] == compare["resources"]["bytes_read"] and reads["bundle_read_gb_s"] > 0
+    assert reads["weights_load_s"] > 0 and reads["checksum_s"] == 0 and reads["checkpoint_bytes_verified"] == 0
+    for step in (capture, compare):
+        rss = step["host_rss"]
+        # VmHWM follows the resident set lazily (the kernel syncs its counters from time to time):
+        # a sample may lead it by a few pages
+        assert 0 < rss["peak_bytes"]["anon"] <= rss["peak_bytes"]["rss"] <= rss["vmhwm_bytes"] + 2**20
+        assert rss["peak_bytes"]["file"] > 0 and rss["samples"] >= 2
+    assert row["capture_peak_host_reset"] is True
+
+
+def test_compare_gpu_memory_counts_the_weights_staged_while_they_load():
+    from parity.run.subjects.base import STATE_CHUNK_BYTES, STATE_READ_AHEAD_BYTES
+
+    gib = 2**30
+    head = 2 * 128256 * 4096  # the 10B embedding's (and lm_head's) bf16 bytes: larger than a chunk
+    assert head > max(STATE_CHUNK_BYTES, STATE_READ_AHEAD_BYTES)
+    row = {"size": "10b", "weights_bytes": 20 * gib,
+           "compare": {"wall_s": 3.0, "resources": {"bytes_read": 1, "peak_gpu_bytes": 22 * gib + 2 * head}}}
+    gpu = scale.targets(row, {"write_gb_s": 1.0, "read_cold_gb_s": 1.0})["compare_gpu"]
+    assert gpu["staged_state_bytes"] == 2 * head and gpu["limit"] == 22 * gib + 2 * head and gpu["met"] is True
+    row["compare"]["resources"]["peak_gpu_bytes"] += 1
+    assert scale.targets(row, {"write_gb_s": 1.0, "read_cold_gb_s": 1.0})["compare_gpu"]["met"] is False
+    row["compare"]["resources"]["peak_gpu_bytes"] = None  # no GPU: nothing to judge
+    assert "compare_gpu" not in scale.targets(row, {"write_gb_s": 1.0, "read_cold_gb_s": 1.0})
+
+
+def test_the_host_peak_is_split_into_anonymous_and_file_pages_and_restarts_per_step(tmp_path):
+    import mmap
+
+    path = tmp_path / "mapped.bin"
+    path.write_bytes(os.urandom(64 * 2**20))
+    with scale.RssSampler(interval_s=0.005) as rss:
+        anonymous = bytearray(96 * 2**20)
+        anonymous[::4096] = b"\1" * len(anonymous[::4096])  # touched: resident
+        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            total = sum(mapped[offset] for offset in range(0, len(mapped), 4096))  # every page read: resident
+        peaks = rss.peaks()
+        del anonymous
+        rss.reset()
+        after = rss.peaks()
+    assert total >= 0
+    if peaks is None:
+        pytest.skip("no /proc/self/status with RssAnon and RssFile here")
+    assert peaks["peak_bytes"]["anon"] >= 96 * 2**20 and peaks["peak_bytes"]["file"] >= 64 * 2**20
+    assert peaks["at_peak_rss_bytes"]["rss"] == peaks["peak_bytes"]["rss"] and peaks["samples"] >= 2
+    assert after["peak_bytes"]["anon"] < peaks["peak_bytes"]["anon"] - 64 * 2**20  # the reset forgot the buffer
+    assert scale.reset_peak_host() is True and scale.peak_host_bytes() < peaks["vmhwm_bytes"]
