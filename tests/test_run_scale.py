@@ -622,3 +622,19 @@ def test_state_load_benchmark_times_both_ways_on_a_bundle(tmp_path):
     assert result["state_tensors"] == 6 and result["state_bytes"] == 6 * 64 * 64 * 4 and result["cold"] is True
     for way in ("in-turn", "read-ahead"):
         assert len(result[way]["all_s"]) == 2 and result[way]["gb_per_second"] > 0
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096, 5 * 4096 + 7])
+def test_a_checkpoint_files_sha256_read_ahead_of_the_hash_is_the_whole_files(tmp_path, monkeypatch, size):
+    import hashlib
+
+    from parity.bundle import weights as checkpoint_weights
+
+    monkeypatch.setattr(checkpoint_weights, "_READ_BYTES", 4096)  # several blocks, the last one short or full
+    path = tmp_path / "f.safetensors"
+    data = os.urandom(size)
+    path.write_bytes(data)
+    expected = hashlib.sha256(data).hexdigest()
+    assert checkpoint_weights.sha256_of(path) == expected == checkpoint_weights.sha256_in_turn(path)
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]) if size else b"x")
+    assert checkpoint_weights.sha256_of(path) != expected
