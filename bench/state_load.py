@@ -9,7 +9,9 @@ that load on a bundle, alternating two ways, on the same module in one process:
   chunk, as compare did before reading ahead;
 - ``read-ahead``: ``load_state`` as compare runs it: the next tensors read and checksummed on
   background threads (:func:`parity.base.prefetch.read_ahead`) while this chunk is copied in;
-  on a GPU through page-locked pieces copied on by those threads (``BundleReader.load_to``).
+  on a GPU through the reader's ring of page-locked pieces, copied on a side stream by those
+  threads (``BundleReader.load_to``, :mod:`parity.bundle.staging`); the JSON then says how many
+  pieces the ring made (``staging``).
 
 With ``--cold`` the bundle's shard files are dropped from the page cache before each load
 (``posix_fadvise(DONTNEED)``; it works without privileges on files one can read), so the disk is read.
@@ -94,6 +96,10 @@ def main() -> int:
     result = {"bundle": str(bundle.path), "state_tensors": len(entries), "state_bytes": nbytes, "cold": args.cold,
               "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
               "threads": torch.get_num_threads(), "cpus": os.cpu_count()}
+    if device.type == "cuda":
+        # the ring of page-locked pieces the read-ahead way went through: made once, never more
+        stager = bundle.stager(device)
+        result["staging"] = {"pieces_made": stager.ring.made, "ring": stager.ring.count, "piece_bytes": stager.piece}
     for way, seconds in times.items():
         median = statistics.median(seconds)
         result[way] = {"median_s": round(median, 3), "gb_per_second": round(nbytes / 1e9 / median, 3),
