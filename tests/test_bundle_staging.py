@@ -1,5 +1,6 @@
 """parity.bundle.staging: the ring of page-locked pieces on the way to a GPU, run on the CPU with a
-device whose copies are deferred (tests/deferred_device.py); the real GPU path is marked ``gpu``."""
+device whose copies are deferred (tests/deferred_device.py), and the read-aheads handing their
+threads the stream of the thread that uses the tensors; the real GPU path is marked ``gpu``."""
 from __future__ import annotations
 
 import threading
@@ -151,3 +152,72 @@ def test_on_a_gpu_a_busy_default_stream_neither_grows_the_pieces_nor_sees_an_inc
     assert bundle.stager(device).ring.made == staging.STAGE_COUNT
     assert torch.equal(out.cpu(), tensor)  # on the default stream, after it waited for the copies
     bundle.close()
+
+
+def _cuda_stream_of_this_thread(monkeypatch):
+    """torch.cuda.current_stream stood in for on the CPU: each thread's own stream object."""
+    streams: dict[int, str] = {}
+
+    def current_stream(device=None):
+        return streams.setdefault(threading.get_ident(), f"stream of {threading.current_thread().name}")
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    return current_stream
+
+
+def test_the_state_read_ahead_hands_its_threads_the_stream_of_the_thread_that_uses_the_tensors(monkeypatch):
+    from parity.run.subjects.base import StateSource
+
+    current = _cuda_stream_of_this_thread(monkeypatch)
+    state = {f"w{number}": torch.full((4,), float(number)) for number in range(6)}
+    calls = []
+
+    def load_to(name, device, stream):
+        calls.append((name, device.type, stream, threading.current_thread().name))
+        return state[name]
+
+    source = StateSource({name: ((4,), torch.float32) for name in state}, state.__getitem__, load_to=load_to)
+    got = dict(source.stream(list(state), device=torch.device("cuda")))
+    assert all(torch.equal(got[name], state[name]) for name in state)
+    mine = current()
+    assert sorted(name for name, *_ in calls) == sorted(state)
+    assert all(device == "cuda" and stream == mine and thread.startswith("parity-state")
+               for _, device, stream, thread in calls)  # read on a worker, for this thread's stream
+
+
+def test_the_golden_read_ahead_hands_its_threads_the_stream_of_the_thread_that_judges(monkeypatch, tmp_path):
+    from parity.bundle.reader import open_bundle
+    from parity.bundle.writer import BundleWriter
+    from parity.judge.engine import ReadAhead
+
+    current = _cuda_stream_of_this_thread(monkeypatch)
+    with BundleWriter(tmp_path / "b") as writer:
+        for number in range(5):
+            writer.add("output", f"t{number}", torch.full((8,), float(number)), layer=f"t{number}", module="m",
+                       call_index=0, path="")
+        writer.commit({"subject": {"spec": "test", "name": "test", "args": {}}})
+    bundle = open_bundle(tmp_path / "b")
+    calls = []
+    plain_load = bundle.load
+
+    class OnDevice:  # what a GPU read returns, without a GPU: ``.to(device)`` is itself
+        def __init__(self, tensor):
+            self.tensor = tensor
+
+        def to(self, device):
+            return self
+
+    def load_to(name, kind, *, device, stream=None):
+        calls.append((name, stream, threading.current_thread().name))
+        return OnDevice(plain_load(name, kind))
+
+    monkeypatch.setattr(bundle, "load_to", load_to)
+    monkeypatch.setattr(bundle, "load", lambda name, kind="output", **_: OnDevice(plain_load(name, kind)))
+    reader = ReadAhead(bundle, [("output", f"t{number}") for number in range(5)], workers=1)
+    try:
+        for number in range(5):
+            got = reader.load("output", f"t{number}", "cuda").tensor
+            assert torch.equal(got, torch.full((8,), float(number)))
+    finally:
+        reader.close()
+    assert calls and all(stream == current() and thread.startswith("parity-read") for _, stream, thread in calls)
