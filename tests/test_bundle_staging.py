@@ -132,10 +132,9 @@ def test_a_ring_refuses_no_buffers():
 
 @pytest.mark.gpu
 def test_on_a_gpu_a_busy_default_stream_neither_grows_the_pieces_nor_sees_an_incomplete_tensor(tmp_path):
-    """A 640 MiB tensor loaded through the reader while the default stream is kept busy: the page-
-    locked pieces stay the ring's three (the caching host allocator handed out a new block for
-    every piece whose predecessor's copy was still queued), and the default stream, which waits
-    for the copies, sees every byte."""
+    """A 640 MiB tensor (ten pieces) loaded through the reader while the default stream is kept
+    busy: the ring made its three page-locked pieces and no more, and the default stream, which
+    waits for the copies made on the side stream, sees every byte."""
     from parity.bundle.reader import open_bundle
     from parity.bundle.writer import BundleWriter
 
