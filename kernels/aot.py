@@ -242,7 +242,8 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
         cfg = pinned_config(target, dtype, head_dim, kernel="decode").clamp(layout.block_n)
         # The split count the launcher would choose on the target's flagship part.
         launch = build_decode_launch(q, k, v, torch.empty_like(q), lse, layout, cfg, sm_scale=head_dim ** -0.5,
-                                     units=targets.arch_spec(target).compute_units, amd=amd)
+                                     units=targets.arch_spec(target).compute_units, amd=amd,
+                                     warp_size=targets.arch_spec(target).warp_size)
         return launch.args, launch.constexprs, launch.options, launch.config
     cfg = pinned_config(target, dtype, head_dim, overrides).clamp(layout.block_m, layout.block_n)
     use_tma = tma_fits(cfg, q, k, v)
@@ -334,6 +335,8 @@ def _compile_one(request: dict[str, Any]) -> dict[str, Any]:
     else:
         _read_nvidia(result, kernel.asm["ptx"], kernel.asm["cubin"])
     result.atomics = read_atomics(kernel.asm["amdgcn"] if spec.backend == "hip" else kernel.asm["ptx"])
+    if result.atomics:  # the decode kernel's fused merge: shown in the table's verdict column
+        result.notes.append("atomics: " + ", ".join(f"{op} x{count}" for op, count in result.atomics.items()))
     _judge(result)
     return result.to_dict()
 

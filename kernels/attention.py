@@ -267,7 +267,8 @@ def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, ou
         def build():
             return decode_steps(build_decode_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale,
                                                     num_splits=num_splits, units=platform.compute_units(q.device),
-                                                    emulate_bf16=emulate_bf16, amd=_amd(q.device, interpreter)))
+                                                    emulate_bf16=emulate_bf16, amd=_amd(q.device, interpreter),
+                                                    warp_size=platform.warp_size(q.device)))
         cache, descriptors = "decode-borrowed" if borrowed_only else "decode", ()
         key = decode_key(q, k, v, staging, lse, cfg, sm_scale=scale, num_splits=num_splits,
                          emulate_bf16=emulate_bf16) if cached and plan is None else None

@@ -117,14 +117,16 @@ class DecodeLaunch:
 def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                         lse: torch.Tensor | None, layout: BlockLayout, config: DecodeConfig, *, sm_scale: float,
                         num_splits: int | None = None, units: int = 1, emulate_bf16: bool = False,
-                        amd: bool = False) -> DecodeLaunch:
+                        amd: bool = False, warp_size: int = 32) -> DecodeLaunch:
     """The decode launch for q: [B, Hq, Sq, D] (``decode_eligible``), k, v: [B, Hkv, Sk, D].
 
     ``out`` [B, Hq, Sq, D] (fp32 staging when ``emulate_bf16``); ``lse`` [B, Hq, Sq] fp32 or None;
     ``config`` already clamped to the layout's key blocks; ``num_splits`` None picks them
     (``choose_splits`` over ``units`` multiprocessors), else that many (>= 1). The partial
-    buffers and the fused merge's counters (zeroed) are allocated here. ``amd``: compiled for an AMD GPU (``SELECT_LOADED``). No checks of
-    the inputs (the launcher's ``check_inputs`` does them).
+    buffers and the fused merge's counters (zeroed) are allocated here. ``amd``: compiled for an
+    AMD GPU (``SELECT_LOADED``); ``warp_size``: the target's threads per warp or wavefront
+    (``targets.warp_size``; the fused merge releases in every thread). No checks of the inputs
+    (the launcher's ``check_inputs`` does them).
     """
 
     from .triton_attention import LOG2E
@@ -188,6 +190,8 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
         # fp32 parity needs IEEE products; for fp16/bf16 operands the setting has no effect.
         "DOT_PRECISION": "ieee",
         "SELECT_LOADED": amd,
+        # one lane per thread of the program (tl.zeros needs a power of two; both factors are)
+        "FENCE_LANES": config.num_warps * warp_size,
     }
     combine_grid = combine_args = combine_constexprs = None
     if split and not fused:

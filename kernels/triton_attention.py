@@ -497,7 +497,7 @@ def block_sparse_decode_fwd(
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
     RETURN_LSE: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr, EMULATE_BF16: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SELECT_LOADED: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SELECT_LOADED: tl.constexpr, FENCE_LANES: tl.constexpr,
 ):
     # Grid (num_splits, B * head_groups). One program: GROUP query heads that share one K/V head
     # (a GQA group, or one head where the layout differs between heads), all seq_q (<= the layout's
@@ -573,13 +573,18 @@ def block_sparse_decode_fwd(
         tl.store(po_base + split.to(tl.int64) * stride_pos + tile_offs, out, mask=store_ok)
         tl.store(pl_base + split * stride_pls + rows, lse2, mask=row_ok)
         if FUSED:
-            # "The last split combines". Every thread's partial stores come before the arrival
-            # (the CTA barrier); the arrival is one atomic per program, acq_rel at GPU scope: its
-            # release publishes those stores, and for the program that sees num_splits - 1
-            # arrivals before its own its acquire makes every other split's stores visible. No
-            # program waits on another, so no schedule can deadlock. The merging program puts the
-            # counter back to 0 (nothing else touches it after the last arrival): the next launch
-            # on the stream finds it clean (kernels/decode.py).
+            # "The last split combines". First every thread releases its own partial stores at GPU
+            # scope (an atomic adding 0, release, in each of the FENCE_LANES threads: the fence
+            # HIP's grid sync makes in every thread; on NVIDIA one thread's release after the
+            # barrier would cover the others' stores, PTX's release being cumulative, but an AMD
+            # barrier does not wait for the other waves' stores to complete). Then the barrier,
+            # and the arrival: one atomic per program, acq_rel at GPU scope; for the program that
+            # sees num_splits - 1 arrivals before its own, its acquire makes every other split's
+            # stores visible. No program waits on another, so no schedule can deadlock. The
+            # merging program puts the counter back to 0 (nothing else touches it after the last
+            # arrival): the next launch on the stream finds it clean (kernels/decode.py).
+            no_increment = tl.zeros([FENCE_LANES], dtype=tl.int32)
+            tl.atomic_add(Counter + pid_bg + no_increment, no_increment, sem="release", scope="gpu")
             tl.debug_barrier()
             arrived = tl.atomic_add(Counter + pid_bg, 1, sem="acq_rel", scope="gpu")
             if arrived == num_splits - 1:

@@ -56,7 +56,10 @@ COMBINES = {"fused": True, "kernel": False}
 
 def combine_config(q, layout, fused: bool) -> DecodeConfig:
     """The pinned decode config for this call with the merge chosen."""
-    return dataclasses.replace(launch_config(q.device, q.shape[-1], q.dtype, layout), fused_combine=fused)
+    from parity.kernels.attention import decode_config
+
+    return dataclasses.replace(decode_config(q.device, q.shape[-1], q.dtype).clamp(layout.block_n),
+                               fused_combine=fused)
 
 
 def run_both_combines(q, k, v, layout, **kwargs):
