@@ -418,6 +418,9 @@ def test_gpu_fused_merge_repeats_and_replays(batch, seq_k, device):
     for splits in (2, 7, fused.max_splits):
         eager = run_decode(q, k, v, layout, decode=True, config=fused, num_splits=splits)
         out = torch.full_like(q, float("nan"))
+        # the captured call's own form once outside the capture: Triton compiles it there
+        block_sparse_attention(q, k, v, layout, decode=True, config=fused, num_splits=splits, out=out)
+        torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             block_sparse_attention(q, k, v, layout, decode=True, config=fused, num_splits=splits, out=out)
