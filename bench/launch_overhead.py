@@ -24,7 +24,10 @@ GPU (``--device cuda``): ``call_us`` (``triton.testing.do_bench``, mean), ``grap
 minus graph, and ``queued_us`` (wall time of 50 calls issued without waiting, per call).
 Decode rows on a GPU also get ``hit_parts``: the host microseconds per call of each step of the
 plan's hit (dispatch state, key, lookup, the output's and the workspace's allocation, each kernel's
-issue), issued back to back, beside the whole call and PyTorch's SDPA on the same tensors.
+issue), issued back to back, beside the whole call and PyTorch's SDPA on the same tensors, once per
+merge of the splits (``combine_modes``: "fused", the split kernel's last program merges, one launch
+and nothing allocated but the output; "kernel", ``decode_combine`` after it, two launches), each
+with the plan's ``call_us``/``graph_us``/``host_us``: host and device time of both side by side.
 Each line records the device, Python, torch and Triton versions.
 """
 from __future__ import annotations
@@ -198,6 +201,22 @@ def _hit_parts(layout, q, k, v, calls: int = 400) -> dict[str, float]:
     return result
 
 
+@contextlib.contextmanager
+def _combine_mode(fused: bool):
+    """Plain calls take the pinned decode config with ``fused_combine`` set (plans are dropped on
+    entry and exit: a plan's key does not hold the config, which follows from the device)."""
+    from parity.kernels import attention
+
+    pinned = attention.decode_config
+    attention._LAUNCH_CACHES.clear()
+    attention.decode_config = lambda *a, **kw: dataclasses.replace(pinned(*a, **kw), fused_combine=fused)
+    try:
+        yield
+    finally:
+        attention.decode_config = pinned
+        attention._LAUNCH_CACHES.clear()
+
+
 def measure(rows: list[str], device: torch.device, calls: int) -> list[dict]:
     from parity.kernels import block_sparse_attention, targets
 
@@ -220,10 +239,14 @@ def measure(rows: list[str], device: torch.device, calls: int) -> list[dict]:
                 with _tensor_arguments():
                     row["plan_tensors"] = _gpu_us(paths["plan"])
                 if decode:
-                    try:
-                        row["hit_parts"] = _hit_parts(layout, q, k, v)
-                    except Exception as err:  # a measurement aid: the row keeps what it measured
-                        row["hit_parts"] = {"error": f"{type(err).__name__}: {err}"[:300]}
+                    row["combine_modes"] = {}
+                    for mode, fused in (("fused", True), ("kernel", False)):
+                        with _combine_mode(fused):
+                            measured = row["combine_modes"][mode] = {"plan": _gpu_us(paths["plan"])}
+                            try:
+                                measured["hit_parts"] = _hit_parts(layout, q, k, v)
+                            except Exception as err:  # a measurement aid: the row keeps what it measured
+                                measured["hit_parts"] = {"error": f"{type(err).__name__}: {err}"[:300]}
             out.append(row)
             print(json.dumps(row), flush=True)
             del layout, q, k, v

@@ -137,6 +137,10 @@ class AotResult:
     error: str | None = None
     kernel: str = "prefill"  # KERNELS: block_sparse_attn_fwd or the decode path's block_sparse_decode_fwd
     problems: list[str] = dataclasses.field(default_factory=list)  # failed checks (verdict)
+    # opcode -> count of the atomics and the cache maintenance/bypass that orders them: atom.* and
+    # ld.global.cg* (PTX); *_atomic_*, buffer_wbl2, buffer_inv (AMDGCN). The decode kernel's
+    # fused merge has one arrival atomic per program; the prefill kernel has none.
+    atomics: dict[str, int] = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)  # worth knowing, not failures
 
     @property
@@ -238,7 +242,8 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
         cfg = pinned_config(target, dtype, head_dim, kernel="decode").clamp(layout.block_n)
         # The split count the launcher would choose on the target's flagship part.
         launch = build_decode_launch(q, k, v, torch.empty_like(q), lse, layout, cfg, sm_scale=head_dim ** -0.5,
-                                     units=targets.arch_spec(target).compute_units, amd=amd)
+                                     units=targets.arch_spec(target).compute_units, amd=amd,
+                                     warp_size=targets.arch_spec(target).warp_size)
         return launch.args, launch.constexprs, launch.options, launch.config
     cfg = pinned_config(target, dtype, head_dim, overrides).clamp(layout.block_m, layout.block_n)
     use_tma = tma_fits(cfg, q, k, v)
@@ -329,8 +334,24 @@ def _compile_one(request: dict[str, Any]) -> dict[str, Any]:
         _read_amdgcn(result, kernel.asm["amdgcn"], spec)
     else:
         _read_nvidia(result, kernel.asm["ptx"], kernel.asm["cubin"])
+    result.atomics = read_atomics(kernel.asm["amdgcn"] if spec.backend == "hip" else kernel.asm["ptx"])
+    if result.atomics:  # the decode kernel's fused merge: shown in the table's verdict column
+        result.notes.append("atomics: " + ", ".join(f"{op} x{count}" for op, count in result.atomics.items()))
     _judge(result)
     return result.to_dict()
+
+
+_ATOMIC_OPCODES = re.compile(r"^\s*(?:@!?%\w+\s+)?(atom\.[\w.]+|ld\.global\.cg[\w.]*|\w+_atomic_\w+|buffer_wbl2|buffer_inv)\b",
+                             re.MULTILINE)
+
+
+def read_atomics(asm: str) -> dict[str, int]:
+    """Opcode -> count of the atomics in PTX or AMDGCN and of the instructions that order or
+    bypass caches around them (``AotResult.atomics``)."""
+    counts: dict[str, int] = {}
+    for opcode in _ATOMIC_OPCODES.findall(asm):
+        counts[opcode] = counts.get(opcode, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def code_digest(asm: str) -> str:

@@ -6,6 +6,7 @@ arguments. Autotuning runs only when asked for (``config="autotune"``).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -13,7 +14,7 @@ import torch
 
 from . import configs, dtypes
 from . import targets as platform
-from .decode import MAX_ROWS, WORKSPACE, build_decode_launch, decode_eligible, decode_key, decode_steps
+from .decode import COUNTERS, MAX_ROWS, WORKSPACE, build_decode_launch, decode_eligible, decode_key, decode_steps
 from .inputs import check_inputs
 from .launch import DESCRIPTORS, PER_CALL, build_launch, element_mask_arguments, kv_descriptors, launch_key, tma_fits
 from .launch_cache import LaunchCache, LaunchStep
@@ -30,7 +31,7 @@ _AUTOTUNED: dict[tuple, configs.LaunchConfig] = {}
 # (tests/test_kernels_launch_cache.py on an H100); 0.075-0.148 ms of host time per call there
 # instead of 0.17-0.43.
 LAUNCH_CACHE_DEFAULT = True
-_LAUNCH_CACHES: dict[str, LaunchCache] = {}  # "prefill", "decode"
+_LAUNCH_CACHES: dict[str, LaunchCache] = {}  # "prefill", "decode", "decode-borrowed"
 _KERNELS_MODULE = None  # kernels.triton_attention, once imported
 
 
@@ -126,7 +127,7 @@ def attention_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, te
     checked) only where no plan matches. Returns (out, lse or None)."""
     block_m, block_n, causal, window, sink_tokens, offset = meta
     meta = (q.shape[2], k.shape[2], block_m, block_n, causal, window, sink_tokens, offset)
-    found = _planned(q, k, v, tensors, meta, sm_scale, return_lse) if LAUNCH_CACHE_DEFAULT else None
+    found = _planned(q, k, v, tensors, meta, sm_scale, return_lse, borrowed=True) if LAUNCH_CACHE_DEFAULT else None
     if found is not None:
         return found
     kv_num, kv_idx, full_num, full_idx, q_doc, k_doc, k_start, k_end, bits = tensors
@@ -177,15 +178,17 @@ def _layout_version(tensors: tuple) -> tuple | None:
         return None
 
 
-def _planned(q, k, v, tensors, meta, sm_scale, return_lse):
+def _planned(q, k, v, tensors, meta, sm_scale, return_lse, borrowed=False):
     """The plain call's (out, lse or None) through its plan; None where no plan matches (the call
-    then takes ``_launch``, which builds one). The whole host path of a model's call."""
+    then takes ``_launch``, which builds one). The whole host path of a model's call. ``borrowed``:
+    the operator's call, whose decode plans are kept apart (``_launch_cache``)."""
     shape = q.shape
     if len(shape) != 4:
         return None  # the full path names the problem
     if q.device.type != "cuda" and not platform.triton_interpreter_enabled():
         return None  # plans hold GPU launches (or the interpreter's); anything else takes the full path
-    cache = _launch_cache(_plan_path(shape[2], meta[2]))
+    path = _plan_path(shape[2], meta[2])
+    cache = _launch_cache(path + "-borrowed" if borrowed and path == "decode" else path)
     state = cache.state()
     if state is None:
         return None
@@ -201,7 +204,8 @@ def _planned(q, k, v, tensors, meta, sm_scale, return_lse):
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     descriptors = (kv_descriptors(k, v, recipe.descriptors, True) if recipe.descriptors is not None
                    else (None, None))
-    cache.issue(entry, (q, k, v, staging, lse, *descriptors), state)
+    with _forgetting_decode_plans_on_error(path):
+        cache.issue(entry, (q, k, v, staging, lse, *descriptors), state)
     if recipe.staging:
         result.copy_(staging)
     return result, lse
@@ -263,8 +267,9 @@ def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, ou
         def build():
             return decode_steps(build_decode_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale,
                                                     num_splits=num_splits, units=platform.compute_units(q.device),
-                                                    emulate_bf16=emulate_bf16, amd=_amd(q.device, interpreter)))
-        cache, descriptors = "decode", ()
+                                                    emulate_bf16=emulate_bf16, amd=_amd(q.device, interpreter),
+                                                    warp_size=platform.warp_size(q.device)))
+        cache, descriptors = "decode-borrowed" if borrowed_only else "decode", ()
         key = decode_key(q, k, v, staging, lse, cfg, sm_scale=scale, num_splits=num_splits,
                          emulate_bf16=emulate_bf16) if cached and plan is None else None
     else:
@@ -279,18 +284,20 @@ def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, ou
         cache = "prefill"
         key = launch_key(q, k, v, staging, lse, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
                          use_tma=use_tma) if cached and plan is None else None
-    if cached and plan is not None:  # a plain call: stored under the key its next call finds (``_planned``)
-        layout_tensors, meta = plan
-        recipe = _Recipe(staging=emulate_bf16, descriptors=cfg if descriptors and descriptors[0] is not None else None)
-        _launch_cache(cache).launch(
-            layout_tensors[0], _plan_key(q, k, v, layout_tensors, meta, sm_scale, return_lse),
-            (q, k, v, staging, lse, *descriptors), build, version=_layout_version(layout_tensors), extra=recipe,
-            keep=tuple(t for t in layout_tensors[1:] if t is not None), borrowed_only=borrowed_only)
-    elif cached:  # one cache per path, so the two paths' keys never meet
-        _launch_cache(cache).launch(layout, key, (q, k, v, staging, lse, *descriptors), build)
-    else:
-        for step in build():
-            step.dispatch()
+    with _forgetting_decode_plans_on_error(cache if cached else "prefill"):
+        if cached and plan is not None:  # a plain call: stored under the key its next call finds (``_planned``)
+            layout_tensors, meta = plan
+            recipe = _Recipe(staging=emulate_bf16,
+                             descriptors=cfg if descriptors and descriptors[0] is not None else None)
+            _launch_cache(cache).launch(
+                layout_tensors[0], _plan_key(q, k, v, layout_tensors, meta, sm_scale, return_lse),
+                (q, k, v, staging, lse, *descriptors), build, version=_layout_version(layout_tensors), extra=recipe,
+                keep=tuple(t for t in layout_tensors[1:] if t is not None), borrowed_only=borrowed_only)
+        elif cached:  # one cache per path, so the two paths' keys never meet
+            _launch_cache(cache).launch(layout, key, (q, k, v, staging, lse, *descriptors), build)
+        else:
+            for step in build():
+                step.dispatch()
     if emulate_bf16:
         result.copy_(staging)
     return (result, lse) if return_lse else result
@@ -302,9 +309,28 @@ def _amd(device: torch.device, interpreter: bool) -> bool:
     return not interpreter and platform.vendor_of(device) == "amd"
 
 
+@contextlib.contextmanager
+def _forgetting_decode_plans_on_error(path: str):
+    """Drop every decode plan where a decode launch raises, an interrupt included: a grid stopped
+    halfway (the interpreter runs programs one by one) may leave a plan's arrival counters
+    non-zero, and a later launch would then merge before all its splits have written
+    (kernels/decode.py). A new plan starts from zeroed counters."""
+    try:
+        yield
+    except BaseException:
+        if path.startswith("decode"):
+            _LAUNCH_CACHES.pop("decode", None)
+            _LAUNCH_CACHES.pop("decode-borrowed", None)
+        raise
+
+
 def _launch_cache(path: str) -> LaunchCache:
     """The launch cache of the prefill or the decode path (made on first use: the kernel module
-    imports Triton; made again if the module's kernels were replaced, as tests replace them)."""
+    imports Triton; made again if the module's kernels were replaced, as tests replace them).
+    "decode" keeps each plan's partial buffers and arrival counters in the plan (a hit allocates
+    nothing but the output; kernels/decode.py says why that is safe); "decode-borrowed" (the
+    operator's calls, whose plans may keep nothing they allocated) makes them anew per hit, the
+    counters zeroed."""
     global _KERNELS_MODULE
     if _KERNELS_MODULE is None:  # imported once (an import statement per call costs the import machinery's lookup)
         from . import triton_attention as _KERNELS_MODULE
@@ -320,8 +346,13 @@ def _launch_cache(path: str) -> LaunchCache:
             return cache
         kernels = (module.block_sparse_decode_fwd, module.decode_combine)
     per_call = PER_CALL + (DESCRIPTORS if path == "prefill" else ())
-    cache = _LAUNCH_CACHES[path] = LaunchCache(kernels, per_call, fresh=WORKSPACE if path == "decode" else (),
-                                               version=BlockLayout.version)
+    if path == "decode-borrowed":
+        options = {"fresh": WORKSPACE + COUNTERS, "zeroed": COUNTERS}
+    elif path == "decode":
+        options = {"fresh_stand_ins": False}
+    else:
+        options = {}
+    cache = _LAUNCH_CACHES[path] = LaunchCache(kernels, per_call, version=BlockLayout.version, **options)
     return cache
 
 

@@ -174,7 +174,12 @@ class DecodeConfig:
 
     ``programs_per_unit``: splits are added until the launch has about this many programs per
     multiprocessor / compute unit; ``min_tiles_per_split``: but no split gets fewer key tiles
-    than this (a split's fixed cost is its prologue, epilogue and partial write)."""
+    than this (a split's fixed cost is its prologue, epilogue and partial write).
+
+    ``fused_combine``: with more than one split, the last program of each head group to finish
+    merges the splits' partials (one launch per call); False launches ``decode_combine`` after
+    the split kernel instead (two launches). Both merge in the same order: the same bits. Kept
+    as a setting so that one run can time both (bench/launch_overhead.py)."""
 
     block_n: int
     num_warps: int
@@ -183,6 +188,7 @@ class DecodeConfig:
     programs_per_unit: int = 4
     min_tiles_per_split: int = 4
     max_splits: int = 128
+    fused_combine: bool = True
 
     def launch_kwargs(self) -> dict[str, Any]:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages, **dict(self.amd)}
@@ -195,7 +201,8 @@ class DecodeConfig:
     def to_dict(self) -> dict[str, Any]:
         return {"path": "decode", "block_n": self.block_n, "num_warps": self.num_warps,
                 "num_stages": self.num_stages, **dict(self.amd), "programs_per_unit": self.programs_per_unit,
-                "min_tiles_per_split": self.min_tiles_per_split, "max_splits": self.max_splits}
+                "min_tiles_per_split": self.min_tiles_per_split, "max_splits": self.max_splits,
+                "fused_combine": self.fused_combine}
 
 
 def _amd_decode(block_n, num_warps, num_stages, *, waves_per_eu=0, nonkdim=16, kpack=1, **split):
@@ -286,7 +293,7 @@ OVERRIDE_KEYS = {**LAUNCH_FIELDS, **AMD_KNOBS}
 
 # The decode config's fields a benchmark variant may change (``benchmark_decode --variant``).
 DECODE_FIELDS = {"block_n": _SIZE, "num_warps": _SIZE, "num_stages": _KNOB, "programs_per_unit": _SIZE,
-                 "min_tiles_per_split": _SIZE, "max_splits": _SIZE}
+                 "min_tiles_per_split": _SIZE, "max_splits": _SIZE, "fused_combine": ("bool",)}
 
 
 def parse_fields(spec: str, fields: dict[str, tuple], *, flag: str) -> dict[str, Any]:

@@ -6,8 +6,29 @@ of the GPU idles, and every query head of a GQA group reads the group's K/V agai
 instead launches ``block_sparse_decode_fwd`` on a grid of (splits, batch x head groups): each
 program takes the query rows of one GQA group (heads x positions, one K/V read for all of them)
 and a contiguous share of the key tiles the layout lists, and writes a normalized partial output
-with its base-2 LSE; ``decode_combine`` then merges the splits of each row. With one split the
-kernel writes the output itself and no combine runs.
+with its base-2 LSE. The splits of each head group are then merged in the same launch: each
+program counts its arrival on the group's counter (one atomic, acq_rel), and the one that arrives
+last reads every split's partials and writes the output ("the last split combines"; no program
+ever waits on another). ``DecodeConfig.fused_combine=False`` launches ``decode_combine`` for the
+merge instead, the same arithmetic in a second kernel (``DecodeLaunch.combine`` records which
+ran). With one split the kernel writes the output itself and nothing merges.
+
+The partial buffers and the counters live as long as a launch plan (the launch cache's entry),
+not one call: a plan's hit allocates nothing but its output. That is safe because an entry is
+keyed on the device and the stream (``launch_cache.dispatch_state``): two calls that share one are
+queued on one stream, which runs the second call's split kernel only after the first call's merge
+has read the partials and put the counters back to 0. Every other call allocates them afresh: a
+call without the cache, one under CUDA-graph capture (the cache steps aside; the graph then owns
+buffers of its own, its counters zeroed by a memset node every replay), and the operator's
+``borrowed_only`` calls, whose plans must keep nothing they allocated alive (their cache makes the
+buffers anew per hit, the counters zeroed: ``COUNTERS``).
+
+A counter left non-zero would make a later launch merge before all its splits have written, a
+wrong result with no error; it takes a launch that stopped halfway. A GPU kernel does not stop
+halfway except by a fault, and a fault poisons the CUDA context (every later call raises), so no
+later launch computes with it. Under the interpreter (programs run one after another in Python) an
+interrupt can stop a grid halfway: ``kernels.attention`` then drops the decode plans, counters
+included, so the next call builds a new one from zeros.
 
 Only the blocks the layout keeps are read, so sparse layouts (sliding window, sink + window,
 random) and ragged batches (``padding_layout``: per-sequence cache lengths, its block lists skip
@@ -28,11 +49,14 @@ from .launch_cache import LaunchStep
 from .layout import BlockLayout
 
 __all__ = ["DecodeLaunch", "decode_eligible", "heads_per_program", "choose_splits", "build_decode_launch",
-           "decode_key", "decode_steps", "MAX_ROWS", "WORKSPACE"]
+           "decode_key", "decode_steps", "MAX_ROWS", "WORKSPACE", "COUNTERS"]
 
 # The tensors the decode launch allocates and its kernels write: the split kernel's partial
-# outputs and LSEs, which the combine kernel reads (a launch cache makes them anew per call).
+# outputs and LSEs, which the merge reads (any content at a launch's start is overwritten first).
 WORKSPACE = ("PartOut", "PartLse")
+# The per-(batch, head group) arrival counters of the fused merge: zero at a launch's start (made
+# with torch.zeros) and zero again at its end (the merging program resets its group's).
+COUNTERS = ("Counter",)
 
 # Query rows of one program (heads of a group x query positions): a group is split into fewer
 # heads per program beyond this, to keep the tile's registers bounded.
@@ -73,9 +97,10 @@ def choose_splits(programs: int, max_tiles: int, units: int, config: DecodeConfi
 
 @dataclasses.dataclass(frozen=True)
 class DecodeLaunch:
-    """Both launches of the decode path: ``block_sparse_decode_fwd[grid](**args, **constexprs,
-    **options)``, then, with more than one split, ``decode_combine[combine_grid](**combine_args,
-    **combine_constexprs)``."""
+    """The launches of the decode path: ``block_sparse_decode_fwd[grid](**args, **constexprs,
+    **options)``, then, where ``combine == "kernel"``, ``decode_combine[combine_grid](**combine_args,
+    **combine_constexprs)``. ``combine``: how the splits were merged, "none" (one split, no merge),
+    "fused" (the split kernel's last program per head group) or "kernel" (``decode_combine``)."""
 
     grid: tuple[int, int]
     args: dict[str, Any]
@@ -86,19 +111,22 @@ class DecodeLaunch:
     combine_grid: tuple[int] | None
     combine_args: dict[str, Any] | None
     combine_constexprs: dict[str, Any] | None
+    combine: str = "none"
 
 
 def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                         lse: torch.Tensor | None, layout: BlockLayout, config: DecodeConfig, *, sm_scale: float,
                         num_splits: int | None = None, units: int = 1, emulate_bf16: bool = False,
-                        amd: bool = False) -> DecodeLaunch:
+                        amd: bool = False, warp_size: int = 32) -> DecodeLaunch:
     """The decode launch for q: [B, Hq, Sq, D] (``decode_eligible``), k, v: [B, Hkv, Sk, D].
 
     ``out`` [B, Hq, Sq, D] (fp32 staging when ``emulate_bf16``); ``lse`` [B, Hq, Sq] fp32 or None;
     ``config`` already clamped to the layout's key blocks; ``num_splits`` None picks them
     (``choose_splits`` over ``units`` multiprocessors), else that many (>= 1). The partial
-    buffers are allocated here. ``amd``: compiled for an AMD GPU (``SELECT_LOADED``). No checks of
-    the inputs (the launcher's ``check_inputs`` does them).
+    buffers and the fused merge's counters (zeroed) are allocated here. ``amd``: compiled for an
+    AMD GPU (``SELECT_LOADED``); ``warp_size``: the target's threads per warp or wavefront
+    (``targets.warp_size``; the fused merge releases in every thread). No checks of the inputs
+    (the launcher's ``check_inputs`` does them).
     """
 
     from .triton_attention import LOG2E
@@ -118,6 +146,7 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
     elif num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     split = num_splits > 1
+    fused = split and config.fused_combine
     return_lse = lse is not None
     if lse is None:
         lse = torch.empty(1, 1, 1, dtype=torch.float32, device=q.device)
@@ -128,13 +157,15 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
     else:  # not read: one split writes the output itself
         part_out = torch.empty(1, 1, 1, 1, 1, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(1, 1, 1, 1, dtype=torch.float32, device=q.device)
+    # one arrival counter per program column of the grid (batch x head group); not read unfused
+    counter = torch.zeros(programs if fused else 1, dtype=torch.int32, device=q.device)
     counts, indices = _first_block(layout.kv_num_blocks, layout.kv_indices, batch, heads_q)
     full_counts, full_indices = _first_block(layout.full_kv_num_blocks, layout.full_kv_indices, batch, heads_q)
     mask = layout.mask
     q_doc, k_doc, stride_qdb, stride_kdb, k_start, k_end, stride_pb, mask_bits, *bits_strides = (
         element_mask_arguments(layout, batch, heads_q))
     args = {
-        "Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "PartOut": part_out, "PartLse": part_lse,
+        "Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "PartOut": part_out, "PartLse": part_lse, "Counter": counter,
         "KV_NUM": counts, "KV_IDX": indices, "FULL_NUM": full_counts, "FULL_IDX": full_indices,
         "qk_scale": sm_scale * LOG2E,
         **named_strides("q", q, "bhmd"), **named_strides("k", k, "bhnd"), **named_strides("v", v, "bhnd"),
@@ -155,25 +186,27 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
         "SPARSE_BLOCK_N": layout.block_n, "GROUP": group,
         "IS_CAUSAL": mask.causal, "HAS_WINDOW": mask.window > 0,
         "HAS_DOC": layout.has_doc, "HAS_PAD": layout.has_padding, "HAS_BITS": layout.has_bits,
-        "RETURN_LSE": return_lse, "SPLIT": split, "EMULATE_BF16": emulate_bf16,
+        "RETURN_LSE": return_lse, "SPLIT": split, "FUSED": fused, "EMULATE_BF16": emulate_bf16,
         # fp32 parity needs IEEE products; for fp16/bf16 operands the setting has no effect.
         "DOT_PRECISION": "ieee",
         "SELECT_LOADED": amd,
+        # one lane per thread of the program (tl.zeros needs a power of two; both factors are)
+        "FENCE_LANES": config.num_warps * warp_size,
     }
     combine_grid = combine_args = combine_constexprs = None
-    if split:
-        combine_grid = (batch * heads_q * seq_q,)
+    if split and not fused:
+        combine_grid = (programs,)
         combine_args = {
             "PartOut": part_out, "PartLse": part_lse, "Out": out, "Lse": lse,
             **named_strides("po", part_out, "bhsr"), **named_strides("pl", part_lse, "bhs"),
             **named_strides("o", out, "bhmd"), **named_strides("l", lse, "bh"),
             "num_splits": num_splits, "head_groups": head_groups, "seq_q": seq_q,
         }
-        combine_constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": block_d,
-                              "BLOCK_S": next_power_of_2(num_splits), "GROUP": group,
+        combine_constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "GROUP": group,
                               "RETURN_LSE": return_lse}
     return DecodeLaunch((num_splits, programs), args, constexprs, config.launch_kwargs(), config, num_splits,
-                        combine_grid, combine_args, combine_constexprs)
+                        combine_grid, combine_args, combine_constexprs,
+                        combine="fused" if fused else "kernel" if split else "none")
 
 
 def decode_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
@@ -186,7 +219,7 @@ def decode_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
 
 def decode_steps(launch: DecodeLaunch) -> list[LaunchStep]:
     """A ``DecodeLaunch`` as its kernel launches in order (``launch_cache.LaunchStep``): the split
-    kernel, then the combine kernel when there is more than one split."""
+    kernel, then the combine kernel where it merges (``combine == "kernel"``)."""
     from .triton_attention import block_sparse_decode_fwd, decode_combine
 
     steps = [LaunchStep(block_sparse_decode_fwd, launch.grid, launch.args, launch.constexprs, launch.options)]

@@ -13,9 +13,9 @@ and launch two kernels.
 ``LaunchCache`` keeps, per layout and per key (``kernels.launch.launch_key``, and
 ``kernels.decode.decode_key`` for the decode path: everything the launches depend on besides the
 layout and the addresses of the per-call tensors), the compiled kernels Triton chose and the
-argument lists they were called with: one launch on the prefill path, the split kernel and the
-combine kernel on the decode path (whose partial-result workspace is made anew for each call,
-with the first call's shape and strides). A later call with an equal key on the same layout
+argument lists they were called with: one launch on the prefill path, the split kernel (and,
+unfused, the combine kernel) on the decode path, whose workspace the entry keeps or makes anew per
+call (``fresh``; kernels/decode.py says when each is safe). A later call with an equal key on the same layout
 object swaps in its own per-call tensors (q, k, v, out, lse) and issues the compiled kernels
 directly, as Triton's own ``JITFunction.run`` does after its cache lookup. The key holds every
 input of Triton's specialization that can change between such calls (the per-call
@@ -218,7 +218,10 @@ class LaunchCache:
     launch builds that kernels write (a workspace): each hit allocates them anew, with the same
     shape, strides and dtype, so that two calls in flight never share one. Any other tensor a
     launch builds (a stand-in never written, a copy of a layout tensor) is kept in the entry and
-    only read, on the stream the entry belongs to.
+    only read, on the stream the entry belongs to (a caller may keep written buffers there too, where
+    stream order serializes the calls that share them). ``zeroed``: those of ``fresh`` made filled
+    with zeros. ``fresh_stand_ins``: False keeps a stand-in for a per-call tensor left None in the
+    entry instead of making it anew per hit (only for calls that need nothing they allocate freed).
     ``version``: what changes when a layout is edited in place (``BlockLayout.version``); an
     entry built under another version is built again, and a layout whose version is None (not
     known) is never cached.
@@ -241,6 +244,7 @@ class LaunchCache:
     """
 
     def __init__(self, kernels: Sequence[Any], per_call: Sequence[str], *, fresh: Sequence[str] = (),
+                 zeroed: Sequence[str] = (), fresh_stand_ins: bool = True,
                  issue: Callable[[Any, tuple[int, ...], Sequence[Any], tuple], None] = issue_compiled,
                  state: Callable[[Sequence[Any]], tuple | None] = dispatch_state,
                  version: Callable[[Any], Any] = lambda layout: (), max_per_layout: int = MAX_PER_LAYOUT,
@@ -249,6 +253,8 @@ class LaunchCache:
         self._addresses = addresses
         self._per_call = tuple(per_call)
         self._fresh = tuple(fresh)
+        self._zeroed = frozenset(zeroed)
+        self._fresh_stand_ins = fresh_stand_ins
         self._issue = issue
         self._state = state
         self._version = version
@@ -330,6 +336,8 @@ class LaunchCache:
         only by work queued later on the same stream)."""
         made = {name: torch.empty_strided(shape, strides, dtype=dtype, device=device)
                 for name, (shape, strides, dtype, device) in entry.fresh.items()} if entry.fresh else None
+        for name in self._zeroed.intersection(made or ()):
+            made[name].zero_()
         for bound in entry.steps:
             addresses = bound.addresses
             if addresses is not None:
@@ -390,7 +398,7 @@ class LaunchCache:
         # holds no tensor allocated by the call (CUDA-graph trees fail a recording after which a
         # tensor allocated in their pool stays alive without being an output).
         stand_ins = tuple(name for name, tensor in zip(self._per_call, tensors)
-                          if tensor is None and isinstance(given.get(name), torch.Tensor))
+                          if tensor is None and isinstance(given.get(name), torch.Tensor)) if self._fresh_stand_ins else ()
         for name in self._fresh + stand_ins:
             if name in given:
                 tensor = given[name]

@@ -126,6 +126,19 @@ def compute_units(device: torch.device | str) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def warp_size(device: torch.device | str) -> int:
+    """Threads per warp (NVIDIA) or wavefront (AMD) of a GPU device; 32 for the CPU (the
+    interpreter runs a program as one thread: any width computes the same)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return 32
+    size = getattr(torch.cuda.get_device_properties(device), "warp_size", None)
+    if size:
+        return int(size)
+    arch = arch_of(device)
+    return ARCHS[arch].warp_size if arch in ARCHS else (64 if torch.version.hip else 32)
+
+
 def environment(device: torch.device | str) -> dict:
     """What a measurement ran on: the device's name and multiprocessor / compute-unit count,
     torch, its CUDA or ROCm version, Triton (the harness's fuller record is

@@ -408,8 +408,74 @@ def block_sparse_attn_fwd(
 
 # ---- decode: split-KV (flash-decoding) for short query lengths ----------------------------------
 @triton.jit
+def _group_rows(pid_bg, head_groups, seq_q, BLOCK_M: tl.constexpr, GROUP: tl.constexpr):
+    # The tile of one (batch, head group) program, shared by the split kernel and the combine:
+    # row r is query head head0 + r // seq_q at position r % seq_q. Returns (off_b, off_g, rows,
+    # row_ok, row_head, offs_m), the last four [BLOCK_M].
+    off_b = pid_bg // head_groups
+    off_g = pid_bg % head_groups
+    rows = tl.arange(0, BLOCK_M)  # [BLOCK_M] tile rows
+    row_ok = rows < GROUP * seq_q  # rows past the group's are padding (tl.dot needs M >= 16)
+    row_head = off_g * GROUP + tl.minimum(rows // seq_q, GROUP - 1)  # [BLOCK_M], clamped in range
+    offs_m = rows % seq_q  # [BLOCK_M] query positions, what the mask predicates see
+    return off_b, off_g, rows, row_ok, row_head, offs_m
+
+
+@triton.jit
+def _store_rows(Out, Lse, off_b, row_head, offs_m, offs_d, out, lse2, store_ok, row_ok,
+                stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, RETURN_LSE: tl.constexpr):
+    # The final output tile [BLOCK_M, BLOCK_D] (fp32, cast to Out's type) and, with RETURN_LSE,
+    # the natural-log LSE from lse2 [BLOCK_M], base 2 of the scaled scores (-inf: no key seen).
+    o_ptrs = (Out + off_b.to(tl.int64) * stride_ob + row_head[:, None].to(tl.int64) * stride_oh
+              + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=store_ok)
+    if RETURN_LSE:
+        l_ptrs = Lse + off_b.to(tl.int64) * stride_lb + row_head.to(tl.int64) * stride_lh + offs_m
+        tl.store(l_ptrs, lse2 * 0.6931471805599453, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits(po_base, pl_base, stride_pos, stride_pls, tile_offs, rows, store_ok, row_ok, num_splits,
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BYPASS_L1: tl.constexpr):
+    # The splits' partial outputs of one group's rows merged: the softmax-weighted mean, weights
+    # 2^(lse_s - max lse). Splits that saw no key have lse -inf, weight 0; a row no split saw
+    # gives 0 and lse -inf. Splits are visited in index order, one at a time, so every element's
+    # sum has one fixed order whichever kernel merges (the same bits from the fused path and the
+    # combine kernel, and from run to run). BYPASS_L1: the partials were written by other programs
+    # of this launch, on other multiprocessors; the loads go to L2 (``.cg``), never to a line this
+    # one's L1 may hold from before (the arrival counter's acquire orders them after the writes).
+    # po_base, pl_base: the group's split 0; tile_offs: [BLOCK_M, BLOCK_D] offsets within a split.
+    # Returns (out [BLOCK_M, BLOCK_D] fp32, lse2 [BLOCK_M], base 2).
+    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for s in range(num_splits):
+        if BYPASS_L1:
+            lse_s = tl.load(pl_base + s * stride_pls + rows, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        else:
+            lse_s = tl.load(pl_base + s * stride_pls + rows, mask=row_ok, other=float("-inf"))
+        m = tl.maximum(m, lse_s)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)  # [BLOCK_M]; exp2(-inf - 0) = 0, not NaN
+    denom = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for s in range(num_splits):
+        if BYPASS_L1:
+            lse_s = tl.load(pl_base + s * stride_pls + rows, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+            part = tl.load(po_base + s * stride_pos + tile_offs, mask=store_ok, other=0.0,
+                           cache_modifier=".cg")
+        else:
+            lse_s = tl.load(pl_base + s * stride_pls + rows, mask=row_ok, other=float("-inf"))
+            part = tl.load(po_base + s * stride_pos + tile_offs, mask=store_ok, other=0.0)
+        weight = tl.math.exp2(lse_s - m_sub)  # [BLOCK_M]
+        denom = denom + weight
+        acc = acc + part * weight[:, None]
+    empty = denom == 0.0
+    out = acc / tl.where(empty, 1.0, denom)[:, None]
+    lse2 = tl.where(empty, float("-inf"), m_sub + tl.math.log2(tl.where(empty, 1.0, denom)))
+    return out, lse2
+
+
+@triton.jit
 def block_sparse_decode_fwd(
-    Q, K, V, Out, Lse, PartOut, PartLse,
+    Q, K, V, Out, Lse, PartOut, PartLse, Counter,
     KV_NUM, KV_IDX, FULL_NUM, FULL_IDX,
     qk_scale,
     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -430,28 +496,23 @@ def block_sparse_decode_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPARSE_BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
-    RETURN_LSE: tl.constexpr, SPLIT: tl.constexpr, EMULATE_BF16: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    SELECT_LOADED: tl.constexpr,
+    RETURN_LSE: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SELECT_LOADED: tl.constexpr, FENCE_LANES: tl.constexpr,
 ):
     # Grid (num_splits, B * head_groups). One program: GROUP query heads that share one K/V head
     # (a GQA group, or one head where the layout differs between heads), all seq_q (<= the layout's
     # query block) query rows of them, and one contiguous share of the key tiles the layout lists
     # for query block 0 (full blocks, then partial ones). Row r of the tile is query head
     # head0 + r // seq_q at position r % seq_q, so the group's K/V is read once for all of them.
-    # With SPLIT the program writes its normalized partial output and base-2 LSE for the combine
-    # kernel below; without (one split) it writes the final output directly.
+    # With SPLIT the program writes its normalized partial output and base-2 LSE; without (one
+    # split) it writes the final output directly. With SPLIT and FUSED the last program of a group
+    # to finish merges the partials itself (below); SPLIT alone leaves that to ``decode_combine``.
     split = tl.program_id(0)
     num_splits = tl.num_programs(0)
     pid_bg = tl.program_id(1)
-    off_b = pid_bg // head_groups
-    off_g = pid_bg % head_groups
+    off_b, off_g, rows, row_ok, row_head, offs_m = _group_rows(pid_bg, head_groups, seq_q, BLOCK_M, GROUP)
     head0 = off_g * GROUP
     off_hkv = head0 // gqa_group
-
-    rows = tl.arange(0, BLOCK_M)  # [BLOCK_M] tile rows
-    row_ok = rows < GROUP * seq_q  # rows past the group's are padding (tl.dot needs M >= 16)
-    row_head = head0 + tl.minimum(rows // seq_q, GROUP - 1)  # [BLOCK_M], clamped in range
-    offs_m = rows % seq_q  # [BLOCK_M] query positions, what the mask predicates see
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
@@ -503,23 +564,38 @@ def block_sparse_decode_fwd(
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     out = acc / l_safe[:, None]  # [BLOCK_M, BLOCK_D]
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))  # base 2, scaled scores
     store_ok = row_ok[:, None] & d_ok[None, :]
     if SPLIT:
-        po_ptrs = (PartOut + off_b.to(tl.int64) * stride_pob + off_g.to(tl.int64) * stride_poh
-                   + split.to(tl.int64) * stride_pos + rows[:, None] * stride_por + offs_d[None, :])
-        tl.store(po_ptrs, out, mask=store_ok)
-        lse2 = tl.where(empty, float("-inf"), m_i + tl.math.log2(l_safe))  # base 2, scaled scores
-        pl_ptrs = (PartLse + off_b.to(tl.int64) * stride_plb + off_g.to(tl.int64) * stride_plh
-                   + split.to(tl.int64) * stride_pls + rows)
-        tl.store(pl_ptrs, lse2, mask=row_ok)
+        po_base = PartOut + off_b.to(tl.int64) * stride_pob + off_g.to(tl.int64) * stride_poh
+        pl_base = PartLse + off_b.to(tl.int64) * stride_plb + off_g.to(tl.int64) * stride_plh
+        tile_offs = rows[:, None] * stride_por + offs_d[None, :]  # [BLOCK_M, BLOCK_D] within a split
+        tl.store(po_base + split.to(tl.int64) * stride_pos + tile_offs, out, mask=store_ok)
+        tl.store(pl_base + split * stride_pls + rows, lse2, mask=row_ok)
+        if FUSED:
+            # "The last split combines". First every thread releases its own partial stores at GPU
+            # scope (an atomic adding 0, release, in each of the FENCE_LANES threads: the fence
+            # HIP's grid sync makes in every thread; on NVIDIA one thread's release after the
+            # barrier would cover the others' stores, PTX's release being cumulative, but an AMD
+            # barrier does not wait for the other waves' stores to complete). Then the barrier,
+            # and the arrival: one atomic per program, acq_rel at GPU scope; for the program that
+            # sees num_splits - 1 arrivals before its own, its acquire makes every other split's
+            # stores visible. No program waits on another, so no schedule can deadlock. The
+            # merging program puts the counter back to 0 (nothing else touches it after the last
+            # arrival): the next launch on the stream finds it clean (kernels/decode.py).
+            no_increment = tl.zeros([FENCE_LANES], dtype=tl.int32)
+            tl.atomic_add(Counter + pid_bg + no_increment, no_increment, sem="release", scope="gpu")
+            tl.debug_barrier()
+            arrived = tl.atomic_add(Counter + pid_bg, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                out, lse2 = _merge_splits(po_base, pl_base, stride_pos, stride_pls, tile_offs, rows, store_ok, row_ok,
+                                          num_splits, BLOCK_M, BLOCK_D, BYPASS_L1=True)
+                _store_rows(Out, Lse, off_b, row_head, offs_m, offs_d, out, lse2, store_ok, row_ok,
+                            stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, RETURN_LSE)
+                tl.atomic_xchg(Counter + pid_bg, 0, sem="relaxed", scope="gpu")
     else:
-        o_ptrs = (Out + off_b.to(tl.int64) * stride_ob + row_head[:, None].to(tl.int64) * stride_oh
-                  + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
-        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=store_ok)
-        if RETURN_LSE:
-            lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
-            l_ptrs = Lse + off_b.to(tl.int64) * stride_lb + row_head.to(tl.int64) * stride_lh + offs_m
-            tl.store(l_ptrs, lse, mask=row_ok)
+        _store_rows(Out, Lse, off_b, row_head, offs_m, offs_d, out, lse2, store_ok, row_ok,
+                    stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, RETURN_LSE)
 
 
 @triton.jit
@@ -530,36 +606,20 @@ def decode_combine(
     stride_ob, stride_oh, stride_om, stride_od,
     stride_lb, stride_lh,
     num_splits, head_groups, seq_q,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
     RETURN_LSE: tl.constexpr,
 ):
-    # One program per output row (batch, query head, query position): the softmax-weighted mean
-    # of the splits' partial outputs, weights 2^(lse_s - max lse). Splits that saw no key have
-    # lse -inf, weight 0; a row no split saw gives 0 and LSE -inf.
-    pid = tl.program_id(0)
-    rows_per_group = GROUP * seq_q
-    row = pid % rows_per_group
-    pid_bg = pid // rows_per_group
-    off_b = pid_bg // head_groups
-    off_g = pid_bg % head_groups
-    head = off_g * GROUP + row // seq_q
-    pos = row % seq_q
-    offs_s = tl.arange(0, BLOCK_S)
+    # The split kernel's merge as a kernel of its own (``DecodeConfig.fused_combine=False``): one
+    # program per (batch, head group), grid (B * head_groups,), the same tile and the same
+    # ``_merge_splits`` as the fused path's last program, so both give the same bits.
+    pid_bg = tl.program_id(0)
+    off_b, off_g, rows, row_ok, row_head, offs_m = _group_rows(pid_bg, head_groups, seq_q, BLOCK_M, GROUP)
     offs_d = tl.arange(0, BLOCK_D)
-    s_ok = offs_s < num_splits
-    lse2 = tl.load(PartLse + off_b.to(tl.int64) * stride_plb + off_g.to(tl.int64) * stride_plh
-                   + offs_s * stride_pls + row, mask=s_ok, other=float("-inf"))  # [BLOCK_S]
-    m = tl.max(lse2, 0)
-    m_sub = tl.where(m == float("-inf"), 0.0, m)
-    weight = tl.math.exp2(lse2 - m_sub)  # [BLOCK_S]
-    denom = tl.sum(weight, 0)
-    parts = tl.load(PartOut + off_b.to(tl.int64) * stride_pob + off_g.to(tl.int64) * stride_poh
-                    + offs_s[:, None].to(tl.int64) * stride_pos + row * stride_por + offs_d[None, :],
-                    mask=s_ok[:, None] & (offs_d[None, :] < HEAD_DIM), other=0.0)  # [BLOCK_S, BLOCK_D]
-    empty = denom == 0.0
-    out = tl.sum(parts * weight[:, None], 0) / tl.where(empty, 1.0, denom)  # [BLOCK_D]
-    tl.store(Out + off_b.to(tl.int64) * stride_ob + head.to(tl.int64) * stride_oh + pos * stride_om
-             + offs_d * stride_od, out.to(Out.dtype.element_ty), mask=offs_d < HEAD_DIM)
-    if RETURN_LSE:
-        lse = tl.where(empty, float("-inf"), (m_sub + tl.math.log2(tl.where(empty, 1.0, denom))) * 0.6931471805599453)
-        tl.store(Lse + off_b.to(tl.int64) * stride_lb + head.to(tl.int64) * stride_lh + pos, lse)
+    store_ok = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    po_base = PartOut + off_b.to(tl.int64) * stride_pob + off_g.to(tl.int64) * stride_poh
+    pl_base = PartLse + off_b.to(tl.int64) * stride_plb + off_g.to(tl.int64) * stride_plh
+    tile_offs = rows[:, None] * stride_por + offs_d[None, :]
+    out, lse2 = _merge_splits(po_base, pl_base, stride_pos, stride_pls, tile_offs, rows, store_ok, row_ok, num_splits,
+                              BLOCK_M, BLOCK_D, BYPASS_L1=False)
+    _store_rows(Out, Lse, off_b, row_head, offs_m, offs_d, out, lse2, store_ok, row_ok,
+                stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, RETURN_LSE)

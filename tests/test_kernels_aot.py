@@ -240,6 +240,18 @@ def test_decode_kernel_compiles_spill_free_with_matrix_instructions(compiled_dec
     # about 4 per compute unit in whole waves: 132 x 4 // 64 = 8 on an H200, 304 x 4 // 64 = 19 on MI300X.
     splits = {"sm_90": 8, "gfx942": 19}[target]
     assert f"{splits} splits of the key range" in " ".join(r.notes), describe(r)
+    # The fused merge: one arrival atomic with release/acquire at device scope, the counter's
+    # reset, and loads of the other splits' partials that bypass L1 (sm_90: ld.global.cg;
+    # gfx942: the acquire's buffer_inv invalidates the stale lines, the release's buffer_wbl2
+    # writes the partials back to the level every compute unit reads).
+    assert r.constexprs["FUSED"] is True
+    if target == "sm_90":
+        assert any(op.startswith("atom.") and ".acq_rel" in op and ".gpu" in op and ".add" in op
+                   for op in r.atomics), r.atomics
+        assert any(op.startswith("atom.") and ".exch" in op for op in r.atomics), r.atomics
+        assert any(op.startswith("ld.global.cg") for op in r.atomics), r.atomics
+    else:
+        assert {"global_atomic_add", "global_atomic_swap", "buffer_inv", "buffer_wbl2"} <= set(r.atomics), r.atomics
 
 
 def test_decode_refuses_prefill_overrides(capsys):

@@ -1,7 +1,12 @@
 """The split-KV decode path against the fp64 reference and against the prefill path: every split
 count (more splits than key tiles too), every layout kind, GQA groups shared by one program or
 split over several, ragged batches, empty rows, poisoned outputs, determinism, and bad requests.
-On CPU through the Triton interpreter (conftest); the GPU test runs the same checks compiled."""
+Every check runs both merges of the splits (``COMBINES``: the split kernel's last program, and
+the separate combine kernel) and asserts they give the same bits; the fused merge's arrival
+counters are zero again after each call, also through the launch cache's hits. On CPU through the
+Triton interpreter (conftest); the GPU tests run the same checks compiled."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -45,8 +50,31 @@ def run_decode(q, k, v, layout, **kwargs):
     return out, lse
 
 
+# DecodeConfig.fused_combine: the last split program merges (the default), or decode_combine does
+COMBINES = {"fused": True, "kernel": False}
+
+
+def combine_config(q, layout, fused: bool) -> DecodeConfig:
+    """The pinned decode config for this call with the merge chosen."""
+    from parity.kernels.attention import decode_config
+
+    return dataclasses.replace(decode_config(q.device, q.shape[-1], q.dtype).clamp(layout.block_n),
+                               fused_combine=fused)
+
+
+def run_both_combines(q, k, v, layout, **kwargs):
+    """The decode path with each merge of the splits, into poisoned buffers; asserts the two give
+    the same bits (one merge order) and returns them."""
+    results = [run_decode(q, k, v, layout, decode=True, config=combine_config(q, layout, fused), **kwargs)
+               for fused in COMBINES.values()]
+    (out, lse), (out_kernel, lse_kernel) = results
+    assert torch.equal(out, out_kernel) and torch.equal(lse, lse_kernel), \
+        f"fused and two-kernel merges differ: max {float((out.double() - out_kernel.double()).abs().max())}"
+    return out, lse
+
+
 def check_against_reference_and_prefill(q, k, v, layout, **kwargs):
-    out, lse = run_decode(q, k, v, layout, decode=True, **kwargs)
+    out, lse = run_both_combines(q, k, v, layout, **kwargs)
     check = check_kernel_output(out, lse, q, k, v, layout)
     assert check.passed, str(check)
     prefill, prefill_lse = block_sparse_attention(q, k, v, layout, return_lse=True, decode=False)
@@ -138,10 +166,17 @@ def test_split_buffers_are_sized_from_the_group(device):
     assert launch.grid == (5, 3 * 2)  # 2 groups of 4 heads per batch element
     assert launch.args["PartOut"].shape == (3, 2, 5, 8, 32)  # [B, groups, splits, 4 heads x 2 rows, D]
     assert launch.constexprs["BLOCK_M"] == 16 and launch.constexprs["GROUP"] == 4
-    assert launch.combine_grid == (3 * 8 * 2,)
+    # fused (the default): the split kernel merges, one counter per (batch, group) program column
+    assert launch.combine == "fused" and launch.combine_grid is None and launch.constexprs["FUSED"]
+    assert launch.args["Counter"].shape == (3 * 2,) and not launch.args["Counter"].any()
+    unfused = build_decode_launch(q, k, v, torch.empty_like(q), None, layout,
+                                  DecodeConfig(32, 4, 1, fused_combine=False), sm_scale=1.0, num_splits=5)
+    assert unfused.combine == "kernel" and unfused.combine_grid == (3 * 2,) and not unfused.constexprs["FUSED"]
+    assert unfused.combine_constexprs["BLOCK_M"] == 16 and unfused.combine_constexprs["GROUP"] == 4
     one = build_decode_launch(q, k, v, torch.empty_like(q), None, layout, DecodeConfig(32, 4, 1), sm_scale=1.0,
                               num_splits=1)
-    assert one.combine_grid is None and not one.constexprs["SPLIT"]
+    assert one.combine_grid is None and not one.constexprs["SPLIT"] and one.combine == "none"
+    assert DecodeConfig(32, 4, 1).to_dict()["fused_combine"] is True  # what bundles record
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -256,3 +291,141 @@ def test_amd_index_select_gives_the_same_bits(path, device):
         outs.append((out, lse))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     assert check_kernel_output(outs[1][0], outs[1][1], q, k, v, layout, sm_scale=0.2).passed
+
+
+def _decode_entries():
+    """Every (entry, its split step's arguments by name) the launcher's decode caches hold."""
+    from parity.kernels import attention
+
+    found = []
+    for path in ("decode", "decode-borrowed"):
+        cache = attention._LAUNCH_CACHES.get(path)
+        for _, entries in (cache._by_layout.values() if cache is not None else ()):
+            for entry in entries.values():
+                split = entry.steps[0]
+                found.append((path, dict(zip(split.names, split.values))))
+    return found
+
+
+@pytest.mark.parametrize("combine", list(COMBINES))
+def test_plan_hits_keep_their_buffers_give_the_same_bits_and_leave_counters_at_zero(combine, device):
+    """Two calls through the launch cache (a miss, then a hit on the same entry, whose partial
+    buffers and counters it keeps): the same bits as each other and as an uncached call, every
+    output row written (poisoned buffers), and the entry's arrival counters 0 after each call."""
+    from parity.kernels import attention
+
+    if device.type != "cpu":
+        pytest.skip("the interpreter's entries; on a GPU test_gpu_fused_merge_repeats_and_replays checks the bits")
+    attention._LAUNCH_CACHES.clear()
+    layout = sliding_window_layout(2, 300, 150, block_m=32, block_n=32)
+    q, k, v = random_qkv(2, 4, 2, 2, 300, 32, torch.float32, seed=5, device=device)
+    cfg = combine_config(q, layout, COMBINES[combine])
+    cache = attention._launch_cache("decode")
+    outs = []
+    for call in range(2):
+        hits = cache.hits
+        outs.append(run_decode(q, k, v, layout, decode=True, config=cfg, num_splits=4))
+        assert cache.hits == hits + call  # the second call is a hit
+        (path, args), = _decode_entries()
+        assert path == "decode" and args["PartOut"].shape[2] == 4  # the entry keeps its workspace
+        assert args["Counter"].shape == ((2 * 2,) if COMBINES[combine] else (1,))
+        assert not args["Counter"].any(), args["Counter"]
+    uncached = run_decode(q, k, v, layout, decode=True, config=cfg, num_splits=4, launch_cache=False)
+    for out, lse in outs[1:] + [uncached]:
+        assert torch.equal(out, outs[0][0]) and torch.equal(lse, outs[0][1])
+    assert check_kernel_output(*outs[0], q, k, v, layout).passed
+
+
+def test_an_interrupted_decode_launch_drops_the_plans(device, monkeypatch):
+    """A decode launch that raises (an interrupt may stop the interpreter's grid halfway, counters
+    counted but not reset) drops every decode plan: the next call builds one from zeroed counters
+    and computes the right result."""
+    from parity.kernels import attention
+
+    if device.type != "cpu":
+        pytest.skip("an interrupted grid is the interpreter's case")
+    attention._LAUNCH_CACHES.clear()
+    layout = causal_layout(1, 200, block_m=32, block_n=32)
+    q, k, v = random_qkv(1, 4, 2, 1, 200, 32, torch.float32, seed=6, device=device)
+    before = run_decode(q, k, v, layout, decode=True, num_splits=3)
+    (_, args), = _decode_entries()
+    args["Counter"].fill_(1)  # what a grid stopped after one arrival leaves
+    cache = attention._launch_cache("decode")
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache, "issue", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_decode(q, k, v, layout, decode=True, num_splits=3)  # the first call's key: a hit
+    assert "decode" not in attention._LAUNCH_CACHES and _decode_entries() == []
+    after = run_decode(q, k, v, layout, decode=True, num_splits=3)
+    assert torch.equal(after[0], before[0]) and torch.equal(after[1], before[1])
+    (_, args), = _decode_entries()
+    assert not args["Counter"].any()
+
+
+def test_the_operator_plans_allocate_their_buffers_per_call(device):
+    """The operator's calls (``attention_from_tensors``, ``borrowed_only``) keep nothing they
+    allocated in a plan: their decode plans make the partial buffers and zeroed counters anew on
+    every hit, and a hit gives the bits of the first call."""
+    from parity.kernels import attention
+
+    if device.type != "cpu":
+        pytest.skip("the interpreter's entries")
+    attention._LAUNCH_CACHES.clear()
+    layout = causal_layout(1, 300, block_m=32, block_n=32)
+    q, k, v = random_qkv(1, 4, 2, 1, 300, 32, torch.float32, seed=7, device=device)
+    tensors = (layout.kv_num_blocks, layout.kv_indices, layout.full_kv_num_blocks, layout.full_kv_indices,
+               layout.q_doc, layout.k_doc, layout.k_start, layout.k_end, layout.mask_bits)
+    mask = layout.mask
+    meta = (layout.block_m, layout.block_n, mask.causal, mask.window, mask.sink_tokens, mask.offset)
+    first = attention.attention_from_tensors(q, k, v, tensors, meta, None, True)
+    cache = attention._launch_cache("decode-borrowed")
+    second = attention.attention_from_tensors(q, k, v, tensors, meta, None, True)
+    assert torch.equal(first[0], second[0]) and torch.equal(first[1], second[1])
+    assert check_kernel_output(*second, q, k, v, layout).passed
+    assert cache.hits == 1
+    (path, args), = _decode_entries()
+    assert path == "decode-borrowed"
+    assert all(args[name] is None for name in ("PartOut", "PartLse", "Counter"))  # made per hit, not kept
+
+
+# The GPU rows of the issue's decode table: (batch, cache length); Hq=32, Hkv=8, D=128, bf16.
+GPU_ROWS = [(1, 4096), (8, 4096), (1, 131072), (8, 131072)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch,seq_k", GPU_ROWS, ids=lambda x: str(x))
+def test_gpu_fused_merge_repeats_and_replays(batch, seq_k, device):
+    """Every split count 1..max_splits: the fused merge 20 times (a race between the last program
+    and a late split's write shows as a rare difference: every repeat must give the same bits),
+    the combine kernel once (the same bits), the fp64 reference (within the rule's bound), and the
+    fused call replayed from a CUDA graph (the same bits; the graph zeroes its own counters)."""
+    layout = causal_layout(1, seq_k)
+    q, k, v = random_qkv(batch, 32, 8, 1, seq_k, 128, torch.bfloat16, seed=3, device=device)
+    fused = combine_config(q, layout, True)
+    for splits in range(1, fused.max_splits + 1):
+        first = run_decode(q, k, v, layout, decode=True, config=fused, num_splits=splits)
+        for _ in range(19):
+            again = run_decode(q, k, v, layout, decode=True, config=fused, num_splits=splits)
+            assert torch.equal(again[0], first[0]) and torch.equal(again[1], first[1]), f"{splits} splits"
+        unfused = run_decode(q, k, v, layout, decode=True, config=combine_config(q, layout, False),
+                             num_splits=splits)
+        assert torch.equal(unfused[0], first[0]) and torch.equal(unfused[1], first[1]), f"{splits} splits"
+        check = check_kernel_output(*first, q, k, v, layout)
+        assert check.passed, f"{splits} splits: {check}"
+    for splits in (2, 7, fused.max_splits):
+        eager = run_decode(q, k, v, layout, decode=True, config=fused, num_splits=splits)
+        out = torch.full_like(q, float("nan"))
+        # the captured call's own form once outside the capture: Triton compiles it there
+        block_sparse_attention(q, k, v, layout, decode=True, config=fused, num_splits=splits, out=out)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            block_sparse_attention(q, k, v, layout, decode=True, config=fused, num_splits=splits, out=out)
+        for _ in range(20):
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(out, eager[0]), f"graph replay, {splits} splits"

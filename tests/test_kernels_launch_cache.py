@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from parity.kernels import block_sparse_attention, causal_layout, configs, random_layout, sliding_window_layout
 from parity.kernels.launch import PER_CALL, build_launch, launch_key
-from parity.kernels.decode import WORKSPACE
+from parity.kernels.decode import COUNTERS, WORKSPACE
 from parity.kernels.launch_cache import LaunchCache, LaunchStep
 from parity.kernels.testing import random_qkv
 from parity.testing.strategies import attention_cases, case_bounds, note_case, parity_settings
@@ -241,7 +241,7 @@ def _decode_launches_agree(binders, steps_a, steps_b, *, addresses: bool) -> boo
             if n in PER_CALL:
                 continue
             a, b = args_a[n], args_b[n]
-            if n in WORKSPACE and not addresses:
+            if n in WORKSPACE + COUNTERS and not addresses:  # made by each build
                 a, b = ((t.dtype, tuple(t.shape), t.stride(), t.data_ptr() % 16 == 0) for t in (a, b))
             elif isinstance(a, torch.Tensor):
                 a, b = _fingerprint(a), _fingerprint(b)
@@ -433,13 +433,15 @@ def test_another_stream_or_device_is_another_entry():
 
 def _kind_steps(path, layout, tensors):
     """The launcher's real launches of one call on ``layout`` (sm_90's pinned configs; decode: two
-    splits): what the cache binds and what a fresh build of the same call passes."""
+    splits, merged by the split kernel, or with "decode-unfused" by the combine kernel): what the
+    cache binds and what a fresh build of the same call passes."""
     from parity.kernels import triton_attention
     from parity.kernels.decode import build_decode_launch, decode_steps
 
     q, k, v, out, lse = tensors
-    if path == "decode":
+    if path.startswith("decode"):
         cfg = configs.decode_config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_n)
+        cfg = dataclasses.replace(cfg, fused_combine=path == "decode")
         return decode_steps(build_decode_launch(q, k, v, out, lse, layout, cfg, sm_scale=0.125, num_splits=2,
                                                 units=132))
     cfg = configs.config_for("sm_90", 64, torch.bfloat16).clamp(layout.block_m, layout.block_n)
@@ -449,7 +451,7 @@ def _kind_steps(path, layout, tensors):
 
 
 _KINDS = ([("prefill", kind) for kind in ("documents", "padding", "dense mask bits", "prefix lm", "window")]
-          + [("decode", kind) for kind in ("padding", "dense mask bits", "window")])
+          + [(path, kind) for path in ("decode", "decode-unfused") for kind in ("padding", "dense mask bits", "window")])
 
 
 @pytest.mark.parametrize("path, kind", _KINDS)
@@ -477,7 +479,7 @@ def test_a_hit_passes_every_tensor_as_the_address_of_the_one_it_would_pass(monke
     issued = {}
     for addresses in (False, True):
         calls = issued[addresses] = []
-        cache = LaunchCache(kernels, PER_CALL, fresh=WORKSPACE if path == "decode" else (),
+        cache = LaunchCache(kernels, PER_CALL, fresh=WORKSPACE if path.startswith("decode") else (),
                             issue=lambda compiled, grid, values, state, calls=calls: calls.append(values),
                             state=lambda kernels: ("device 0", "stream 7"), version=BlockLayout.version,
                             addresses=addresses)
@@ -486,7 +488,7 @@ def test_a_hit_passes_every_tensor_as_the_address_of_the_one_it_would_pass(monke
         assert cache.hits == 1
         if addresses:
             (entry,) = cache._by_layout[id(layout)][1].values()
-    assert len(issued[True]) == len(issued[False]) == len(kernels)
+    assert len(issued[True]) == len(issued[False]) == len(steps(first)) == 1 + (path == "decode-unfused")
     per_call = {id(tensor) for tensor in second}
     checked = 0
     for bound, as_tensors, as_addresses in zip(entry.steps, issued[False], issued[True]):
@@ -541,7 +543,7 @@ def test_every_kind_of_launch_binds_and_is_reissued_with_the_arguments_a_build_g
     issued = []
     kernels = ((triton_attention.block_sparse_attn_fwd,) if path == "prefill"
                else (triton_attention.block_sparse_decode_fwd, triton_attention.decode_combine))
-    cache = LaunchCache(kernels, PER_CALL, fresh=WORKSPACE if path == "decode" else (),
+    cache = LaunchCache(kernels, PER_CALL, fresh=WORKSPACE if path.startswith("decode") else (),
                         issue=lambda compiled, grid, values, state: issued.append((grid, values)),
                         state=lambda kernels: ("device 0", "stream 7"), version=BlockLayout.version,
                         addresses=False)
@@ -556,7 +558,7 @@ def test_every_kind_of_launch_binds_and_is_reissued_with_the_arguments_a_build_g
     first, second = tensors(0), tensors(1)
     cache.launch(layout, "key", first, lambda: steps(first))
     cache.launch(layout, "key", second, lambda: steps(second))
-    assert (cache.hits, cache.misses) == (1, 1) and len(issued) == len(kernels)
+    assert (cache.hits, cache.misses) == (1, 1) and len(issued) == len(steps(first)) == 1 + (path == "decode-unfused")
     for (grid, values), step in zip(issued, steps(second)):
         assert grid == tuple(step.grid)
         given = {**step.args, **step.constexprs}
