@@ -37,6 +37,7 @@ explicitly (key ``k`` visible to query ``q`` when ``k <= q + offset``).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from typing import Any, Callable
@@ -888,7 +889,12 @@ def with_keys(layout: BlockLayout, seq_k: int, offset: int) -> BlockLayout | Non
     if (_one_block_tiles(mask, layout.seq_q, layout.seq_k, layout.block_n)
             != _one_block_tiles(moved, layout.seq_q, seq_k, layout.block_n)):
         return None
-    return dataclasses.replace(layout, seq_k=seq_k, mask=moved)
+    # the same tiles, so the structure checks a new layout runs (indices below the key blocks'
+    # count, widths) hold as they held for ``layout``: copied without them (10 of the 15 us)
+    moved_layout = copy.copy(layout)
+    object.__setattr__(moved_layout, "seq_k", seq_k)
+    object.__setattr__(moved_layout, "mask", moved)
+    return moved_layout
 
 
 def _one_block_tiles(mask: MaskSpec, seq_q: int, seq_k: int, block_n: int) -> tuple:
