@@ -109,6 +109,8 @@ def test_one_full_launch_per_forward_also_under_inference_mode(monkeypatch, mode
         return original(*args, **kwargs)
 
     monkeypatch.setattr(attention, "_launch", counting)
+    # the integration's memory of earlier tests' decode layouts (kept across forwards) left out
+    monkeypatch.setattr(parity_tf, "_PLANS", parity_tf._Plans())
     ids, mask = _prompt(pad=0)
     with torch.inference_mode() if mode == "inference_mode" else torch.no_grad():
         model.generate(ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4, do_sample=False,
