@@ -21,6 +21,10 @@ directly, as Triton's own ``JITFunction.run`` does after its cache lookup. The k
 input of Triton's specialization that can change between such calls (the per-call
 tensors' dtypes, shapes, strides and 16-byte alignment), so the kernel issued is the one Triton
 would pick; ``tests/test_kernels_launch_cache.py`` checks that against Triton's own binder.
+Integer arguments a caller names as per-call scalars (a decode step's key length, causal offset
+and K/V batch and head strides, which grow every step) are issued with each call's values; the
+key then holds only what Triton specializes them on (``int_class``), so consecutive decode
+steps on one layout's tensors find one entry.
 
 The key also holds the current device and stream (``dispatch_state``): an entry keeps the
 read-only tensors its launch built (a stand-in LSE buffer that is never written, copies of layout
