@@ -20,7 +20,10 @@
   first layer and of the other layers (a forward's first call builds what the others reuse), and
   the rest of the step; beside it, ``device_us_per_step``: the GPU's kernel time per step (sum of
   kernel durations in a torch.profiler trace) and the attention kernels' share of it. A step
-  whose host time exceeds its device time is bound by the host.
+  whose host time exceeds its device time is bound by the host;
+- ``plans``: the kernel's launch-plan misses and hits per queued step, per path: a decode step
+  whose layout keeps its tiles finds the previous step's plan (0 misses), one in ``block_n``
+  steps builds it again (``bench/decode_steps_host.py`` measures the same on the CPU).
 
     python -m bench.hf_host --model llama8b --batch 1 --seq 4096 --json hf-host.json
 
@@ -70,6 +73,14 @@ def _step_fn(model, batch: int, seq: int):
     return step, reset
 
 
+def _plan_counts() -> dict[str, tuple[int, int]]:
+    """(hits, misses) so far of the kernel's launch plans, per path (prefill, decode)."""
+    from parity.kernels import attention
+
+    return {path: (attention._launch_cache(path).hits, attention._launch_cache(path).misses)
+            for path in ("prefill", "decode")}
+
+
 def measure(model, impl: str, batch: int, seq: int, steps: int) -> dict:
     use(model, impl)
     step, reset = _step_fn(model, batch, seq)
@@ -88,11 +99,15 @@ def measure(model, impl: str, batch: int, seq: int, steps: int) -> dict:
     row["synced_ms"] = round(statistics.median(synced), 3)
     reset()
     torch.cuda.synchronize()
+    counts = _plan_counts()
     start = time.perf_counter()
     for _ in range(steps):
         step()
     torch.cuda.synchronize()
     row["queued_ms"] = round((time.perf_counter() - start) * 1e3 / steps, 3)
+    row["plans"] = {path: {"misses_per_step": round((after[1] - before[1]) / steps, 3),
+                           "hits_per_step": round((after[0] - before[0]) / steps, 3)}
+                    for path, before, after in zip(counts, counts.values(), _plan_counts().values())}
 
     reset()
     torch.cuda.set_sync_debug_mode(1)

@@ -14,10 +14,11 @@ import torch
 
 from . import configs, dtypes
 from . import targets as platform
-from .decode import COUNTERS, MAX_ROWS, WORKSPACE, build_decode_launch, decode_eligible, decode_key, decode_steps
+from .decode import (COUNTERS, MAX_ROWS, SCALARS, WORKSPACE, build_decode_launch, decode_eligible, decode_key,
+                     decode_scalars, decode_steps)
 from .inputs import check_inputs
 from .launch import DESCRIPTORS, PER_CALL, build_launch, element_mask_arguments, kv_descriptors, launch_key, tma_fits
-from .launch_cache import LaunchCache, LaunchStep
+from .launch_cache import LaunchCache, LaunchStep, int_class
 from .layout import BlockLayout, MaskSpec
 
 __all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_config", "element_mask_arguments",
@@ -150,7 +151,7 @@ class _Recipe:
     descriptors: configs.LaunchConfig | None
 
 
-def _plan_key(q, k, v, tensors, meta, sm_scale, return_lse) -> tuple:
+def _plan_key(q, k, v, tensors, meta, sm_scale, return_lse, decode: bool = False) -> tuple:
     """Everything a plain call's launches depend on besides the per-call tensors' addresses: the
     shapes, strides, dtypes and device of q, k, v, whether each base is 16-byte aligned (Triton
     specializes pointers on it; the TMA check reads it), the identity of the layout's tensors
@@ -158,7 +159,22 @@ def _plan_key(q, k, v, tensors, meta, sm_scale, return_lse) -> tuple:
     and whether the LSE is wanted. The config, the path, the split count, whether TMA applies and
     the output's allocation all follow from these and the device (the dispatch state, in the
     cache's key), so two calls with equal keys get the same launches but for q, k, v, out, lse
-    (tests/test_kernels_launch_cache.py)."""
+    (tests/test_kernels_launch_cache.py).
+
+    ``decode``: the decode path's key, whose per-call scalars (``decode.SCALARS``: the key length,
+    the causal offset, k's and v's batch and head strides) enter as their specialization class
+    only (``int_class``), so that consecutive decode steps on one layout's tensors find one plan;
+    the caller checks that the layout's key length is k's (``_planned``)."""
+    if decode:
+        seq_q, seq_k, block_m, block_n, causal, window, sink_tokens, offset = meta
+        kv = []
+        for t in (k, v):
+            (batch, heads, seq, dim), (stride_b, stride_h, stride_n, stride_d) = t.shape, t.stride()
+            kv.append((batch, heads, dim, stride_n, stride_d, int_class(stride_b), int_class(stride_h)))
+        return (q.shape, q.stride(), *kv, q.dtype, k.dtype, v.dtype, q.device, k.get_device(), v.get_device(),
+                q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0, tuple(map(id, tensors)),
+                seq_q, int_class(seq_k), block_m, block_n, causal, window, sink_tokens, int_class(offset), sm_scale,
+                return_lse)
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
             q.device, k.get_device(), v.get_device(), q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0,
             tuple(map(id, tensors)), meta, sm_scale, return_lse)
@@ -188,14 +204,17 @@ def _planned(q, k, v, tensors, meta, sm_scale, return_lse, borrowed=False):
     if q.device.type != "cuda" and not platform.triton_interpreter_enabled():
         return None  # plans hold GPU launches (or the interpreter's); anything else takes the full path
     path = _plan_path(shape[2], meta[2])
-    cache = _launch_cache(path + "-borrowed" if borrowed and path == "decode" else path)
+    decode = path == "decode"
+    if decode and meta[1] != k.shape[2]:
+        return None  # the key holds the key length's class only: the full path names the mismatch
+    cache = _launch_cache(path + "-borrowed" if borrowed and decode else path)
     state = cache.state()
     if state is None:
         return None
     version = _layout_version(tensors)
     if version is None:
         return None
-    entry = cache.find(tensors[0], (state, _plan_key(q, k, v, tensors, meta, sm_scale, return_lse)), version)
+    entry = cache.find(tensors[0], (state, _plan_key(q, k, v, tensors, meta, sm_scale, return_lse, decode)), version)
     if entry is None:
         return None
     recipe = entry.extra
@@ -205,7 +224,7 @@ def _planned(q, k, v, tensors, meta, sm_scale, return_lse, borrowed=False):
     descriptors = (kv_descriptors(k, v, recipe.descriptors, True) if recipe.descriptors is not None
                    else (None, None))
     with _forgetting_decode_plans_on_error(path):
-        cache.issue(entry, (q, k, v, staging, lse, *descriptors), state)
+        cache.issue(entry, (q, k, v, staging, lse, *descriptors), state, decode_scalars(k, v, meta[7]) if decode else ())
     if recipe.staging:
         result.copy_(staging)
     return result, lse
@@ -270,6 +289,7 @@ def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, ou
                                                     emulate_bf16=emulate_bf16, amd=_amd(q.device, interpreter),
                                                     warp_size=platform.warp_size(q.device)))
         cache, descriptors = "decode-borrowed" if borrowed_only else "decode", ()
+        scalars = decode_scalars(k, v, layout.mask.offset)
         key = decode_key(q, k, v, staging, lse, cfg, sm_scale=scale, num_splits=num_splits,
                          emulate_bf16=emulate_bf16) if cached and plan is None else None
     else:
@@ -281,7 +301,7 @@ def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, ou
             launch = build_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
                                   use_tma=use_tma, amd=_amd(q.device, interpreter), descriptors=descriptors)
             return [LaunchStep(block_sparse_attn_fwd, launch.grid, launch.args, launch.constexprs, launch.options)]
-        cache = "prefill"
+        cache, scalars = "prefill", ()
         key = launch_key(q, k, v, staging, lse, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,
                          use_tma=use_tma) if cached and plan is None else None
     with _forgetting_decode_plans_on_error(cache if cached else "prefill"):
@@ -290,11 +310,12 @@ def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, ou
             recipe = _Recipe(staging=emulate_bf16,
                              descriptors=cfg if descriptors and descriptors[0] is not None else None)
             _launch_cache(cache).launch(
-                layout_tensors[0], _plan_key(q, k, v, layout_tensors, meta, sm_scale, return_lse),
+                layout_tensors[0], _plan_key(q, k, v, layout_tensors, meta, sm_scale, return_lse, use_decode),
                 (q, k, v, staging, lse, *descriptors), build, version=_layout_version(layout_tensors), extra=recipe,
-                keep=tuple(t for t in layout_tensors[1:] if t is not None), borrowed_only=borrowed_only)
+                keep=tuple(t for t in layout_tensors[1:] if t is not None), borrowed_only=borrowed_only,
+                scalars=scalars)
         elif cached:  # one cache per path, so the two paths' keys never meet
-            _launch_cache(cache).launch(layout, key, (q, k, v, staging, lse, *descriptors), build)
+            _launch_cache(cache).launch(layout, key, (q, k, v, staging, lse, *descriptors), build, scalars=scalars)
         else:
             for step in build():
                 step.dispatch()
@@ -352,7 +373,10 @@ def _launch_cache(path: str) -> LaunchCache:
         options = {"fresh_stand_ins": False}
     else:
         options = {}
-    cache = _LAUNCH_CACHES[path] = LaunchCache(kernels, per_call, version=BlockLayout.version, **options)
+    # both decode caches key the per-call scalars by class only (``decode_key``, ``_plan_key``):
+    # each must issue every call's own values
+    cache = _LAUNCH_CACHES[path] = LaunchCache(kernels, per_call, version=BlockLayout.version,
+                                               scalars=SCALARS if path.startswith("decode") else (), **options)
     return cache
 
 

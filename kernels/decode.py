@@ -44,12 +44,12 @@ from typing import Any
 import torch
 
 from .configs import DECODE_MAX_SEQ_Q, DecodeConfig
-from .launch import element_mask_arguments, launch_key, named_strides, next_power_of_2
-from .launch_cache import LaunchStep
+from .launch import element_mask_arguments, named_strides, next_power_of_2
+from .launch_cache import LaunchStep, int_class
 from .layout import BlockLayout
 
 __all__ = ["DecodeLaunch", "decode_eligible", "heads_per_program", "choose_splits", "build_decode_launch",
-           "decode_key", "decode_steps", "MAX_ROWS", "WORKSPACE", "COUNTERS"]
+           "decode_key", "decode_steps", "MAX_ROWS", "WORKSPACE", "COUNTERS", "SCALARS", "decode_scalars"]
 
 # The tensors the decode launch allocates and its kernels write: the split kernel's partial
 # outputs and LSEs, which the merge reads (any content at a launch's start is overwritten first).
@@ -209,12 +209,38 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
                         combine="fused" if fused else "kernel" if split else "none")
 
 
+# The decode kernel's integer parameters that a decode loop changes every step (the key length and
+# the causal diagonal grow by one; transformers' DynamicCache concatenates K/V anew, so their batch
+# and head strides grow too): a launch plan takes them from each call (``LaunchCache``'s
+# ``scalars``) and its key holds only their specialization class (``launch_cache.int_class``).
+SCALARS = ("seq_k", "causal_offset", "stride_kb", "stride_kh", "stride_vb", "stride_vh")
+
+
+def decode_scalars(k: torch.Tensor, v: torch.Tensor, offset: int) -> tuple[int, ...]:
+    """The values of ``SCALARS`` that ``build_decode_launch`` passes for k, v: [B, Hkv, Sk, D]
+    and the layout's causal ``offset``, in that order."""
+    k_stride, v_stride = k.stride(), v.stride()
+    return k.shape[2], offset, k_stride[0], k_stride[1], v_stride[0], v_stride[1]
+
+
 def decode_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
                config: DecodeConfig, *, sm_scale: float, num_splits: int | None, emulate_bf16: bool = False) -> tuple:
-    """``launch.launch_key`` for ``build_decode_launch``: the same fields plus the asked-for split
-    count (None: chosen from the shape and the device, both in the key)."""
-    return ("decode", num_splits) + launch_key(q, k, v, out, lse, config, sm_scale=sm_scale,
-                                               emulate_bf16=emulate_bf16)
+    """What ``build_decode_launch`` reads from its arguments besides the layout, the addresses of
+    the per-call tensors and the values of the per-call ``SCALARS``: the config, the asked-for
+    split count (None: chosen from the shape and the device, both in the key), the scale and the
+    flags; the per-call tensors' dtypes, shapes, strides and 16-byte alignment (Triton
+    specializes pointers on it), except that k's and v's key length and batch and head strides
+    enter as their specialization class only (``int_class``). On one layout, two calls with
+    equal keys get the same launches but for those tensors and scalars, and Triton specializes
+    them alike (``tests/test_kernels_launch_cache.py``)."""
+    per_call = (q, out) if lse is None else (q, out, lse)
+    kv = []
+    for t in (k, v):
+        (batch, heads, seq, dim), (stride_b, stride_h, stride_n, stride_d) = t.shape, t.stride()
+        kv.append((t.dtype, batch, heads, dim, stride_n, stride_d, int_class(seq), int_class(stride_b),
+                   int_class(stride_h), t.data_ptr() % 16 == 0))
+    return ("decode", num_splits, q.device, config, sm_scale, emulate_bf16, *kv,
+            *((t.dtype, tuple(t.shape), t.stride(), t.data_ptr() % 16 == 0) for t in per_call))
 
 
 def decode_steps(launch: DecodeLaunch) -> list[LaunchStep]:

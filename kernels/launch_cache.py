@@ -21,6 +21,10 @@ directly, as Triton's own ``JITFunction.run`` does after its cache lookup. The k
 input of Triton's specialization that can change between such calls (the per-call
 tensors' dtypes, shapes, strides and 16-byte alignment), so the kernel issued is the one Triton
 would pick; ``tests/test_kernels_launch_cache.py`` checks that against Triton's own binder.
+Integer arguments a caller names as per-call scalars (a decode step's key length, causal offset
+and K/V batch and head strides, which grow every step) are issued with each call's values; the
+key then holds only what Triton specializes them on (``int_class``), so consecutive decode
+steps on one layout's tensors find one entry.
 
 The key also holds the current device and stream (``dispatch_state``): an entry keeps the
 read-only tensors its launch built (a stand-in LSE buffer that is never written, copies of layout
@@ -53,7 +57,7 @@ import torch
 from .targets import arch_spec, triton_interpreter_enabled
 
 __all__ = ["LaunchCache", "LaunchStep", "Entry", "MAX_PER_LAYOUT", "issue_compiled", "direct_launch_supported",
-           "dispatch_state", "triton_binder"]
+           "dispatch_state", "triton_binder", "int_class"]
 
 MAX_PER_LAYOUT = 16
 
@@ -83,6 +87,7 @@ class _Bound:
     grid: tuple[int, ...]
     values: list[Any]  # every parameter's value, in the kernel's order (runtime and constexpr)
     slots: tuple[tuple[int, int], ...]  # (position in values, index in the per-call tensors)
+    scalar_slots: tuple[tuple[int, int], ...]  # (position in values, index in the per-call scalars)
     fresh: tuple[tuple[int, str], ...]  # (position in values, name of a tensor made anew per call)
     names: tuple[str, ...]  # the kernel's parameter names (the order of ``values``)
     options: dict[str, Any]  # compiler options, for a dispatch from ``values``
@@ -100,6 +105,16 @@ class Entry:
     version: Any  # the layout's version when the entry was built (``LaunchCache``'s ``version``)
     extra: Any = None  # what the caller needs to prepare a hit's per-call tensors (its own data)
     keep: tuple = ()  # objects whose identity the key holds (kept alive with the entry)
+
+
+def int_class(value: int) -> tuple[bool, bool, str]:
+    """What Triton's dispatch specializes an integer argument on: whether it is 1 (compiled as
+    the constant), whether it is divisible by 16 (an alignment the compiler assumes), and its
+    type by range (i32, u64 or i64). Two values of one class select the same compiled kernel
+    (``tests/test_kernels_launch_cache.py`` checks it with Triton's binder), so a per-call scalar
+    (``LaunchCache``'s ``scalars``) is keyed on this instead of its value."""
+    return (value == 1, value % 16 == 0,
+            "i32" if -2**31 <= value < 2**31 else "u64" if 2**63 <= value < 2**64 else "i64")
 
 
 def direct_launch_supported(compiled: Any) -> bool:
@@ -237,6 +252,11 @@ class LaunchCache:
     entry still binds the arguments and a hit dispatches the kernel from them: the same bound
     arguments a GPU's hit issues, so the interpreter's tests run through the cached path too.
 
+    ``scalars``: the names of integer parameters whose values come from each call (a decode
+    step's key length and strides grow every step): the caller's key holds only their
+    specialization class (``int_class``), never their values, and a hit issues the call's own.
+    A parameter a launch computes from anything but the call's scalars must not be one.
+
     ``launch`` is one call; the launcher's fast path uses its parts: ``find`` (the entry for a key,
     or None), ``issue`` (a found entry with this call's tensors), and ``launch`` on a miss, which
     builds, dispatches and stores the entry under the same key (with ``extra``, the caller's
@@ -248,8 +268,9 @@ class LaunchCache:
                  issue: Callable[[Any, tuple[int, ...], Sequence[Any], tuple], None] = issue_compiled,
                  state: Callable[[Sequence[Any]], tuple | None] = dispatch_state,
                  version: Callable[[Any], Any] = lambda layout: (), max_per_layout: int = MAX_PER_LAYOUT,
-                 addresses: bool = True):
+                 addresses: bool = True, scalars: Sequence[str] = ()):
         self.kernels = tuple(kernels)
+        self._scalars = tuple(scalars)
         self._addresses = addresses
         self._per_call = tuple(per_call)
         self._fresh = tuple(fresh)
@@ -272,9 +293,11 @@ class LaunchCache:
 
     def launch(self, layout: Any, key: tuple, tensors: Sequence[Any], build: Callable[[], Sequence[LaunchStep]],
                *, version: Any = dataclasses.MISSING, state: Any = dataclasses.MISSING, extra: Any = None,
-               keep: tuple = (), borrowed_only: bool = False) -> None:
+               keep: tuple = (), borrowed_only: bool = False, scalars: Sequence[int] = ()) -> None:
         """Launch this call's kernels. ``tensors``: the per-call tensors, in ``per_call`` order,
         None where the launch builds a stand-in (whether each is None must be part of ``key``);
+        ``scalars``: the call's values of the ``scalars`` parameters, in that order (the launch
+        must pass exactly these; their classes must be part of ``key``);
         ``build``: makes the call's launches, in order, when no entry matches, from the same
         ``tensors``. ``version`` and ``state``: the caller's, where it has read them already.
         ``borrowed_only``: store the entry only where every tensor it keeps shares memory with
@@ -293,13 +316,14 @@ class LaunchCache:
         key = (state, key)
         entry = self.find(layout, key, version)
         if entry is not None:
-            self.issue(entry, tensors, state)
+            self.issue(entry, tensors, state, scalars)
             return
         self._count(hit=False)
         steps, fresh = [], {}
         for step in build():
             compiled = step.dispatch()
-            steps.append(self._bind(step, compiled if direct_launch_supported(compiled) else None, tensors, fresh))
+            steps.append(self._bind(step, compiled if direct_launch_supported(compiled) else None, tensors, fresh,
+                                    scalars))
         entry = Entry(tuple(steps), {name: spec for name, (spec, _) in fresh.items()}, version, extra, tuple(keep))
         if borrowed_only and not _borrowed(entry, (layout, *keep)):
             return
@@ -328,9 +352,9 @@ class LaunchCache:
         self._count(hit=True)
         return entry
 
-    def issue(self, entry: Entry, tensors: Sequence[Any], state: tuple) -> None:
-        """Issue a found entry's launches, in order, with this call's ``tensors`` and one new
-        workspace shared by its steps (as the build shared it). Where the steps carry addresses,
+    def issue(self, entry: Entry, tensors: Sequence[Any], state: tuple, scalars: Sequence[int] = ()) -> None:
+        """Issue a found entry's launches, in order, with this call's ``tensors`` and ``scalars``
+        and one new workspace shared by its steps (as the build shared it). Where the steps carry addresses,
         every tensor goes to the launcher as its device address: the workspace is freed when this
         returns, which the caching allocator makes safe as for any tensor (its memory is reused
         only by work queued later on the same stream)."""
@@ -345,6 +369,8 @@ class LaunchCache:
                 for position, index in bound.slots:
                     tensor = tensors[index]
                     values[position] = tensor.data_ptr() if isinstance(tensor, torch.Tensor) else tensor
+                for position, index in bound.scalar_slots:
+                    values[position] = scalars[index]
                 for position, name in bound.fresh:
                     values[position] = made[name].data_ptr()
                 self._issue(bound.compiled, bound.grid, values, state)
@@ -352,6 +378,8 @@ class LaunchCache:
             values = list(bound.values)
             for position, index in bound.slots:
                 values[position] = tensors[index]
+            for position, index in bound.scalar_slots:
+                values[position] = scalars[index]
             for position, name in bound.fresh:
                 values[position] = made[name]
             if bound.compiled is None:
@@ -378,7 +406,8 @@ class LaunchCache:
             else:
                 self.misses += 1
 
-    def _bind(self, step: LaunchStep, compiled: Any, tensors: Sequence[Any], fresh: dict) -> _Bound:
+    def _bind(self, step: LaunchStep, compiled: Any, tensors: Sequence[Any], fresh: dict,
+              scalars: Sequence[int] = ()) -> _Bound:
         """The step's argument list without this call's tensors; ``fresh`` collects, by name, the
         workspace tensors the steps share (the same object in each, else a RuntimeError)."""
         names = list(step.kernel.arg_names)
@@ -389,6 +418,14 @@ class LaunchCache:
                 or any(given[names[position]] is not tensors[index] for position, index in slots)):
             raise RuntimeError("LaunchCache: the launch's arguments do not match the kernel's parameters "
                                f"and the per-call tensors {self._per_call}")
+        # a per-call scalar the launch computed otherwise than the caller said would be frozen
+        # at the first call's value for the caller's: refused
+        scalar_slots = tuple((names.index(name), index) for index, name in enumerate(self._scalars) if name in given)
+        if len(scalars) != len(self._scalars) or any(
+                type(given[names[position]]) is not int or given[names[position]] != scalars[index]
+                for position, index in scalar_slots):
+            raise RuntimeError(f"LaunchCache: the launch passes other values for the per-call scalars "
+                               f"{self._scalars} than the call's {tuple(scalars)}")
         # the entry does not keep this call's tensors alive: their slots hold None
         per_call = {position for position, _ in slots}
         values = [None if position in per_call else _unlinked(given[name]) for position, name in enumerate(names)]
@@ -415,5 +452,5 @@ class LaunchCache:
             # launch; it takes an int as the address itself. The entry holds these tensors
             # (``values``), so their addresses stay valid while it lives.
             addresses = [value.data_ptr() if isinstance(value, torch.Tensor) else value for value in values]
-        return _Bound(step.kernel, compiled, tuple(step.grid), values, slots, tuple(made), tuple(names),
-                      dict(step.options), addresses)
+        return _Bound(step.kernel, compiled, tuple(step.grid), values, slots, scalar_slots, tuple(made),
+                      tuple(names), dict(step.options), addresses)

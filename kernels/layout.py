@@ -50,6 +50,7 @@ __all__ = [
     "ALIGNMENTS",
     "causal_layout",
     "sliding_window_layout",
+    "with_keys",
     "sink_layout",
     "random_layout",
     "layout_from_block_mask",
@@ -860,6 +861,69 @@ def sliding_window_layout(seq_q: int, seq_k: int, window: int, *, block_m: int =
         raise LayoutError(f"window must be >= 1, got {window}")
     mask = MaskSpec(causal=True, window=window, offset=_diagonal_offset(seq_q, seq_k, align, offset))
     return _mask_layout(mask, seq_q, seq_k, block_m, block_n, f"window{window}", device, traceable)
+
+
+def with_keys(layout: BlockLayout, seq_k: int, offset: int) -> BlockLayout | None:
+    """``layout`` at key length ``seq_k`` and causal diagonal ``offset``, sharing its tensors,
+    where its tiles provably stay what its builder would make; None otherwise (build it).
+
+    A decode step's layout is the previous step's with one key more and the diagonal one key
+    further: its tiles change only when a key block starts or fills (every ``block_n`` steps),
+    so a model that keeps the layout object for as long as they stay (the same tensors, so the
+    launcher's plan for it is found again) pays for neither the build nor the plan per step.
+    Applies to a layout that ``causal_layout`` or ``sliding_window_layout`` built (the caller's
+    contract: its tensors are the builder's for its mask), of one query block, without sink
+    tokens or element masks: the tile classes then follow from a few integers
+    (``_one_block_tiles``), compared for the old and the new geometry. Checked against the
+    builders step by step (tests/test_kernels_layout_formula.py)."""
+    mask = layout.mask
+    if (not mask.causal or mask.sink_tokens or layout.element_masks or layout.batch_heads != (1, 1)
+            or layout.kind != ("causal" if not mask.window else f"window{mask.window}")
+            or isinstance(seq_k, bool) or not isinstance(seq_k, int) or seq_k < 1
+            or isinstance(offset, bool) or not isinstance(offset, int) or layout.seq_q > layout.block_m):
+        return None
+    if seq_k == layout.seq_k and offset == mask.offset:
+        return layout
+    moved = MaskSpec(causal=True, window=mask.window, offset=offset)
+    if (_one_block_tiles(mask, layout.seq_q, layout.seq_k, layout.block_n)
+            != _one_block_tiles(moved, layout.seq_q, seq_k, layout.block_n)):
+        return None
+    # the same tiles, so the structure checks a new layout runs (indices below the key blocks'
+    # count, widths) hold as they held for ``layout``: copied without them (10 of the 15 us)
+    moved_layout = object.__new__(BlockLayout)
+    moved_layout.__dict__.update(layout.__dict__)
+    object.__setattr__(moved_layout, "seq_k", seq_k)
+    object.__setattr__(moved_layout, "mask", moved)
+    return moved_layout
+
+
+def _one_block_tiles(mask: MaskSpec, seq_q: int, seq_k: int, block_n: int) -> tuple:
+    """The tile classes of one query block (rows 0 .. seq_q - 1) under a causal predicate
+    without sinks, as integers: (key blocks, [first, end) of the visible tiles, [first, end) of
+    the full ones), from ``_spec_classes``'s comparisons solved for the tile index: tile j spans
+    keys [j * block_n, k1 = (j + 1) * block_n - 1], clipped to seq_k - 1 (k_last).
+    Equal tuples mean equal classes (a tile is full in the second range, else partial in the
+    first, else skipped)."""
+    off, last_row = mask.offset, seq_q - 1
+    tiles = -(-seq_k // block_n)
+
+    def clip(lo: int, hi: int) -> tuple[int, int]:
+        lo, hi = max(0, lo), min(tiles, hi)
+        return (lo, hi) if lo < hi else (0, 0)
+
+    # visible: some row sees the tile's first key (k0 <= last_row + off)...
+    visible_end = (last_row + off) // block_n + 1
+    # full: its last key is real and row 0 sees it (k1 <= min(seq_k - 1, off))
+    full_end = (min(seq_k - 1, off) + 1) // block_n
+    if not mask.window:
+        return tiles, clip(0, visible_end), clip(0, full_end)
+    # ...and, with a window, row 0's window reaches its last key: k_last >= off - window + 1
+    reach = off - mask.window + 1
+    visible = clip(-(-(reach + 1) // block_n) - 1, visible_end) if seq_k - 1 >= reach else (0, 0)
+    # full also needs the last row's window to start at or before its first key:
+    # k0 >= last_row + off - window + 1
+    full_start = -(-(last_row + off - mask.window + 1) // block_n)
+    return tiles, visible, clip(full_start, full_end)
 
 
 def sink_layout(seq_q: int, seq_k: int, window: int, sink_blocks: int = 1, *, block_m: int = 128,

@@ -144,6 +144,9 @@ def _broken_layout(monkeypatch, *, align=None, drop_mask=False):
         return original(seq_q, seq_k, visible=visible, documents=documents, **kwargs)
 
     monkeypatch.setattr(parity_tf, "kernel_layout", broken)
+    # decode layouts are kept across forwards (moved to the next key length, also back to a
+    # shorter one in the next run): every step's layout from the broken builder instead
+    monkeypatch.setattr(parity_tf._Plans, "for_next_keys", lambda self, key, seq_k, offset: None)
 
 
 def test_top_left_causal_on_decode_fails_and_isolate_names_attention(goldens, monkeypatch, device):

@@ -954,3 +954,85 @@ def test_threads_sharing_a_cache_keep_it_consistent():
     assert cache.hits + cache.misses == 8 * calls and cache.hits == len(issued) > 0
     assert all(len(entries) <= 3 for entries in cache._by_layout.values())
     assert len({id(q) for q in issued}) == len(issued)  # each hit got its own call's q
+
+
+# ---- the decode plan's per-call scalars (decode.SCALARS): keyed by class, issued by value --------
+_SCALAR_VALUES = (17, 33, 16, 48, 1, 2**31 + 3, 2**31 + 16, 2**33 + 5)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
+def test_a_per_call_scalar_specializes_as_its_class_says(arch):
+    """For each decode scalar the plan takes from the call: two values of one ``int_class`` get
+    the same specialization from Triton's binder (the plan's compiled kernel is the one Triton
+    would pick), and values of different classes (1, a multiple of 16, past i32) get different
+    ones, so a key that left the class out would issue a kernel compiled for another value."""
+    from parity.kernels import triton_attention
+    from parity.kernels.decode import SCALARS
+    from parity.kernels.launch_cache import int_class, triton_binder
+
+    binder, _ = triton_binder(triton_attention.block_sparse_decode_fwd, arch)
+    problem = {"layout": ("causal", 1), "batch": 2, "heads": (4, 2), "head_dim": 64, "dtype": torch.bfloat16,
+               "offsets": (0,) * 5, "lse": True, "scale": 0.125, "splits": 3}
+    _, steps = _decode_call(problem)
+    _, args, options = steps[0]
+    for name in SCALARS:
+        specs = {value: binder(**dict(args, **{name: value}), **options, debug=False)[1] for value in _SCALAR_VALUES}
+        for a in _SCALAR_VALUES:
+            for b in _SCALAR_VALUES:
+                assert (specs[a] == specs[b]) == (int_class(a) == int_class(b)), (name, a, b)
+
+
+def _strided_kv(seq_k: int, batch_stride: int, seed: int):
+    """k, v [2, 2, seq_k, 16] fp32 whose batch stride is ``batch_stride`` (>= 2 * seq_k * 16)."""
+    gen = torch.Generator().manual_seed(seed)
+    made = []
+    for _ in range(2):
+        storage = torch.randn(batch_stride * 2, generator=gen)
+        made.append(storage.as_strided((2, 2, seq_k, 16), (batch_stride, seq_k * 16, 16, 1)))
+    return made
+
+
+def test_consecutive_decode_steps_hit_one_plan_unless_a_class_changes():
+    """Decode steps through the launcher on one layout's tensors (``with_keys``): the key length,
+    the diagonal and K/V's batch stride change every call and each output equals Triton's
+    dispatch of a freshly built launch bit for bit; the plan misses exactly where one of them
+    enters another specialization class (the key length or the diagonal a multiple of 16, the
+    batch stride odd or past 2**31 elements' worth is not needed: odd), and hits otherwise."""
+    from parity.kernels import attention
+    from parity.kernels.layout import with_keys
+
+    cache = attention._launch_cache("decode")
+    layout = causal_layout(1, 34, block_m=64, block_n=64)
+    q = torch.randn(2, 4, 1, 16, generator=torch.Generator().manual_seed(0))
+    results = []
+    for seq_k, odd in ((34, 0), (35, 0), (36, 0), (37, 1), (38, 1), (39, 0), (47, 0), (48, 0), (49, 0), (50, 0)):
+        layout = with_keys(layout, seq_k, seq_k - 1)
+        assert layout is not None
+        k, v = _strided_kv(seq_k, 2 * seq_k * 16 + odd, seed=seq_k)
+        hits, misses = cache.hits, cache.misses
+        planned = block_sparse_attention(q, k, v, layout)
+        results.append((cache.hits - hits, cache.misses - misses))
+        dispatched = block_sparse_attention(q, k, v, layout, launch_cache=False)
+        assert torch.equal(planned, dispatched), seq_k
+    # 34: new; 35, 36: hits; 37: odd batch stride (new class); 38: hit; 39: back to the even
+    # class's entry; 47: offset 46; 48 keys: a multiple of 16 (new); 49: offset 48 (new); 50: hit
+    assert results == [(0, 1), (1, 0), (1, 0), (0, 1), (1, 0), (1, 0), (1, 0), (0, 1), (0, 1), (1, 0)]
+
+
+def test_a_launch_that_passes_another_value_for_a_per_call_scalar_is_refused():
+    """The cache refuses to bind a launch whose value of a per-call scalar is not the caller's
+    (the entry would otherwise issue the caller's value where the build computed another)."""
+    kernel = _Kernel()
+    cache = LaunchCache((kernel,), PER_CALL, issue=lambda *a: None, state=lambda kernels: ("d", "s"),
+                        scalars=("seq",))
+    tensors = _tensors()
+    with pytest.raises(RuntimeError, match="other values for the per-call scalars"):
+        cache.launch(_Layout(), "k", tensors, lambda: _steps(kernel, tensors, 7), scalars=(8,))
+    issued = []
+    cache = LaunchCache((kernel,), PER_CALL, issue=lambda c, g, vals, st: issued.append(vals),
+                        state=lambda kernels: ("d", "s"), scalars=("seq",), addresses=False)
+    layout = _Layout()
+    for seq in (7, 9):
+        tensors = _tensors()
+        cache.launch(layout, "k", tensors, lambda tensors=tensors, seq=seq: _steps(kernel, tensors, seq), scalars=(seq,))
+    assert cache.hits == 1 and issued[0][5] == 9, "the hit issues the call's value, not the entry's"

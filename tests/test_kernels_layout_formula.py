@@ -343,3 +343,72 @@ def test_small_grids_pack_as_the_tensor_ops_do(seed, monkeypatch):
             assert got.dtype == ops.dtype == torch.int32
             assert got.shape == ops.shape == oracle.shape and got.is_contiguous() == ops.is_contiguous()
             assert torch.equal(got, ops) and torch.equal(got, oracle)
+
+
+# ---- a decode step's layout kept while its tiles stay (layout.with_keys) ------------------------
+_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+
+
+@pytest.mark.parametrize("seq_q, block_n, window", [(1, 16, 0), (1, 32, 0), (4, 16, 0), (1, 16, 5), (3, 16, 40),
+                                                    (1, 64, 100)])
+def test_with_keys_moves_a_decode_layout_only_while_its_tiles_stay(seq_q, block_n, window):
+    """A decode loop from 1 to 200 keys, bottom-right: each step's layout is the previous one
+    moved (``with_keys``: its tensors, the new key length and diagonal) where that gives exactly
+    the builder's tensors for the new step, and None where the builder's differ; None about twice
+    per key block (one fills, one starts), so the moves cover nearly every step."""
+    def build(seq_k):
+        if window:
+            return layouts.sliding_window_layout(seq_q, seq_k, window, block_m=64, block_n=block_n)
+        return layouts.causal_layout(seq_q, seq_k, block_m=64, block_n=block_n)
+
+    previous, rebuilt = build(1), 0
+    for seq_k in range(2, 201):
+        fresh = build(seq_k)
+        moved = layouts.with_keys(previous, seq_k, seq_k - seq_q)
+        same = all(torch.equal(getattr(previous, name), getattr(fresh, name)) for name in _TENSORS)
+        if moved is None:
+            assert not same, f"{seq_k} keys: the tiles stayed, yet the layout was not moved"
+            rebuilt += 1
+            previous = fresh
+            continue
+        assert same, f"{seq_k} keys: moved over tensors the builder would not make"
+        assert (moved.seq_k, moved.mask, moved.kind) == (fresh.seq_k, fresh.mask, fresh.kind)
+        assert all(getattr(moved, name) is getattr(previous, name) for name in _TENSORS)
+        previous = moved
+    assert rebuilt <= (4 if window else 2) * math.ceil(200 / block_n) + 2
+
+
+def test_with_keys_tile_formula_matches_the_classification():
+    """``_one_block_tiles`` (the integers ``with_keys`` compares) gives every tile's class as the
+    builders' classification does, over every key length to 110, diagonals bottom-right, top-left,
+    past the keys and before them, windows from 1 to past the keys."""
+    from parity.kernels.layout import FULL, PARTIAL, SKIP, _one_block_tiles, _spec_classes
+
+    checked = 0
+    for seq_q in (1, 2, 5, 16):
+        for block_n in (16, 32):
+            for window in (0, 1, 2, 5, 17, 40):
+                for seq_k in range(1, 111):
+                    for offset in {seq_k - seq_q, 0, 3, -2, seq_k + 5, seq_k - seq_q - 7}:
+                        mask = MaskSpec(causal=True, window=window, offset=offset)
+                        expected = _spec_classes(mask, seq_q, seq_k, 16, block_n)[0].tolist()
+                        tiles, (v0, v1), (f0, f1) = _one_block_tiles(mask, seq_q, seq_k, block_n)
+                        got = [FULL if f0 <= j < f1 else PARTIAL if v0 <= j < v1 else SKIP for j in range(tiles)]
+                        assert got == expected, (seq_q, block_n, window, seq_k, offset)
+                        checked += 1
+    assert checked > 30_000
+
+
+def test_with_keys_refuses_what_it_cannot_prove():
+    """Layouts whose tiles do not follow from the integers: more than one query block, sinks,
+    element masks, lists per head, a non-causal layout; and a non-integer key length."""
+    assert layouts.with_keys(layouts.causal_layout(100, 200, block_m=64, block_n=64), 201, 101) is None
+    assert layouts.with_keys(layouts.sink_layout(1, 200, 64, block_m=64, block_n=64), 201, 200) is None
+    assert layouts.with_keys(layouts.padding_layout(1, 200, torch.tensor([150]), side="left", causal=True,
+                                                    block_m=64, block_n=64), 201, 200) is None
+    assert layouts.with_keys(layouts.random_layout(1, 200, 0.5, 0, heads=2, block_m=64, block_n=64), 201, 200) is None
+    full = torch.ones(1, 4, dtype=torch.bool)
+    assert layouts.with_keys(layouts.layout_from_block_mask(full, 1, 200, block_m=64, block_n=64), 201, 200) is None
+    causal = layouts.causal_layout(1, 200, block_m=64, block_n=64)
+    assert layouts.with_keys(causal, 201.0, 200) is None and layouts.with_keys(causal, True, 200) is None
+    assert layouts.with_keys(causal, 201, 200).seq_k == 201

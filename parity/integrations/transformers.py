@@ -416,11 +416,17 @@ class _Plans:
     mask function derives it where the padding mask is known (no read of the 4-D mask at all);
     any other mask is classified on its first use. A mask-less (purely causal) call is
     remembered by its shape until the next forward's mask function runs. A replay of one recorded call (``compare --isolate``) hands the
-    core a fresh tensor, whose layout is derived from the tensor itself."""
+    core a fresh tensor, whose layout is derived from the tensor itself.
+
+    Across forwards, a mask-less decode step's layout is the previous step's with one key more
+    (``for_next_keys``): while its tiles stay (``layout.with_keys``, all but one step in
+    ``block_n``) the step gets a layout object over the same tensors, so the launcher finds the
+    launch plan the previous step built instead of building the layout and the plan again."""
 
     def __init__(self, shapes: int = 64):
         self._by_mask: dict[int, tuple] = {}
         self._by_shape: dict[tuple, Any] = {}
+        self._moving: dict[tuple, tuple] = {}  # (Sq, window, blocks, device) -> (layout, its version)
         self._shapes = shapes
 
     @staticmethod
@@ -459,6 +465,22 @@ class _Plans:
             self._by_shape.pop(next(iter(self._by_shape)))  # the oldest
         self._by_shape[key] = layout
 
+    def for_next_keys(self, key: tuple, seq_k: int, offset: int):
+        """The last bottom-right causal layout remembered under ``key`` at ``seq_k`` keys and
+        diagonal ``offset``, over the same tensors where its tiles stay the same and they were
+        not edited in place since; None otherwise."""
+        from parity.kernels.layout import with_keys
+
+        slot = self._moving.get(key)
+        if slot is None or slot[1] is None or slot[0].version() != slot[1]:
+            return None
+        return with_keys(slot[0], seq_k, offset)
+
+    def remember_moving(self, key: tuple, layout) -> None:
+        if key not in self._moving and len(self._moving) >= self._shapes:
+            self._moving.pop(next(iter(self._moving)))  # the oldest
+        self._moving[key] = (layout, layout.version())
+
 
 _PLANS = _Plans()
 
@@ -485,9 +507,17 @@ def _plan(mask: torch.Tensor | None, visible: torch.Tensor | None, documents, se
         key = (seq_q, seq_k, is_causal, window, block_m, block_n, device)
     layout = _PLANS.for_shape(key)
     if layout is None:
-        with _versioned():
-            layout = kernel_layout(seq_q, seq_k, documents=documents, is_causal=is_causal, window=window,
-                                   device=device, **blocks).to(device)
+        # a decode step (one query block, bottom-right causal): the last step's layout, moved
+        moving = (seq_q, window, block_m, block_n, device) if documents is None and is_causal and seq_q <= block_m \
+            else None
+        if moving is not None:
+            layout = _PLANS.for_next_keys(moving, seq_k, seq_k - seq_q)
+        if layout is None:
+            with _versioned():
+                layout = kernel_layout(seq_q, seq_k, documents=documents, is_causal=is_causal, window=window,
+                                       device=device, **blocks).to(device)
+        if moving is not None:
+            _PLANS.remember_moving(moving, layout)
         _PLANS.remember_shape(key, layout)
     return layout
 
