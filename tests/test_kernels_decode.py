@@ -415,6 +415,7 @@ def test_gpu_fused_merge_repeats_and_replays(batch, seq_k, device):
         assert torch.equal(unfused[0], first[0]) and torch.equal(unfused[1], first[1]), f"{splits} splits"
         check = check_kernel_output(*first, q, k, v, layout)
         assert check.passed, f"{splits} splits: {check}"
+    layout = layout.to(device)  # a graph cannot copy a host layout to the GPU while it records
     for splits in (2, 7, fused.max_splits):
         eager = run_decode(q, k, v, layout, decode=True, config=fused, num_splits=splits)
         out = torch.full_like(q, float("nan"))
