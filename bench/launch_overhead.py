@@ -149,6 +149,7 @@ def _hit_parts(layout, q, k, v, calls: int = 400) -> dict[str, float]:
     back to back (``kernels.attention._planned``'s steps, in order), beside the whole call and
     PyTorch's SDPA on the same tensors: where the host time of a hit goes."""
     from parity.kernels import attention, block_sparse_attention
+    from parity.kernels.decode import decode_scalars
 
     block_sparse_attention(q, k, v, layout)  # the plan exists
     tensors = (layout.kv_num_blocks, layout.kv_indices, layout.full_kv_num_blocks, layout.full_kv_indices,
@@ -158,22 +159,26 @@ def _hit_parts(layout, q, k, v, calls: int = 400) -> dict[str, float]:
             mask.sink_tokens, mask.offset)
     cache = attention._launch_cache("decode")
     state = cache.state()
-    key = (state, attention._plan_key(q, k, v, tensors, meta, None, False))
+    key = (state, attention._plan_key(q, k, v, tensors, meta, None, False, True))
+    scalars = decode_scalars(k, v, mask.offset)
     version = attention._layout_version(tensors)
     entry = cache.find(tensors[0], key, version)
+    if entry is None:
+        raise RuntimeError("no decode plan under the launcher's key: the bench's key is out of step with _planned")
     out = torch.empty_like(q)
     made = {name: torch.empty_strided(*spec[:2], dtype=spec[2], device=spec[3]) for name, spec in entry.fresh.items()}
     group = q.shape[1] // k.shape[1]
 
     def issue_each(index):
         def run():
-            cache.issue(dataclasses.replace(entry, steps=entry.steps[index:index + 1]), (q, k, v, out, None), state)
+            cache.issue(dataclasses.replace(entry, steps=entry.steps[index:index + 1]), (q, k, v, out, None), state,
+                        scalars)
         return run
 
     parts = {
         "whole_call": lambda: block_sparse_attention(q, k, v, layout),
         "dispatch_state": cache.state,
-        "plan_key": lambda: attention._plan_key(q, k, v, tensors, meta, None, False),
+        "plan_key": lambda: attention._plan_key(q, k, v, tensors, meta, None, False, True),
         "layout_version": lambda: attention._layout_version(tensors),
         "find": lambda: cache.find(tensors[0], key, version),
         "empty_like_out": lambda: torch.empty_like(q),
