@@ -740,7 +740,7 @@ def test_torchrun_weights_by_reference_are_named_by_rank_0_and_verified_before_t
     for rank in ranks:
         lines = rank.stderr.strip().splitlines()
         assert len(lines) == 1 and "model.safetensors" in lines[0], lines
-    assert "sha256" in ranks[0].stderr  # rank 0 (LOCAL_RANK 0) read the file through; rank 1 agreed on its error
+    assert "BLAKE3" in ranks[0].stderr  # rank 0 (LOCAL_RANK 0) read the file through; rank 1 agreed on its error
 
 
 def code_and_lines(capsys, argv):
@@ -765,4 +765,4 @@ def test_verify_of_a_set_that_names_its_checkpoint(scale_sets, tmp_path, capsys)
     code, out, err = code_and_lines(capsys, ["verify", str(moved)])
     assert code == 2 and len(err) == 1 and "gone.safetensors" in err[0] and "could not be verified" in err[0]
     code, out, err = code_and_lines(capsys, ["verify", str(moved), "--weights-dir", str(scale_sets / "ckpt")])
-    assert code == 0 and out[-1].endswith("size and sha256 verified")
+    assert code == 0 and out[-1].endswith("size and BLAKE3 verified")

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import blake3
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -361,7 +362,7 @@ def test_a_changed_checkpoint_is_refused_before_the_build(tmp_path, checkpoint, 
     code = main(["compare", "--golden", str(tmp_path / "ref"), "--impl", "reference", "--device", "cpu", "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
-    assert "model.safetensors" in err[0] and "sha256" in err[0]
+    assert "model.safetensors" in err[0] and "does not match the bundle's BLAKE3" in err[0]
 
 
 def test_checkpoint_files_hashed_together_name_the_one_that_changed(tmp_path):
@@ -374,13 +375,18 @@ def test_checkpoint_files_hashed_together_name_the_one_that_changed(tmp_path):
         files.append(path)
     described = checkpoint_weights.describe([tmp_path])
     assert [f.sha256 for f in described.files] == [checkpoint_weights.sha256_of(path) for path in files]
-    named = {"files": [{"name": f.path.name, "path": str(f.path), "bytes": f.bytes, "sha256": f.sha256}
-                       for f in described.files], "tensors": []}
-    assert checkpoint_weights.verify(named) == files
+    assert [f.blake3 for f in described.files] == [blake3.blake3(p.read_bytes()).hexdigest() for p in files]
+    # a bundle from before the BLAKE3 (sha256 only) and one with both: each checked by what it has
+    old = {"files": [{"name": f.path.name, "path": str(f.path), "bytes": f.bytes, "sha256": f.sha256}
+                     for f in described.files], "tensors": []}
+    new = {"files": [{**item, "blake3": f.blake3} for item, f in zip(old["files"], described.files)], "tensors": []}
+    assert checkpoint_weights.verify(old) == files and checkpoint_weights.verify(new) == files
     save_file({"w1": torch.full((64,), 7.0)}, str(files[1]))  # same size, other bytes
     with pytest.raises(UsageError, match="model-1.safetensors does not match the bundle's sha256"):
-        checkpoint_weights.verify(named)
-    assert checkpoint_weights.verify(named, checksums=False) == files  # the size alone
+        checkpoint_weights.verify(old)
+    with pytest.raises(UsageError, match="model-1.safetensors does not match the bundle's BLAKE3"):
+        checkpoint_weights.verify(new)
+    assert checkpoint_weights.verify(new, checksums=False) == files  # the size alone
 
 
 def test_weights_dir_finds_the_checkpoint_elsewhere(tmp_path, checkpoint):
@@ -555,15 +561,35 @@ def test_verify_checks_the_named_checkpoint_files(tmp_path, checkpoint, capsys):
     code, out, err = _verify(capsys, str(tmp_path / "ref"))
     assert code == 0 and err == []
     assert out[-1] == (f"  weights by reference: 1 checkpoint file ({file.stat().st_size / 2**20:.1f} MiB) at the "
-                       "paths recorded at capture, size and sha256 verified")
+                       "paths recorded at capture, size and BLAKE3 verified")
     name = next(iter(weights))
     changed = dict(weights)
     changed[name] = weights[name].clone()
     changed[name].view(-1)[0] += 1
-    save_file(changed, str(file))  # same size, other bytes: the sha256 finds it
+    save_file(changed, str(file))  # same size, other bytes: the BLAKE3 finds it
     code, out, err = _verify(capsys, str(tmp_path / "ref"))
     assert code == 2 and out == [] and len(err) == 1
-    assert str(file) in err[0] and "does not match the bundle's sha256" in err[0]
+    assert str(file) in err[0] and "does not match the bundle's BLAKE3" in err[0]
+
+
+def test_a_bundle_without_the_checkpoints_blake3_is_verified_by_its_sha256_and_a_bad_digest_refused(
+        tmp_path, checkpoint, capsys):
+    file, weights = checkpoint
+    capture("decoder", tmp_path / "ref", subject_args=SMALL_DECODER, reference="none", weights_from=[file])
+    assert "blake3" in open_bundle(tmp_path / "ref").weights["files"][0]
+    edit_manifest(tmp_path / "ref", lambda m: m["weights"]["files"][0].pop("blake3"))  # as captured before it
+    code, out, err = _verify(capsys, str(tmp_path / "ref"))
+    assert code == 0 and err == [] and out[-1].endswith("size and sha256 verified")
+    name = next(iter(weights))
+    changed = dict(weights)
+    changed[name] = weights[name].clone()
+    changed[name].view(-1)[0] += 1
+    save_file(changed, str(file))
+    code, out, err = _verify(capsys, str(tmp_path / "ref"))
+    assert code == 2 and len(err) == 1 and "does not match the bundle's sha256" in err[0]
+    edit_manifest(tmp_path / "ref", lambda m: m["weights"]["files"][0].update(blake3="B" * 64))
+    code, out, err = _verify(capsys, str(tmp_path / "ref"))
+    assert code == 2 and len(err) == 1 and "weights.files[0].blake3: expected 64 lowercase hex digits" in err[0]
 
 
 def test_verify_says_which_checkpoint_files_it_could_not_verify(tmp_path, checkpoint, capsys):
@@ -576,7 +602,7 @@ def test_verify_says_which_checkpoint_files_it_could_not_verify(tmp_path, checkp
     assert "the bundle is intact, but 1 of the 1 checkpoint files it names could not be verified" in err[0]
     assert str(file) in err[0] and "--weights-dir" in err[0] and "--skip-weights" in err[0]
     code, out, err = _verify(capsys, str(tmp_path / "ref"), "--weights-dir", str(moved))
-    assert code == 0 and out[-1].endswith(f"in {moved}, size and sha256 verified")
+    assert code == 0 and out[-1].endswith(f"in {moved}, size and BLAKE3 verified")
     code, out, err = _verify(capsys, str(tmp_path / "ref"), "--skip-weights")
     assert code == 0 and out[-1].endswith("named, NOT verified here (--skip-weights)")
     code, out, err = _verify(capsys, str(tmp_path / "ref"), "--weights-dir", str(tmp_path / "nowhere"))
@@ -635,6 +661,10 @@ def test_a_checkpoint_files_sha256_read_ahead_of_the_hash_is_the_whole_files(tmp
     data = os.urandom(size)
     path.write_bytes(data)
     expected = hashlib.sha256(data).hexdigest()
+    expected_b3 = blake3.blake3(data).hexdigest()
     assert checkpoint_weights.sha256_of(path) == expected == checkpoint_weights.sha256_in_turn(path)
+    assert checkpoint_weights.digests_of(path) == (expected, expected_b3)  # both in one read
+    assert checkpoint_weights.blake3_of(path) == expected_b3  # on every core, the file mapped
     path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]) if size else b"x")
     assert checkpoint_weights.sha256_of(path) != expected
+    assert checkpoint_weights.blake3_of(path) != expected_b3

@@ -425,7 +425,8 @@ def _check_capture(c: _Checker, value: Any) -> dict[str, Any] | None:
 
 
 def _check_weights(c: _Checker, value: Any, version: int, entries: list[Entry]) -> dict[str, Any] | None:
-    """``weights`` (version 5): the checkpoint files (plain names, recorded paths, sizes, sha256)
+    """``weights`` (version 5): the checkpoint files (plain names, recorded paths, sizes, sha256,
+    optionally BLAKE3)
     and which state tensor each file holds under which key; no state name both stored and named."""
     if value is None:
         if version == WEIGHTS_BY_REFERENCE_VERSION:
@@ -448,8 +449,11 @@ def _check_weights(c: _Checker, value: Any, version: int, entries: list[Entry]) 
         names.add(name)
         c.str(item.get("path"), f"{field}.path", nonempty=True, limit=4096)
         c.int(item.get("bytes"), f"{field}.bytes")
-        if not isinstance(item.get("sha256"), str) or not _HEX64.fullmatch(item["sha256"]):
-            raise c.fail(f"{field}.sha256", f"expected 64 lowercase hex digits, got {_short(item.get('sha256'))}")
+        for digest in ("sha256", "blake3"):  # blake3 optional: bundles captured before it have none
+            if digest == "blake3" and digest not in item:
+                continue
+            if not isinstance(item.get(digest), str) or not _HEX64.fullmatch(item[digest]):
+                raise c.fail(f"{field}.{digest}", f"expected 64 lowercase hex digits, got {_short(item.get(digest))}")
     stored = {entry.name for entry in entries if entry.kind == "state"}
     seen: set[str] = set()
     for number, item in enumerate(c.list(weights.get("tensors"), "weights.tensors")):

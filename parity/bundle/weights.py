@@ -1,18 +1,22 @@
-"""Weights by reference: a bundle that names the checkpoint's safetensors files (with their sha256) instead of storing the weights.
+"""Weights by reference: a bundle that names the checkpoint's safetensors files (with their sha256 and BLAKE3) instead of storing the weights.
 
 Both hosts of a port usually hold the model's checkpoint already; storing its weights again in
 every bundle costs their size per bundle (20 GB at ten billion bf16 parameters). A bundle captured
 with ``weights_from`` records, in the manifest's ``weights`` object (schema version 5):
 
-- ``files``: each checkpoint file's name, the path it had on the capture host, its size and its
-  sha256. sha256 rather than the bundle's BLAKE3: it is the digest the Hugging Face Hub lists for
-  every LFS file, so a user can check a download against the bundle without parity;
+- ``files``: each checkpoint file's name, the path it had on the capture host, its size, its
+  sha256 (the digest the Hugging Face Hub lists for every LFS file, so a user can check a download
+  against the bundle without parity) and its BLAKE3 (``blake3``, optional: bundles captured
+  before it have none). Compare checks the BLAKE3 where it is recorded, else the sha256: one
+  file's sha256 is one sequential pass on one core (1.22 GB/s for the 19.6 GB single-file
+  checkpoint of a 10B model on an H200 host: 16 of its compare's 25.7 s, docs/scale.md), where
+  BLAKE3 hashes one file on every core;
 - ``tensors``: ``[state name, file index, key in that file]`` for every state tensor a file holds.
 
 State tensors no file holds (buffers, or a tied weight that is not an alias of a stored one) are
 stored in the bundle as before. At capture every referenced tensor is checked equal (bitwise) to
 the file's, one tensor at a time, so the bundle cannot name files that are not what ran. Compare
-verifies every file's size and sha256 (:func:`verify`) *before* it builds the model and refuses a
+verifies every file's size and digest (:func:`verify`) *before* it builds the model and refuses a
 mismatch with one line naming the file, then reads the weights from the files one tensor at a
 time. Nothing in a checkpoint is executed: safetensors is data.
 """
@@ -28,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import blake3
 import torch
 from safetensors import safe_open
 
@@ -49,6 +54,7 @@ class CheckpointFile:
     bytes: int
     sha256: str
     keys: tuple[str, ...]
+    blake3: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +88,38 @@ def sha256_of(path: Path) -> str:
                 digest.update(block)
     finally:
         os.close(fd)
+    return digest.hexdigest()
+
+
+def digests_of(path: Path) -> tuple[str, str]:
+    """(sha256, BLAKE3) of the file in one read: its next block read on one thread and the BLAKE3
+    of this one on another (on every core) while this thread feeds the sha256 (all three release
+    the GIL), so capture pays about the sha256's pass for both."""
+    sha = hashlib.sha256()
+    b3 = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        with contextlib.suppress(OSError, AttributeError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="parity-digests") as pool:
+            offset = 0
+            pending = pool.submit(os.pread, fd, _READ_BYTES, offset)
+            while block := pending.result():
+                offset += len(block)
+                pending = pool.submit(os.pread, fd, _READ_BYTES, offset)
+                other = pool.submit(b3.update, block)
+                sha.update(block)
+                other.result()
+    finally:
+        os.close(fd)
+    return sha.hexdigest(), b3.hexdigest()
+
+
+def blake3_of(path: Path) -> str:
+    """The file's BLAKE3, hashed on every core (the file mapped, read by the hash's own threads)."""
+    digest = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    if os.path.getsize(path):  # an empty file cannot be mapped
+        digest.update_mmap(str(path))
     return digest.hexdigest()
 
 
@@ -135,9 +173,14 @@ def describe(paths: Sequence[str | os.PathLike]) -> Checkpoint:
         except Exception as err:  # safetensors raises its own error types for a malformed header
             raise UsageError(f"--weights-from {printable(str(path))}: not a safetensors file "
                              f"({' '.join(str(err).split())[:120]})") from None
-    digests = sha256_of_each(files)
-    return Checkpoint([CheckpointFile(path.resolve(), path.stat().st_size, digest, names)
-                       for path, digest, names in zip(files, digests, keys)])
+    if len(files) <= 1:
+        digests = [digests_of(path) for path in files]
+    else:
+        with ThreadPoolExecutor(max_workers=min(len(files), default_workers()),
+                                thread_name_prefix="parity-digests-file") as pool:
+            digests = list(pool.map(digests_of, files))
+    return Checkpoint([CheckpointFile(path.resolve(), path.stat().st_size, sha, names, b3)
+                       for path, (sha, b3), names in zip(files, digests, keys)])
 
 
 def by_reference(checkpoint: Checkpoint, state: Mapping[str, torch.Tensor]) -> tuple[dict[str, Any], list[str]]:
@@ -178,7 +221,8 @@ def by_reference(checkpoint: Checkpoint, state: Mapping[str, torch.Tensor]) -> t
         if tensor.numel() > 0:
             by_storage[alias] = (index, key)
     handles.clear()
-    files = [{"name": file.path.name, "path": str(file.path), "bytes": file.bytes, "sha256": file.sha256}
+    files = [{"name": file.path.name, "path": str(file.path), "bytes": file.bytes, "sha256": file.sha256,
+              **({"blake3": file.blake3} if file.blake3 else {})}
              for file in checkpoint.files]
     return {"files": files, "tensors": tensors}, stored
 
@@ -195,23 +239,30 @@ def _check_size(file: Mapping[str, Any], path: Path) -> None:
 
 
 def _check_files(pairs: Sequence[tuple[Mapping[str, Any], Path]], checksums: bool = True) -> None:
-    """Sizes, then sha256 (several files at a time), of checkpoint files that are there; a
-    UsageError naming the first, in the bundle's order, whose size or sha256 differs."""
+    """Sizes, then digests of checkpoint files that are there: the BLAKE3 where the bundle records
+    one (each file on every core, in turn), else the sha256 (several files at a time); a
+    UsageError naming the first, in the bundle's order, whose size or digest differs."""
     for file, path in pairs:
         _check_size(file, path)
     if not checksums:
         return
-    for (file, path), digest in zip(pairs, sha256_of_each([path for _, path in pairs])):
-        if digest != file["sha256"]:
-            raise UsageError(f"checkpoint file {printable(str(path))} does not match the bundle's sha256: not the "
+    by_blake3 = [(file, path) for file, path in pairs if "blake3" in file]
+    by_sha256 = [(file, path) for file, path in pairs if "blake3" not in file]
+    found = {id(file): ("BLAKE3", blake3_of(path)) for file, path in by_blake3}
+    found.update((id(file), ("sha256", digest)) for (file, _), digest in
+                 zip(by_sha256, sha256_of_each([path for _, path in by_sha256])))
+    for file, path in pairs:
+        name, digest = found[id(file)]
+        if digest != file["blake3" if name == "BLAKE3" else "sha256"]:
+            raise UsageError(f"checkpoint file {printable(str(path))} does not match the bundle's {name}: not the "
                              "weights the golden was captured with")
 
 
 def verify(weights: Mapping[str, Any], directory: str | os.PathLike | None = None, *,
            checksums: bool = True) -> list[Path]:
     """The checkpoint files a bundle names, found (in ``directory`` by name, else at the recorded
-    path) and verified: size, then sha256 (``checksums=False``: the size alone, where another
-    process checks the same files' sha256). A UsageError (exit 2) names the first file that is
+    path) and verified: size, then digest (``_check_files``; ``checksums=False``: the size alone,
+    where another process checks the same files' digests). A UsageError (exit 2) names the first file that is
     missing or differs; nothing is built before this returns."""
     found: list[tuple[Mapping[str, Any], Path]] = []
     for file in weights["files"]:

@@ -407,7 +407,7 @@ def compare_distributed(
     others) and the verdict on every rank. ``scratch``: where the scratch set is written (default:
     the system's temporary directory; a directory every rank can reach). ``weights_dir``: where
     the checkpoint files a golden names are on this host; the first rank of each host (``LOCAL_RANK``
-    0) checks their sha256, the others their presence and size, before any rank builds."""
+    0) checks their digests (BLAKE3, else sha256), the others their presence and size, before any rank builds."""
 
     started = time.monotonic()
     group = group or join(device)
@@ -423,7 +423,7 @@ def compare_distributed(
         check_triton_mode(impl, group.device)
         _check_budget(budget, view)
         budget, warnings = _budget_of(view, budget)
-        # One rank per host reads the files through for their sha256; the files are the same for its
+        # One rank per host reads the files through for their digests; the files are the same for its
         # other ranks, which agree below only once it is done.
         state = golden_state(view, weights_dir, checksums=_local_rank() == 0)
         inputs = Inputs.of_bundle(view.rank0)

@@ -94,7 +94,8 @@ def weights_line(bundle, directory: str | None, skip: bool) -> str | None:
                          f"checkpoint files it names could not be verified: not found at {shown}; pass --weights-dir "
                          "DIR where they are on this host, or --skip-weights where they are checked elsewhere")
     where = f"in {printable(directory)}" if directory is not None else "at the paths recorded at capture"
-    return f"  weights by reference: {what} {where}, size and sha256 verified"
+    digests = sorted({"BLAKE3" if "blake3" in file else "sha256" for file in files})
+    return f"  weights by reference: {what} {where}, size and {' or '.join(digests)} verified"
 
 
 def run(args: argparse.Namespace) -> int:
