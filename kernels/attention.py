@@ -18,7 +18,7 @@ from .decode import (COUNTERS, MAX_ROWS, SCALARS, WORKSPACE, build_decode_launch
                      decode_scalars, decode_steps)
 from .inputs import check_inputs
 from .launch import DESCRIPTORS, PER_CALL, build_launch, element_mask_arguments, kv_descriptors, launch_key, tma_fits
-from .launch_cache import LaunchCache, LaunchStep, int_class
+from .launch_cache import LaunchCache, LaunchStep, int_class, pointer_key
 from .layout import BlockLayout, MaskSpec
 
 __all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_config", "element_mask_arguments",
@@ -151,7 +151,7 @@ class _Recipe:
     descriptors: configs.LaunchConfig | None
 
 
-def _plan_key(q, k, v, tensors, meta, sm_scale, return_lse, decode: bool = False) -> tuple:
+def _plan_key(q, k, v, tensors, meta, sm_scale, return_lse, decode: bool = False, exact_keys: bool = True) -> tuple:
     """Everything a plain call's launches depend on besides the per-call tensors' addresses: the
     shapes, strides, dtypes and device of q, k, v, whether each base is 16-byte aligned (Triton
     specializes pointers on it; the TMA check reads it), the identity of the layout's tensors
@@ -164,20 +164,32 @@ def _plan_key(q, k, v, tensors, meta, sm_scale, return_lse, decode: bool = False
     ``decode``: the decode path's key, whose per-call scalars (``decode.SCALARS``: the key length,
     the causal offset, k's and v's batch and head strides) enter as their specialization class
     only (``int_class``), so that consecutive decode steps on one layout's tensors find one plan;
-    the caller checks that the layout's key length is k's (``_planned``)."""
+    the caller checks that the layout's key length is k's (``_planned``). ``exact_keys``: the key
+    length itself instead of its class, where the caller cannot check it against the layout (the
+    operator's call, whose metadata takes it from k) or the layout has element masks, whose
+    tensors are sized by it. v's key length enters as "equal to k's": a hit skips the full path's
+    shape checks. Every per-call pointer enters as ``pointer_key`` (alignment, and on AMD whether
+    its storage is within 2 GiB: a growing cache crosses it)."""
     if decode:
         seq_q, seq_k, block_m, block_n, causal, window, sink_tokens, offset = meta
         kv = []
         for t in (k, v):
             (batch, heads, seq, dim), (stride_b, stride_h, stride_n, stride_d) = t.shape, t.stride()
             kv.append((batch, heads, dim, stride_n, stride_d, int_class(stride_b), int_class(stride_h)))
-        return (q.shape, q.stride(), *kv, q.dtype, k.dtype, v.dtype, q.device, k.get_device(), v.get_device(),
-                q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0, tuple(map(id, tensors)),
-                seq_q, int_class(seq_k), block_m, block_n, causal, window, sink_tokens, int_class(offset), sm_scale,
-                return_lse)
+        return (q.shape, q.stride(), *kv, v.shape[2] == k.shape[2], q.dtype, k.dtype, v.dtype, q.device,
+                k.get_device(), v.get_device(), pointer_key(q), pointer_key(k), pointer_key(v),
+                tuple(map(id, tensors)), seq_q, seq_k if exact_keys else int_class(seq_k), block_m, block_n, causal,
+                window, sink_tokens, int_class(offset), sm_scale, return_lse)
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-            q.device, k.get_device(), v.get_device(), q.data_ptr() % 16 == 0, k.data_ptr() % 16 == 0, v.data_ptr() % 16 == 0,
+            q.device, k.get_device(), v.get_device(), pointer_key(q), pointer_key(k), pointer_key(v),
             tuple(map(id, tensors)), meta, sm_scale, return_lse)
+
+
+def _exact_keys(tensors: tuple, borrowed: bool) -> bool:
+    """Whether a decode plan's key holds the key length itself (``_plan_key``): for the operator's
+    calls and for layouts with element masks (``tensors[4:]``: document ids, padding ranges,
+    mask bits)."""
+    return borrowed or any(t is not None for t in tensors[4:])
 
 
 def _plan_path(seq_q: int, block_m: int) -> str:
@@ -214,7 +226,8 @@ def _planned(q, k, v, tensors, meta, sm_scale, return_lse, borrowed=False):
     version = _layout_version(tensors)
     if version is None:
         return None
-    entry = cache.find(tensors[0], (state, _plan_key(q, k, v, tensors, meta, sm_scale, return_lse, decode)), version)
+    entry = cache.find(tensors[0], (state, _plan_key(q, k, v, tensors, meta, sm_scale, return_lse, decode,
+                                                     _exact_keys(tensors, borrowed))), version)
     if entry is None:
         return None
     recipe = entry.extra
@@ -310,7 +323,8 @@ def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, ou
             recipe = _Recipe(staging=emulate_bf16,
                              descriptors=cfg if descriptors and descriptors[0] is not None else None)
             _launch_cache(cache).launch(
-                layout_tensors[0], _plan_key(q, k, v, layout_tensors, meta, sm_scale, return_lse, use_decode),
+                layout_tensors[0], _plan_key(q, k, v, layout_tensors, meta, sm_scale, return_lse, use_decode,
+                                             _exact_keys(layout_tensors, borrowed_only)),
                 (q, k, v, staging, lse, *descriptors), build, version=_layout_version(layout_tensors), extra=recipe,
                 keep=tuple(t for t in layout_tensors[1:] if t is not None), borrowed_only=borrowed_only,
                 scalars=scalars)
@@ -370,7 +384,9 @@ def _launch_cache(path: str) -> LaunchCache:
     if path == "decode-borrowed":
         options = {"fresh": WORKSPACE + COUNTERS, "zeroed": COUNTERS}
     elif path == "decode":
-        options = {"fresh_stand_ins": False}
+        # the partials kept in a plan of one launch (the fused merge), made per hit in a plan of
+        # two (the combine kernel's reads follow the split kernel's writes of the same call)
+        options = {"fresh_stand_ins": False, "shared": WORKSPACE}
     else:
         options = {}
     # both decode caches key the per-call scalars by class only (``decode_key``, ``_plan_key``):

@@ -17,7 +17,10 @@ The partial buffers and the counters live as long as a launch plan (the launch c
 not one call: a plan's hit allocates nothing but its output. That is safe because an entry is
 keyed on the device and the stream (``launch_cache.dispatch_state``): two calls that share one are
 queued on one stream, which runs the second call's split kernel only after the first call's merge
-has read the partials and put the counters back to 0. Every other call allocates them afresh: a
+has read the partials and put the counters back to 0. That holds for a call of one launch (the
+fused merge); with the combine kernel a call is two launches, and another host thread's launch on
+the same stream can come between them, so such a plan makes its partial buffers per call
+(``LaunchCache``'s ``shared``). Every other call allocates them afresh: a
 call without the cache, one under CUDA-graph capture (the cache steps aside; the graph then owns
 buffers of its own, its counters zeroed by a memset node every replay), and the operator's
 ``borrowed_only`` calls, whose plans must keep nothing they allocated alive (their cache makes the
@@ -45,7 +48,7 @@ import torch
 
 from .configs import DECODE_MAX_SEQ_Q, DecodeConfig
 from .launch import element_mask_arguments, named_strides, next_power_of_2
-from .launch_cache import LaunchStep, int_class
+from .launch_cache import LaunchStep, int_class, pointer_key
 from .layout import BlockLayout
 
 __all__ = ["DecodeLaunch", "decode_eligible", "heads_per_program", "choose_splits", "build_decode_launch",
@@ -258,9 +261,9 @@ def decode_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     for t in (k, v):
         (batch, heads, seq, dim), (stride_b, stride_h, stride_n, stride_d) = t.shape, t.stride()
         kv.append((t.dtype, batch, heads, dim, stride_n, stride_d, int_class(seq), int_class(stride_b),
-                   int_class(stride_h), t.data_ptr() % 16 == 0))
-    return ("decode", num_splits, q.device, config, sm_scale, emulate_bf16, *kv,
-            *((t.dtype, tuple(t.shape), t.stride(), t.data_ptr() % 16 == 0) for t in per_call))
+                   int_class(stride_h), pointer_key(t)))
+    return ("decode", num_splits, q.device, config, sm_scale, emulate_bf16, *kv, v.shape[2] == k.shape[2],
+            *((t.dtype, tuple(t.shape), t.stride(), pointer_key(t)) for t in per_call))
 
 
 def decode_steps(launch: DecodeLaunch) -> list[LaunchStep]:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .configs import LaunchConfig
+from .launch_cache import pointer_key
 from .layout import BlockLayout
 
 __all__ = ["KernelLaunch", "build_launch", "launch_key", "PER_CALL", "element_mask_arguments", "named_strides",
@@ -130,7 +131,7 @@ def launch_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Ten
     ``build_launch``."""
     per_call = (q, k, v, out) if lse is None else (q, k, v, out, lse)
     return (q.device, config, sm_scale, emulate_bf16, use_tma,  # with or without lse: the length differs
-            *((t.dtype, tuple(t.shape), t.stride(), t.data_ptr() % 16 == 0) for t in per_call))
+            *((t.dtype, tuple(t.shape), t.stride(), pointer_key(t)) for t in per_call))
 
 
 def tma_fits(config: LaunchConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

@@ -54,10 +54,11 @@ from typing import Any
 
 import torch
 
+from . import targets
 from .targets import arch_spec, triton_interpreter_enabled
 
 __all__ = ["LaunchCache", "LaunchStep", "Entry", "MAX_PER_LAYOUT", "issue_compiled", "direct_launch_supported",
-           "dispatch_state", "triton_binder", "int_class"]
+           "dispatch_state", "triton_binder", "int_class", "pointer_key"]
 
 MAX_PER_LAYOUT = 16
 
@@ -195,6 +196,19 @@ def _globals_unchanged(kernel: Any) -> bool:
                for (name, _), (value, scope) in getattr(kernel, "used_global_vals", {}).items())
 
 
+def pointer_key(tensor: torch.Tensor) -> tuple[bool, ...]:
+    """What Triton specializes a tensor argument on besides its dtype, as part of a launch key:
+    its base's 16-byte alignment, and where the backend narrows pointers to 32-bit offsets
+    (``targets.POINTER_RANGE_SPECIALIZED``: AMD's buffer loads) whether its storage is within
+    2**31 - 1 bytes. A key with the alignment alone would let a plan built on a K/V cache under
+    2 GiB serve one that grew past it (a decode loop's cache grows every step): 32-bit offsets
+    that wrap."""
+    aligned = tensor.data_ptr() % 16 == 0
+    if not targets.POINTER_RANGE_SPECIALIZED:
+        return (aligned,)
+    return aligned, tensor.untyped_storage().size() <= 2**31 - 1
+
+
 def kept_tensors(entry: Entry) -> list[torch.Tensor]:
     """Every tensor ``entry`` holds: its steps' bound values and ``keep``."""
     held = [value for bound in entry.steps for value in bound.values] + list(entry.keep)
@@ -237,6 +251,10 @@ class LaunchCache:
     stream order serializes the calls that share them). ``zeroed``: those of ``fresh`` made filled
     with zeros. ``fresh_stand_ins``: False keeps a stand-in for a per-call tensor left None in the
     entry instead of making it anew per hit (only for calls that need nothing they allocate freed).
+    ``shared``: written tensors kept in an entry of one launch but made anew per hit, like
+    ``fresh``, in an entry of several: stream order serializes one launch against another
+    caller's, but between two launches of one call another host thread may issue its own on the
+    same stream, which would overwrite what the first call's next launch reads.
     ``version``: what changes when a layout is edited in place (``BlockLayout.version``); an
     entry built under another version is built again, and a layout whose version is None (not
     known) is never cached.
@@ -264,7 +282,7 @@ class LaunchCache:
     """
 
     def __init__(self, kernels: Sequence[Any], per_call: Sequence[str], *, fresh: Sequence[str] = (),
-                 zeroed: Sequence[str] = (), fresh_stand_ins: bool = True,
+                 zeroed: Sequence[str] = (), fresh_stand_ins: bool = True, shared: Sequence[str] = (),
                  issue: Callable[[Any, tuple[int, ...], Sequence[Any], tuple], None] = issue_compiled,
                  state: Callable[[Sequence[Any]], tuple | None] = dispatch_state,
                  version: Callable[[Any], Any] = lambda layout: (), max_per_layout: int = MAX_PER_LAYOUT,
@@ -274,6 +292,7 @@ class LaunchCache:
         self._addresses = addresses
         self._per_call = tuple(per_call)
         self._fresh = tuple(fresh)
+        self._shared = tuple(name for name in shared if name not in self._fresh)
         self._zeroed = frozenset(zeroed)
         self._fresh_stand_ins = fresh_stand_ins
         self._issue = issue
@@ -320,10 +339,12 @@ class LaunchCache:
             return
         self._count(hit=False)
         steps, fresh = [], {}
-        for step in build():
+        built = list(build())
+        made_anew = self._fresh + (self._shared if len(built) > 1 else ())
+        for step in built:
             compiled = step.dispatch()
             steps.append(self._bind(step, compiled if direct_launch_supported(compiled) else None, tensors, fresh,
-                                    scalars))
+                                    scalars, made_anew))
         entry = Entry(tuple(steps), {name: spec for name, (spec, _) in fresh.items()}, version, extra, tuple(keep))
         if borrowed_only and not _borrowed(entry, (layout, *keep)):
             return
@@ -407,7 +428,7 @@ class LaunchCache:
                 self.misses += 1
 
     def _bind(self, step: LaunchStep, compiled: Any, tensors: Sequence[Any], fresh: dict,
-              scalars: Sequence[int] = ()) -> _Bound:
+              scalars: Sequence[int] = (), made_anew: Sequence[str] | None = None) -> _Bound:
         """The step's argument list without this call's tensors; ``fresh`` collects, by name, the
         workspace tensors the steps share (the same object in each, else a RuntimeError)."""
         names = list(step.kernel.arg_names)
@@ -436,7 +457,7 @@ class LaunchCache:
         # tensor allocated in their pool stays alive without being an output).
         stand_ins = tuple(name for name, tensor in zip(self._per_call, tensors)
                           if tensor is None and isinstance(given.get(name), torch.Tensor)) if self._fresh_stand_ins else ()
-        for name in self._fresh + stand_ins:
+        for name in (self._fresh if made_anew is None else tuple(made_anew)) + stand_ins:
             if name in given:
                 tensor = given[name]
                 spec, first = fresh.setdefault(name, ((tuple(tensor.shape), tensor.stride(), tensor.dtype,

@@ -64,6 +64,12 @@ class SmResources:
                 "by_shared": by_shared, "by_warps": by_warps}
 
 
+# Triton's AMD backend specializes a tensor argument on whether its storage is within 2**31 - 1
+# bytes ("S": 32-bit offsets, buffer loads; ``HIPBackend.get_tensor_specialization``, Triton 3.6 to
+# 3.9, on while ``knobs.amd.use_buffer_ops`` is, its default); NVIDIA's does not. Read once: a
+# process runs torch for one vendor. Launch keys hold it (``launch_cache.pointer_key``).
+POINTER_RANGE_SPECIALIZED = torch.version.hip is not None
+
 # gfx9 CDNA: 512 VGPRs per SIMD lane; waves per SIMD by VGPRs used (parity/NUMERICS.md; AMD CDNA3 ISA
 # guide, "VGPR allocation"). gfx90a and gfx942 share the table; gfx950 too (same VGPR file).
 _CDNA_VGPR_WAVES = ((64, 8), (96, 5), (128, 4), (168, 3), (256, 2), (512, 1))

@@ -1036,3 +1036,101 @@ def test_a_launch_that_passes_another_value_for_a_per_call_scalar_is_refused():
         tensors = _tensors()
         cache.launch(layout, "k", tensors, lambda tensors=tensors, seq=seq: _steps(kernel, tensors, seq), scalars=(seq,))
     assert cache.hits == 1 and issued[0][5] == 9, "the hit issues the call's value, not the entry's"
+
+
+def test_a_shared_workspace_is_kept_in_a_one_launch_plan_and_made_per_call_in_a_two_launch_one():
+    """``shared``: a plan of one launch keeps its written buffer (stream order serializes it
+    against another call's launch), a plan of two makes it anew per hit: another host thread's
+    launch on the same stream may come between a call's split and its combine."""
+    split, combine, issued = _Kernel(), _Kernel(), []
+    split.arg_names = ["Q", "K", "V", "Out", "Lse", "Work", "seq", "BLOCK"]
+    combine.arg_names = ["Work", "Out", "Lse", "rows"]
+
+    def run(two_steps: bool) -> list:
+        cache = LaunchCache((split, combine), PER_CALL, shared=("Work",),
+                            issue=lambda c, g, vals, st: issued.append(vals),
+                            state=lambda kernels: ("device", "stream"), addresses=False)
+        layout, works = _Layout(), []
+
+        def build(tensors):
+            q, k, v, out, lse = tensors
+            work = torch.zeros(3, 2)
+            steps = [LaunchStep(split, (2, 1), {"Q": q, "K": k, "V": v, "Out": out, "Lse": lse, "Work": work,
+                                                "seq": 1}, {"BLOCK": 16}, {})]
+            if two_steps:
+                steps.append(LaunchStep(combine, (4,), {"Work": work, "Out": out, "Lse": lse, "rows": 4}, {}, {}))
+            return steps
+
+        issued.clear()
+        for _ in range(3):
+            tensors = _tensors()
+            cache.launch(layout, "k", tensors, lambda tensors=tensors: build(tensors))
+        return [vals[5] for vals in issued if len(vals) == 8]  # the split kernel's Work on each hit
+
+    kept = run(two_steps=False)
+    assert len(kept) == 2 and kept[0] is kept[1], "a one-launch plan keeps its buffer"
+    made = run(two_steps=True)
+    assert len(made) == 2 and made[0] is not made[1], "a two-launch plan makes its buffer per call"
+
+
+def _decode_tensors(seq_k: int, big_storage: bool = False):
+    q, k, v = random_qkv(1, 4, 2, 1, seq_k, 64, torch.bfloat16, 0, "cpu")
+    if big_storage:  # the same shape and strides over a storage past 2 GiB (untouched virtual memory)
+        base = torch.empty(2**31 + 64, dtype=torch.uint8).untyped_storage()
+        k = torch.empty(0, dtype=k.dtype).set_(base, 0, k.shape, k.stride())
+    return q, k, v
+
+
+@pytest.mark.parametrize("arch,vendor_specializes", [("gfx942", True), ("sm_90", False)])
+def test_a_storage_past_2_gib_is_in_the_keys_where_triton_specializes_on_it(monkeypatch, arch, vendor_specializes):
+    """Triton's AMD backend compiles a pointer whose storage is within 2**31 - 1 bytes with 32-bit
+    offsets ("S"); a plan built on a K/V cache under 2 GiB must not serve one past it (a decode
+    loop's cache grows). The binder says where the specialization differs; the keys must differ
+    exactly there (``targets.POINTER_RANGE_SPECIALIZED``, what a ROCm torch sets)."""
+    from parity.kernels import attention, targets
+    from parity.kernels import triton_attention as kernels_module
+    from parity.kernels.decode import build_decode_launch, decode_key, decode_steps
+    from parity.kernels.launch_cache import triton_binder
+
+    monkeypatch.setattr(targets, "POINTER_RANGE_SPECIALIZED", vendor_specializes)
+    layout = causal_layout(1, 64, block_m=64, block_n=64)
+    cfg = configs.decode_config_for(arch, 64, torch.bfloat16).clamp(layout.block_n)
+    binder, _ = triton_binder(kernels_module.block_sparse_decode_fwd, arch)
+    keys, specs = [], []
+    for big in (False, True):
+        q, k, v = _decode_tensors(64, big)
+        out = torch.empty_like(q)
+        keys.append(decode_key(q, k, v, out, None, cfg, sm_scale=0.125, num_splits=2))
+        step = decode_steps(build_decode_launch(q, k, v, out, None, layout, cfg, sm_scale=0.125, num_splits=2))[0]
+        specs.append(binder(**step.args, **step.constexprs, **step.options, debug=False)[1])
+        tensors = (layout.kv_num_blocks, layout.kv_indices, layout.full_kv_num_blocks, layout.full_kv_indices,
+                   None, None, None, None, None)
+        meta = (1, 64, 64, 64, True, 0, 0, 63)
+        keys.append(attention._plan_key(q, k, v, tensors, meta, None, False, True, False))
+    assert (specs[0] != specs[1]) == vendor_specializes
+    assert (keys[0] != keys[2]) == vendor_specializes and (keys[1] != keys[3]) == vendor_specializes
+
+
+def test_a_plan_hit_with_v_shorter_than_k_is_refused_as_the_full_path_refuses_it(device):
+    """v's key length is in the decode plan's key (as "equal to k's"): a hit skips the full
+    path's shape checks, and with the class of k's length alone a shorter v would be read past."""
+    layout = causal_layout(1, 40, block_m=64, block_n=64)
+    q, k, v = random_qkv(1, 2, 2, 1, 40, 16, torch.float32, 0, device)
+    block_sparse_attention(q, k, v, layout)  # builds the plan
+    with pytest.raises(ValueError, match="k and v must have the same shape"):
+        block_sparse_attention(q, k, v[:, :, :20].contiguous(), layout)
+
+
+def test_the_operators_decode_plan_holds_the_key_length_itself(device):
+    """The operator's metadata takes its key length from k, so a plan's hit cannot check it
+    against the layout: its key holds the length itself, and a call whose k no longer fits the
+    layout's element masks takes the full path, which refuses it as without a plan."""
+    from parity.kernels import op
+    from parity.kernels.layout import LayoutError, document_layout
+
+    layout = document_layout([1], [40], block_m=16, block_n=16)
+    q, k, v = random_qkv(1, 2, 2, 1, 41, 16, torch.float32, 0, device)
+    torch.ops.parity.block_sparse_attention.default(*op.op_arguments(q, k[:, :, :40], v[:, :, :40], layout, 0.25,
+                                                                     False))
+    with pytest.raises(LayoutError, match="k_doc must have shape"):
+        torch.ops.parity.block_sparse_attention.default(*op.op_arguments(q, k, v, layout, 0.25, False))
