@@ -27,7 +27,7 @@ import dataclasses
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -70,48 +70,44 @@ class Checkpoint:
         return where
 
 
-def sha256_of(path: Path) -> str:
-    """The file's sha256, its next block read (``pread``, on a thread of its own) while this one
-    is hashed: both release the GIL, so a cold file is hashed at about the slower of the disk and
-    sha256 rather than at the two one after the other (one file's sha256 cannot be split)."""
-    digest = hashlib.sha256()
+def _blocks(path: Path) -> Iterator[bytes]:
+    """The file's blocks in order, the next one read (``pread``, on a thread of its own) while the
+    caller hashes this one: reading and hashing both release the GIL, so a cold file is hashed at
+    about the slower of the disk and the hash rather than at the two one after the other."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         with contextlib.suppress(OSError, AttributeError):  # a hint: read ahead further, drop behind
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-sha256-read") as reader:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-digest-read") as reader:
             offset = 0
             pending = reader.submit(os.pread, fd, _READ_BYTES, offset)
             while block := pending.result():
                 offset += len(block)
                 pending = reader.submit(os.pread, fd, _READ_BYTES, offset)
-                digest.update(block)
+                yield block
     finally:
         os.close(fd)
+
+
+def sha256_of(path: Path) -> str:
+    """The file's sha256, read ahead of the hash (``_blocks``; one file's sha256 cannot be split)."""
+    digest = hashlib.sha256()
+    for block in _blocks(path):
+        digest.update(block)
     return digest.hexdigest()
 
 
 def digests_of(path: Path) -> tuple[str, str]:
-    """(sha256, BLAKE3) of the file in one read: its next block read on one thread and the BLAKE3
-    of this one on another (on every core) while this thread feeds the sha256 (all three release
-    the GIL), so capture pays about the sha256's pass for both."""
+    """(sha256, BLAKE3) of the file in one read (``_blocks``): the BLAKE3 of each block on another
+    thread (on every core) while this one feeds the sha256, so capture pays about the sha256's
+    pass for both."""
     sha = hashlib.sha256()
     b3 = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        with contextlib.suppress(OSError, AttributeError):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="parity-digests") as pool:
-            offset = 0
-            pending = pool.submit(os.pread, fd, _READ_BYTES, offset)
-            while block := pending.result():
-                offset += len(block)
-                pending = pool.submit(os.pread, fd, _READ_BYTES, offset)
-                other = pool.submit(b3.update, block)
-                sha.update(block)
-                other.result()
-    finally:
-        os.close(fd)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-blake3") as hasher:
+        for block in _blocks(path):
+            other = hasher.submit(b3.update, block)
+            sha.update(block)
+            other.result()
     return sha.hexdigest(), b3.hexdigest()
 
 
