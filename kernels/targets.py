@@ -142,7 +142,7 @@ def warp_size(device: torch.device | str) -> int:
     if size:
         return int(size)
     arch = arch_of(device)
-    return ARCHS[arch].warp_size if arch in ARCHS else (64 if torch.version.hip else 32)
+    return ARCHS[arch].warp_size if arch in ARCHS else (64 if vendor_of(device) == "amd" else 32)
 
 
 def environment(device: torch.device | str) -> dict:
