@@ -14,7 +14,7 @@ import torch
 from .layout import BlockLayout
 from .reference import reference_attention
 
-__all__ = ["random_qkv", "KernelCheck", "check_kernel_output", "ERROR_FACTOR", "LSE_TOLERANCE"]
+__all__ = ["random_qkv", "KernelCheck", "KernelReference", "kernel_reference", "check_kernel_output", "ERROR_FACTOR", "LSE_TOLERANCE"]
 
 # flash-attention's factor: the kernel may be at most 2x as far from the truth as PyTorch in
 # the same precision.
@@ -72,38 +72,61 @@ def _exp_argument_floor(q, k, v, sm_scale) -> float:
     if q.numel() == 0 or k.numel() == 0:
         return 0.0
     scale = q.shape[-1] ** -0.5 if sm_scale is None else sm_scale
-    group = q.shape[1] // k.shape[1]
-    scores = torch.matmul(q.double(), k.double().repeat_interleave(group, dim=1).transpose(-1, -2))
+    batch, heads_kv = k.shape[:2]
+    # the query heads of one K/V head stacked as rows (GQA) rather than K repeated per query head
+    stacked = q.double().reshape(batch, heads_kv, -1, q.shape[-1])
+    scores = torch.matmul(stacked, k.double().transpose(-1, -2))
     eps32 = torch.finfo(torch.float32).eps
     return float(2 * eps32 * scores.abs().max() * abs(scale) * v.double().abs().max())
 
 
-def check_kernel_output(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                        v: torch.Tensor, layout: BlockLayout, *, sm_scale: float | None = None) -> KernelCheck:
-    """Judge a kernel result against the fp64 reference by the flash-attention rule."""
+@dataclasses.dataclass(frozen=True)
+class KernelReference:
+    """What the rule needs from the references, computed once for one set of inputs."""
+    truth: torch.Tensor  # fp64 output
+    truth_lse: torch.Tensor  # fp64 LSE
+    same_precision_error: float
+    floor: float  # rounding floor in the output's dtype, plus the exp-argument floor
+
+
+def kernel_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout, *,
+                     out_dtype: torch.dtype | None = None, sm_scale: float | None = None) -> KernelReference:
+    """The fp64 and same-precision references of one input set, for judging several kernel
+    results (e.g. every split count of a decode call) without recomputing them."""
     cpu = torch.device("cpu")
     qc, kc, vc = (t.to(cpu) for t in (q, k, v))
     layout = layout.to(cpu)
     truth, truth_lse = reference_attention(qc, kc, vc, layout, sm_scale=sm_scale, return_lse=True,
                                            precision="fp64")
     same = reference_attention(qc, kc, vc, layout, sm_scale=sm_scale, precision="same")
-    out64 = out.to(cpu, torch.float64)
-    kernel_error = float((out64 - truth).abs().max()) if out.numel() else 0.0
-    same_error = float((same.double() - truth).abs().max()) if out.numel() else 0.0
+    empty = truth.numel() == 0
+    same_error = 0.0 if empty else float((same.double() - truth).abs().max())
     # Rounding error of numbers of the output's magnitude in this dtype (flash-attention's
     # `(out_ref + 0.3 - 0.3 - out_ref).abs().max()`).
-    floor_probe = truth.to(out.dtype)
-    floor = float(((floor_probe + 0.3) - 0.3 - floor_probe).abs().max()) if out.numel() else 0.0
+    floor_probe = truth.to(out_dtype or q.dtype)
+    floor = 0.0 if empty else float(((floor_probe + 0.3) - 0.3 - floor_probe).abs().max())
     floor += _exp_argument_floor(qc, kc, vc, sm_scale)
+    return KernelReference(truth, truth_lse, same_error, floor)
+
+
+def check_kernel_output(out: torch.Tensor, lse: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                        v: torch.Tensor, layout: BlockLayout, *, sm_scale: float | None = None,
+                        reference: KernelReference | None = None) -> KernelCheck:
+    """Judge a kernel result against the fp64 reference by the flash-attention rule
+    (``reference``: one computed beforehand by `kernel_reference` for these inputs)."""
+    ref = reference or kernel_reference(q, k, v, layout, out_dtype=out.dtype, sm_scale=sm_scale)
+    cpu = torch.device("cpu")
+    out64 = out.to(cpu, torch.float64)
+    kernel_error = float((out64 - ref.truth).abs().max()) if out.numel() else 0.0
     lse_cpu = lse.to(cpu, torch.float64)
-    seen = torch.isfinite(truth_lse)
-    lse_error = float((lse_cpu[seen] - truth_lse[seen]).abs().max()) if seen.any() else 0.0
+    seen = torch.isfinite(ref.truth_lse)
+    lse_error = float((lse_cpu[seen] - ref.truth_lse[seen]).abs().max()) if seen.any() else 0.0
     return KernelCheck(
         kernel_error=kernel_error,
-        same_precision_error=same_error,
-        rounding_floor=floor,
-        bound=ERROR_FACTOR * same_error + floor,
+        same_precision_error=ref.same_precision_error,
+        rounding_floor=ref.floor,
+        bound=ERROR_FACTOR * ref.same_precision_error + ref.floor,
         lse_error=lse_error,
-        empty_rows_agree=bool(torch.equal(torch.isneginf(lse_cpu), torch.isneginf(truth_lse))),
+        empty_rows_agree=bool(torch.equal(torch.isneginf(lse_cpu), torch.isneginf(ref.truth_lse))),
         nonfinite_outputs=int((~torch.isfinite(out)).sum()),
     )
