@@ -39,7 +39,7 @@ PY=${PYTHON:-python3}
 
 STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect inspect-decode"}
 # (also: "table-sweep" and "table", the prefill table of bench/benchmark_table.py, and
-# "launch-time", "host-parts" and "ncu", where a short case's time goes; "launch-overhead",
+# "launch-time", "host-parts" and "ncu", where a short case's time goes; "launch-overhead", "probe-merge",
 # "hf-host", "hf-generate", "hf-compiled", "hf-window" and "hf-bench", inference; "capture-scale", capture and compare of
 # 1-10B Llama shapes; not run by default)
 
@@ -102,6 +102,10 @@ step host-parts 60 "$PY" -m bench.launch_time --host-parts --cases "$LAUNCH_CASE
 # (bench/hf_generate.py, transformers from the host).
 # shellcheck disable=SC2086
 step launch-overhead "${OVERHEAD_LIMIT:-240}" "$PY" -m bench.launch_overhead --device cuda ${OVERHEAD_ROWS:+--rows "$OVERHEAD_ROWS"}
+# Where a decode call's device time goes per merge setting: the split kernel and the merge
+# under the profiler, each chunking and split count, beside SDPA (bench/probe_decode_merge.py).
+# shellcheck disable=SC2086
+step probe-merge "${PROBE_LIMIT:-200}" "$PY" -m bench.probe_decode_merge ${PROBE_ARGS:-}
 # shellcheck disable=SC2086
 step hf-host "${HF_HOST_LIMIT:-240}" "$PY" -m bench.hf_host --json "$R/hf-host.json" ${HF_HOST_ARGS:-}
 # shellcheck disable=SC2086

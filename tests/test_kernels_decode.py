@@ -23,7 +23,7 @@ from parity.kernels import (
 )
 from parity.kernels.configs import DECODE_MAX_SEQ_Q, DecodeConfig, LaunchConfig
 from parity.kernels.decode import MAX_ROWS, build_decode_launch, choose_splits, heads_per_program
-from parity.kernels.testing import LSE_TOLERANCE, check_kernel_output, random_qkv
+from parity.kernels.testing import LSE_TOLERANCE, check_kernel_output, kernel_reference, random_qkv
 
 LAYOUTS = {
     "causal": lambda sq, sk: causal_layout(sq, sk, block_m=32, block_n=32),
