@@ -159,7 +159,8 @@ def _hit_parts(layout, q, k, v, calls: int = 400) -> dict[str, float]:
             mask.sink_tokens, mask.offset)
     cache = attention._launch_cache("decode")
     state = cache.state()
-    key = (state, attention._plan_key(q, k, v, tensors, meta, None, False, True))
+    key = (state, attention._plan_key(q, k, v, tensors, meta, None, False, True,
+                                       attention._exact_keys(tensors, False)))  # as _planned keys it
     scalars = decode_scalars(k, v, mask.offset)
     version = attention._layout_version(tensors)
     entry = cache.find(tensors[0], key, version)
@@ -178,7 +179,8 @@ def _hit_parts(layout, q, k, v, calls: int = 400) -> dict[str, float]:
     parts = {
         "whole_call": lambda: block_sparse_attention(q, k, v, layout),
         "dispatch_state": cache.state,
-        "plan_key": lambda: attention._plan_key(q, k, v, tensors, meta, None, False, True),
+        "plan_key": lambda: attention._plan_key(q, k, v, tensors, meta, None, False, True,
+                                               attention._exact_keys(tensors, False)),
         "layout_version": lambda: attention._layout_version(tensors),
         "find": lambda: cache.find(tensors[0], key, version),
         "empty_like_out": lambda: torch.empty_like(q),
