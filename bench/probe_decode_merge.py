@@ -5,8 +5,8 @@
 
 For each decode row of bench/launch_overhead.py (Hq=32, Hkv=8, D=128, bf16, one query token),
 each merge (``fused``: the split kernel's last program per head group merges; ``kernel``: the
-``decode_combine`` launch after it) and each merge chunking (``LSE_CHUNK x MERGE_CHUNK``: how many
-splits the merge reads at once; ``default`` is ``kernels.decode.merge_chunks``), at the pinned
+``decode_combine`` launch after it) and each merge chunking (``uN``: N splits per iteration, unrolled; ``LxM``:
+the 3-D merge's LSE and partial chunks; ``default`` is ``kernels.decode.merge_chunks``), at the pinned
 split count and at a few others: the call's time replayed from a CUDA graph
 (``do_bench_cudagraph``, µs) and each kernel's device time under the torch profiler (µs per call,
 mean of ``--calls`` calls), beside PyTorch's SDPA on the same tensors. A probe: it patches the
@@ -33,9 +33,11 @@ def _chunks(setting: str):
     from parity.kernels import attention, decode
 
     original = decode.merge_chunks
-    if setting != "default":
+    if setting.startswith("u"):  # uN: N splits per iteration, unrolled
+        decode.merge_chunks = lambda *a: (1, 1, int(setting[1:]))
+    elif setting != "default":  # LxM: the 3-D merge's chunks
         lse, merge = (int(x) for x in setting.split("x"))
-        decode.merge_chunks = lambda *a: (lse, merge)
+        decode.merge_chunks = lambda *a: (lse, merge, 0)
     attention._LAUNCH_CACHES.clear()
     try:
         yield
@@ -64,7 +66,7 @@ def _kernel_us(fn, calls: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(DECODE_ROWS))
-    parser.add_argument("--chunks", default="default,1x1,64x1,64x2,64x8")
+    parser.add_argument("--chunks", default="default,u1,u2,u8,64x4,64x1")
     parser.add_argument("--splits", default="auto,8,16,32", help="split counts besides the pinned one")
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args(argv)
