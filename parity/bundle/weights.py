@@ -186,17 +186,22 @@ def locate(paths: Sequence[str | os.PathLike]) -> Checkpoint:
     """The checkpoint files named by ``paths`` (files, or directories of ``*.safetensors``): their
     sizes and tensor keys, from the files' headers; no digest yet (:class:`BackgroundDigests`).
     A UsageError names a path that is missing or not safetensors."""
-    files = _files_of(paths)
     located = []
-    for path in files:
-        try:
-            with safe_open(str(path), framework="pt") as handle:
-                keys = tuple(handle.keys())
-        except Exception as err:  # safetensors raises its own error types for a malformed header
-            raise UsageError(f"--weights-from {printable(str(path))}: not a safetensors file "
-                             f"({' '.join(str(err).split())[:120]})") from None
+    for path in _files_of(paths):
+        with _open_checkpoint(path) as handle:
+            keys = tuple(handle.keys())
         located.append(CheckpointFile(path.resolve(), path.stat().st_size, keys))
     return Checkpoint(located)
+
+
+def _open_checkpoint(path: Path) -> Any:
+    """``safe_open`` of a checkpoint file; a UsageError (one line naming it) where its header is
+    malformed, or no longer covers the file (it changed after it was located)."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as err:  # safetensors raises its own error types for a malformed header
+        raise UsageError(f"--weights-from {printable(str(path))}: not a safetensors file "
+                         f"({' '.join(str(err).split())[:120]})") from None
 
 
 class BackgroundDigests:
@@ -289,7 +294,7 @@ def by_reference(checkpoint: Checkpoint, state: Mapping[str, torch.Tensor]) -> t
             continue
         index, key = where[name]
         if index not in handles:
-            handles[index] = safe_open(str(checkpoint.files[index].path), framework="pt")
+            handles[index] = _open_checkpoint(checkpoint.files[index].path)
         # Compared where the module's tensor is: one file tensor at a time goes to the device
         # (the model, on a GPU, is not copied back to the host).
         on_file = handles[index].get_tensor(key).to(tensor.device)
