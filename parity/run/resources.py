@@ -74,7 +74,7 @@ class Meter:
 
 class Phases:
     """Seconds spent in each named phase of a run (``with phases("build"): ...``), in the order
-    the phases first ran; a phase entered again adds to its time. Phases run on other threads at
+    the phases were first recorded; a phase entered again adds to its time. Phases run on other threads at
     the same time as these (the checkpoint's digests at capture) are added with :meth:`add`, so
     the sum of all phases can exceed the wall time: it says where time went, not a partition of it."""
 
