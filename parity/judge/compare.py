@@ -12,7 +12,7 @@ How a bundle is compared (:func:`compare_bundle`):
    ``fused-here`` rule and the error-budget modes of ``budget``).
    The stored state is read into the module in bounded chunks (a
    :class:`~parity.run.subjects.base.StateSource`), never whole; a bundle that names its
-   checkpoint files instead (schema 5, :mod:`parity.bundle.weights`) has them verified by sha256
+   checkpoint files instead (schema 5, :mod:`parity.bundle.weights`) has them verified (BLAKE3, else sha256)
    *before* anything is built, and the weights are read from them.
 3. ``isolate=True`` (bundles captured with ``--record-inputs``): every recorded layer call is
    replayed on its *golden* inputs (:func:`~parity.judge.engine.replayed_layers`) and judged again. A
@@ -271,9 +271,9 @@ def reference_scope(bundle: BundleReader) -> str | None:
 def subject_state(bundle: BundleReader, weights_dir: str | os.PathLike | None = None, *,
                   checksums: bool = True) -> StateSource:
     """The bundle's subject state, read one tensor at a time: its stored tensors and, for a bundle
-    that names checkpoint files, theirs, after every file's size and sha256 are verified
+    that names checkpoint files, theirs, after every file's size and digest are verified
     (a UsageError names the first that is missing or differs). ``checksums=False`` checks the
-    files' presence and size only: for the other ranks of a host where one rank checks the sha256."""
+    files' presence and size only: for the other ranks of a host where one rank checks the digests."""
     meta = {entry.name: (entry.shape, entry.torch_dtype) for entry in bundle.entries_of("state")}
     loaders = {name: (lambda device, stream, name=name: bundle.load_to(name, "state", device=device, stream=stream))
                for name in meta}

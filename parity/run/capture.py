@@ -142,7 +142,7 @@ def capture(
     reference run, above) or ``"module"`` (each recorded module replayed on its own inputs in
     ``reference``'s precision on ``device``: :mod:`parity.run.module_reference`).
     ``weights_from``: safetensors files or directories that hold the model's weights; the bundle
-    then names them with their sha256 instead of storing the weights (each weight is checked equal
+    then names them with their BLAKE3 instead of storing the weights (each weight is checked equal
     to the file's first; what no file holds is stored). Raises UsageError for bad arguments and
     CaptureError when the hooks-on run differs from the hooks-off run; on any error nothing is
     left at ``out``.
