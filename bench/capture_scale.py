@@ -124,7 +124,8 @@ def child(config: str, sizes: dict, out: Path, checkpoint: str) -> dict:
             "weights_bytes": 2 * params, "wall_s": round(seconds, 1), "peak_rss_bytes": peak,
             "peak_rss_gib": round(peak / 2**30, 2), "bytes_per_parameter": round(peak / params, 2),
             "bundle_bytes": _bundle_bytes(result.path), "bundle_gib": round(_bundle_bytes(result.path) / 2**30, 2),
-            "recorded_tensors": result.tensors, "reference_peak_copy_bytes": info.get("peak_copy_bytes")}
+            "recorded_tensors": result.tensors, "reference_peak_copy_bytes": info.get("peak_copy_bytes"),
+            "phases": result.resources.get("phases")}
 
 
 def save_checkpoint(sizes: dict, directory: Path) -> None:

@@ -47,7 +47,7 @@ the work directory first (1 GiB written with fsync, read back after the page cac
 - capture wall <= 2 x (bf16 forward + reference forward + bundle bytes / write speed);
 - compare wall <= 1.2 x max(kernel forward, bytes read / read speed), the bytes read being the
   bundle's tensors compare read plus, with weights by reference, the checkpoint files (read once
-  for their sha256; loading them again finds them in the page cache);
+  for their digest; loading them again finds them in the page cache);
 - with ``--weights reference``: bundle bytes <= outputs (every recorded tensor but the state) +
   the shards' headers + manifest, i.e. no weight stored.
 
@@ -394,7 +394,10 @@ def step_capture(args, row: dict, save, rss: RssSampler) -> None:
     result = capture(runner, work / "bundle", impl="sdpa", device=device, layers=globs, reference="fp32",
                      reference_scope="module", weights_from=[checkpoint] if checkpoint else None,
                      shard_bytes=256 * 2**20, durable=True, force=True)
+    # phases: where the capture's time went (the checkpoint's digests on their own thread beside
+    # the others; what the commit still waited for them is digests_wait).
     row["capture"] = {"wall_s": round(time.perf_counter() - start, 2), "resources": result.resources,
+                      "phases": result.resources.get("phases"),
                       "peak_host_bytes": peak_host_bytes(), "host_rss": rss.peaks(), "tensors": result.tensors,
                       "layers": result.layers}
     row["bundle"] = bundle_bytes(result.path)
@@ -456,13 +459,14 @@ def step_compare(args, row: dict, save, rss: RssSampler) -> None:
     resources = report.resources
     weights = resources.get("weights") or {}
     # What the row is judged on, each said once: compare's bundle reads (its tensors, the stored
-    # weights among them) per second of its wall time, the weights' load, the checkpoint's sha256.
+    # weights among them) per second of its wall time, the weights' load, the checkpoint's digest.
     reads = {"bundle_bytes_read": resources["bytes_read"],
              "bundle_read_gb_s": round(resources["bytes_read"] / 1e9 / wall, 3) if wall > 0 else None,
              "weights_load_s": weights.get("seconds"), "weights_load_gb_s": weights.get("gb_per_second"),
              "checksum_s": weights.get("checkpoint_verify_seconds"),
              "checkpoint_bytes_verified": weights.get("checkpoint_bytes_verified")}
-    result = {"wall_s": round(wall, 2), "resources": resources, "reads": reads, "host_rss": rss.peaks(),
+    result = {"wall_s": round(wall, 2), "resources": resources, "phases": resources.get("phases"), "reads": reads,
+              "host_rss": rss.peaks(),
               "peak_host_bytes": peak_host_bytes(), "passed": report.passed, "tensors": len(report.layers),
               "failing": len(failing), "failing_names": [r.name for r in failing][:50],
               "first_failing": report.first_failing_layer, "rules": sorted({r.rule for r in report.layers if r.rule}),
@@ -520,7 +524,7 @@ def targets(row: dict, disk: dict) -> dict:
                                "bundle_write_s_at_disk_speed": round(write_s, 2), "met": capture["wall_s"] <= limit}
     if compare and bundle and forward:
         # What compare must read from the disk: the bundle's tensors it read and, for weights by
-        # reference, the checkpoint files once (their sha256; the load that follows finds them in
+        # reference, the checkpoint files once (their digest; the load that follows finds them in
         # the page cache).
         checkpoint = (compare["resources"].get("weights") or {}).get("checkpoint_bytes_verified", 0)
         read_s = (compare["resources"]["bytes_read"] + checkpoint) / (disk["read_cold_gb_s"] * 1e9)

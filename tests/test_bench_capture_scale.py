@@ -121,8 +121,8 @@ def _tiny_row(tmp_path, *extra: str) -> tuple[dict, dict]:
 
 def test_the_rerun_with_weights_by_reference_records_what_it_is_judged_on(tmp_path):
     """The 10B rerun's path (``--weights reference``) at the tiny size: the checkpoint saved, its
-    save's peak kept apart from the capture's, and the compare's reads, sha256 time and host peak
-    by kind recorded beside its limits."""
+    save's peak kept apart from the capture's, the compare's reads, digest time and host peak
+    by kind recorded beside its limits, and the seconds of each phase of both."""
     document, row = _tiny_row(tmp_path, "--weights", "reference", "--row-limit-s", "300")
     assert document["weights"] == "reference" and document["limits"]["row_limit_s"] == 300
     assert row["checkpoint_save_s"] > 0 and row["checkpoint_save_host_rss"]["peak_bytes"]["anon"] > 0
@@ -133,6 +133,18 @@ def test_the_rerun_with_weights_by_reference_records_what_it_is_judged_on(tmp_pa
     assert "state" not in bundle["by_kind"] and row["targets"]["bundle_size"]["met"] is True
     assert row["compare"]["passed"] and row["compare"]["host_rss"]["peak_bytes"]["file"] > 0
     assert row["targets"]["compare_time"]["checkpoint_bytes"] == reads["checkpoint_bytes_verified"]
+    # where each step's time went, for the GPU run: the checkpoint's digests beside the capture's
+    # other phases, the verification before compare's build, the judging inside its run
+    capture_phases, compare_phases = row["capture"]["phases"], row["compare"]["phases"]
+    assert {"build", "weights_check", "forward", "recorded_run", "reference_replay", "copy_to_writer", "writing",
+            "digests", "digests_wait"} <= set(capture_phases)
+    assert capture_phases["digests"] > 0 and capture_phases["reference_replay"] > 0
+    assert capture_phases["reference_replay"] + capture_phases["copy_to_writer"] <= capture_phases["recorded_run"]
+    assert list(compare_phases)[:3] == ["verify", "build", "load"]
+    assert {"run", "judge", "fingerprint"} <= set(compare_phases)
+    assert compare_phases["verify"] == pytest.approx(reads["checksum_s"], abs=0.01)
+    assert compare_phases["load"] <= compare_phases["build"] and compare_phases["judge"] <= compare_phases["run"]
+    assert sum(compare_phases.values()) - compare_phases["load"] - compare_phases["judge"] <= row["compare"]["wall_s"]
 
 
 def test_a_tiny_llama_is_captured_and_compared_with_the_kernel_on_the_cpu(tmp_path):

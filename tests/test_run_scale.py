@@ -1,6 +1,7 @@
 """Capture at scale on the CPU: the per-module reference, building where the weights are, weights by reference."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -374,18 +375,23 @@ def test_checkpoint_files_hashed_together_name_the_one_that_changed(tmp_path):
         save_file({f"w{index}": torch.full((64,), float(index))}, str(path))
         files.append(path)
     described = checkpoint_weights.describe([tmp_path])
-    assert [f.sha256 for f in described.files] == [checkpoint_weights.sha256_of(path) for path in files]
+    assert [f.sha256 for f in described.files] == ["", "", ""]  # capture takes the BLAKE3 alone
     assert [f.blake3 for f in described.files] == [blake3.blake3(p.read_bytes()).hexdigest() for p in files]
-    # a bundle from before the BLAKE3 (sha256 only) and one with both: each checked by what it has
-    old = {"files": [{"name": f.path.name, "path": str(f.path), "bytes": f.bytes, "sha256": f.sha256}
-                     for f in described.files], "tensors": []}
-    new = {"files": [{**item, "blake3": f.blake3} for item, f in zip(old["files"], described.files)], "tensors": []}
-    assert checkpoint_weights.verify(old) == files and checkpoint_weights.verify(new) == files
+    # bundles from before the BLAKE3 (sha256 only), with both, and with the BLAKE3 alone (what
+    # capture writes now): each checked by what it has, the BLAKE3 where there is one
+    sha256 = [checkpoint_weights.sha256_of(path) for path in files]
+    old = {"files": [{"name": f.path.name, "path": str(f.path), "bytes": f.bytes, "sha256": digest}
+                     for f, digest in zip(described.files, sha256)], "tensors": []}
+    both = {"files": [{**item, "blake3": f.blake3} for item, f in zip(old["files"], described.files)], "tensors": []}
+    new = {"files": checkpoint_weights.file_entries(described), "tensors": []}
+    assert all("sha256" not in item for item in new["files"])
+    assert [checkpoint_weights.verify(weights) for weights in (old, both, new)] == [files] * 3
     save_file({"w1": torch.full((64,), 7.0)}, str(files[1]))  # same size, other bytes
     with pytest.raises(UsageError, match="model-1.safetensors does not match the bundle's sha256"):
         checkpoint_weights.verify(old)
-    with pytest.raises(UsageError, match="model-1.safetensors does not match the bundle's BLAKE3"):
-        checkpoint_weights.verify(new)
+    for weights in (both, new):
+        with pytest.raises(UsageError, match="model-1.safetensors does not match the bundle's BLAKE3"):
+            checkpoint_weights.verify(weights)
     assert checkpoint_weights.verify(new, checksums=False) == files  # the size alone
 
 
@@ -576,7 +582,12 @@ def test_a_bundle_without_the_checkpoints_blake3_is_verified_by_its_sha256_and_a
         tmp_path, checkpoint, capsys):
     file, weights = checkpoint
     capture("decoder", tmp_path / "ref", subject_args=SMALL_DECODER, reference="none", weights_from=[file])
-    assert "blake3" in open_bundle(tmp_path / "ref").weights["files"][0]
+    recorded = open_bundle(tmp_path / "ref").weights["files"][0]
+    assert "blake3" in recorded and "sha256" not in recorded
+    sha256 = hashlib.sha256(file.read_bytes()).hexdigest()
+    edit_manifest(tmp_path / "ref", lambda m: m["weights"]["files"][0].update(sha256=sha256))  # as captured by
+    code, out, err = _verify(capsys, str(tmp_path / "ref"))                                       # a parity that
+    assert code == 0 and err == [] and out[-1].endswith("size and BLAKE3 verified")              # recorded both
     edit_manifest(tmp_path / "ref", lambda m: m["weights"]["files"][0].pop("blake3"))  # as captured before it
     code, out, err = _verify(capsys, str(tmp_path / "ref"))
     assert code == 0 and err == [] and out[-1].endswith("size and sha256 verified")
@@ -590,6 +601,9 @@ def test_a_bundle_without_the_checkpoints_blake3_is_verified_by_its_sha256_and_a
     edit_manifest(tmp_path / "ref", lambda m: m["weights"]["files"][0].update(blake3="B" * 64))
     code, out, err = _verify(capsys, str(tmp_path / "ref"))
     assert code == 2 and len(err) == 1 and "weights.files[0].blake3: expected 64 lowercase hex digits" in err[0]
+    edit_manifest(tmp_path / "ref", lambda m: [m["weights"]["files"][0].pop(key) for key in ("blake3", "sha256")])
+    code, out, err = _verify(capsys, str(tmp_path / "ref"))
+    assert code == 2 and len(err) == 1 and "weights.files[0]: records no digest" in err[0]
 
 
 def test_verify_says_which_checkpoint_files_it_could_not_verify(tmp_path, checkpoint, capsys):
@@ -652,11 +666,10 @@ def test_state_load_benchmark_times_both_ways_on_a_bundle(tmp_path):
 
 @pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096, 5 * 4096 + 7])
 def test_a_checkpoint_files_sha256_read_ahead_of_the_hash_is_the_whole_files(tmp_path, monkeypatch, size):
-    import hashlib
-
     from parity.bundle import weights as checkpoint_weights
 
     monkeypatch.setattr(checkpoint_weights, "_READ_BYTES", 4096)  # several blocks, the last one short or full
+    monkeypatch.setattr(checkpoint_weights, "_BLAKE3_SLICE_BYTES", 4096)  # the mapped file in several slices
     path = tmp_path / "f.safetensors"
     data = os.urandom(size)
     path.write_bytes(data)

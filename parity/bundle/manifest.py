@@ -425,8 +425,8 @@ def _check_capture(c: _Checker, value: Any) -> dict[str, Any] | None:
 
 
 def _check_weights(c: _Checker, value: Any, version: int, entries: list[Entry]) -> dict[str, Any] | None:
-    """``weights`` (version 5): the checkpoint files (plain names, recorded paths, sizes, sha256,
-    optionally BLAKE3)
+    """``weights`` (version 5): the checkpoint files (plain names, recorded paths, sizes, and their
+    BLAKE3, sha256 or both)
     and which state tensor each file holds under which key; no state name both stored and named."""
     if value is None:
         if version == WEIGHTS_BY_REFERENCE_VERSION:
@@ -449,10 +449,12 @@ def _check_weights(c: _Checker, value: Any, version: int, entries: list[Entry]) 
         names.add(name)
         c.str(item.get("path"), f"{field}.path", nonempty=True, limit=4096)
         c.int(item.get("bytes"), f"{field}.bytes")
-        for digest in ("sha256", "blake3"):  # blake3 optional: bundles captured before it have none
-            if digest == "blake3" and digest not in item:
-                continue
-            if not isinstance(item.get(digest), str) or not _HEX64.fullmatch(item[digest]):
+        # Either digest or both: bundles captured before the BLAKE3 record the sha256 alone, later
+        # ones the BLAKE3 alone (compare checks the BLAKE3 where there is one).
+        if "sha256" not in item and "blake3" not in item:
+            raise c.fail(field, "records no digest (expected sha256, blake3 or both)")
+        for digest in ("sha256", "blake3"):
+            if digest in item and (not isinstance(item[digest], str) or not _HEX64.fullmatch(item[digest])):
                 raise c.fail(f"{field}.{digest}", f"expected 64 lowercase hex digits, got {_short(item.get(digest))}")
     stored = {entry.name for entry in entries if entry.kind == "state"}
     seen: set[str] = set()

@@ -1,32 +1,36 @@
-"""Weights by reference: a bundle that names the checkpoint's safetensors files (with their sha256 and BLAKE3) instead of storing the weights.
+"""Weights by reference: a bundle that names the checkpoint's safetensors files (with their BLAKE3) instead of storing the weights.
 
 Both hosts of a port usually hold the model's checkpoint already; storing its weights again in
 every bundle costs their size per bundle (20 GB at ten billion bf16 parameters). A bundle captured
 with ``weights_from`` records, in the manifest's ``weights`` object (schema version 5):
 
-- ``files``: each checkpoint file's name, the path it had on the capture host, its size, its
-  sha256 (the digest the Hugging Face Hub lists for every LFS file, so a user can check a download
-  against the bundle without parity) and its BLAKE3 (``blake3``, optional: bundles captured
-  before it have none). Compare checks the BLAKE3 where it is recorded, else the sha256: one
-  file's sha256 is one sequential pass on one core (1.22 GB/s for the 19.6 GB single-file
-  checkpoint of a 10B model on an H200 host: 16 of its compare's 25.7 s, docs/scale.md), where
-  BLAKE3 hashes one file on every core;
+- ``files``: each checkpoint file's name, the path it had on the capture host, its size and its
+  BLAKE3 (``blake3``). Bundles captured before the BLAKE3 record the file's ``sha256`` instead,
+  and bundles of one parity version record both; compare checks the BLAKE3 where it is recorded,
+  else the sha256. Capture no longer takes the sha256: one file's sha256 is one sequential pass
+  on one core (1.22 GB/s on an H200 host: 16 s for the 19.6 GB single-file checkpoint of a 10B
+  model, docs/scale.md), a floor under every capture of such a model whatever it records,
+  where BLAKE3 hashes one file on every core;
 - ``tensors``: ``[state name, file index, key in that file]`` for every state tensor a file holds.
 
 State tensors no file holds (buffers, or a tied weight that is not an alias of a stored one) are
 stored in the bundle as before. At capture every referenced tensor is checked equal (bitwise) to
-the file's, one tensor at a time, so the bundle cannot name files that are not what ran. Compare
-verifies every file's size and digest (:func:`verify`) *before* it builds the model and refuses a
-mismatch with one line naming the file, then reads the weights from the files one tensor at a
-time. Nothing in a checkpoint is executed: safetensors is data.
+the file's, one tensor at a time, so the bundle cannot name files that are not what ran; the
+files' digests are taken on a thread of their own meanwhile (:class:`BackgroundDigests`: nothing
+needs them before the manifest is written, which waits for them). Compare verifies every file's
+size and digest (:func:`verify`) *before* it builds the model and refuses a mismatch with one
+line naming the file, then reads the weights from the files one tensor at a time. Nothing in a
+checkpoint is executed: safetensors is data.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import hashlib
+import mmap
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,6 +46,9 @@ from parity.base.text import printable
 
 # sha256 is read in blocks of this size (hashlib releases the GIL on large updates).
 _READ_BYTES = 16 * 2**20
+# BLAKE3 hashes a mapped file in slices of this size, each on every core; between two slices a
+# hashing thread that was told to stop (a capture that failed meanwhile) returns.
+_BLAKE3_SLICE_BYTES = 256 * 2**20
 
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
            "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -50,11 +57,13 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointFile:
+    """One checkpoint file: where it is, its size and keys, and its digests once taken (empty
+    before; ``sha256`` stays empty in what capture takes now, :func:`describe`)."""
     path: Path
     bytes: int
-    sha256: str
     keys: tuple[str, ...]
     blake3: str = ""
+    sha256: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +108,9 @@ def sha256_of(path: Path) -> str:
 
 def digests_of(path: Path) -> tuple[str, str]:
     """(sha256, BLAKE3) of the file in one read (``_blocks``): the BLAKE3 of each block on another
-    thread (on every core) while this one feeds the sha256, so capture pays about the sha256's
-    pass for both."""
+    thread (on every core) while this one feeds the sha256: about the sha256's pass for both. What
+    recording the sha256 beside the BLAKE3 would cost a capture (``bench/checkpoint_sha256.py``
+    times it against the BLAKE3 alone)."""
     sha = hashlib.sha256()
     b3 = blake3.blake3(max_threads=blake3.blake3.AUTO)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="parity-blake3") as hasher:
@@ -111,11 +121,26 @@ def digests_of(path: Path) -> tuple[str, str]:
     return sha.hexdigest(), b3.hexdigest()
 
 
-def blake3_of(path: Path) -> str:
-    """The file's BLAKE3, hashed on every core (the file mapped, read by the hash's own threads)."""
+def blake3_of(path: Path, stop: threading.Event | None = None) -> str:
+    """The file's BLAKE3, hashed on every core: the file mapped, fed to the hash a slice at a time
+    (no copy; each slice split over the hash's own threads). ``stop`` set: return "" at the next
+    slice (a capture that failed does not wait for the hash of a checkpoint it will not record)."""
     digest = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    if os.path.getsize(path):  # an empty file cannot be mapped
-        digest.update_mmap(str(path))
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if not size:  # an empty file cannot be mapped
+            return digest.hexdigest()
+        with mmap.mmap(handle.fileno(), size, access=mmap.ACCESS_READ) as mapped:
+            with contextlib.suppress(AttributeError, OSError):  # a hint: read ahead further
+                mapped.madvise(mmap.MADV_SEQUENTIAL)
+            view = memoryview(mapped)
+            try:
+                for offset in range(0, size, _BLAKE3_SLICE_BYTES):
+                    if stop is not None and stop.is_set():
+                        return ""
+                    digest.update(view[offset:offset + _BLAKE3_SLICE_BYTES])
+            finally:
+                view.release()
     return digest.hexdigest()
 
 
@@ -157,30 +182,99 @@ def _files_of(paths: Sequence[str | os.PathLike]) -> list[Path]:
     return files
 
 
-def describe(paths: Sequence[str | os.PathLike]) -> Checkpoint:
+def locate(paths: Sequence[str | os.PathLike]) -> Checkpoint:
     """The checkpoint files named by ``paths`` (files, or directories of ``*.safetensors``): their
-    sizes, sha256 and tensor keys. A UsageError names a path that is missing or not safetensors."""
-    files = _files_of(paths)
-    keys = []
-    for path in files:
+    sizes and tensor keys, from the files' headers; no digest yet (:class:`BackgroundDigests`).
+    A UsageError names a path that is missing or not safetensors."""
+    located = []
+    for path in _files_of(paths):
+        with _open_checkpoint(path) as handle:
+            keys = tuple(handle.keys())
+        located.append(CheckpointFile(path.resolve(), path.stat().st_size, keys))
+    return Checkpoint(located)
+
+
+def _open_checkpoint(path: Path) -> Any:
+    """``safe_open`` of a checkpoint file; a UsageError (one line naming it) where its header is
+    malformed, or no longer covers the file (it changed after it was located)."""
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as err:  # safetensors raises its own error types for a malformed header
+        raise UsageError(f"--weights-from {printable(str(path))}: not a safetensors file "
+                         f"({' '.join(str(err).split())[:120]})") from None
+
+
+class BackgroundDigests:
+    """The BLAKE3 of every file of a checkpoint, taken on a thread of its own (the files one after
+    the other, each on every core) while the caller builds and runs the model: nothing needs them
+    before the manifest is written. :meth:`result` waits for them and returns the checkpoint with
+    its digests, or raises a UsageError (one line naming the file) where a file could not be read
+    or changed size while it was hashed. Leaving the ``with`` block without :meth:`result` (the
+    capture failed) stops the thread at its next slice and waits for it: no thread outlives the
+    block. ``seconds``: how long the hashing took, on its thread."""
+
+    def __init__(self, checkpoint: Checkpoint, hash_file: Callable[[Path, threading.Event], str] | None = None):
+        self.checkpoint = checkpoint
+        self.seconds = 0.0
+        self._hash_file = hash_file or blake3_of
+        self._stop = threading.Event()
+        self._digests: list[str] = []
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="parity-checkpoint-digests", daemon=True)
+
+    def __enter__(self) -> "BackgroundDigests":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        started = time.monotonic()
         try:
-            with safe_open(str(path), framework="pt") as handle:
-                keys.append(tuple(handle.keys()))
-        except Exception as err:  # safetensors raises its own error types for a malformed header
-            raise UsageError(f"--weights-from {printable(str(path))}: not a safetensors file "
-                             f"({' '.join(str(err).split())[:120]})") from None
-    if len(files) <= 1:
-        digests = [digests_of(path) for path in files]
-    else:
-        with ThreadPoolExecutor(max_workers=min(len(files), default_workers()),
-                                thread_name_prefix="parity-digests-file") as pool:
-            digests = list(pool.map(digests_of, files))
-    return Checkpoint([CheckpointFile(path.resolve(), path.stat().st_size, sha, names, b3)
-                       for path, (sha, b3), names in zip(files, digests, keys)])
+            for file in self.checkpoint.files:
+                digest = self._hash_file(file.path, self._stop)
+                if self._stop.is_set():
+                    return
+                size = file.path.stat().st_size
+                if size != file.bytes:
+                    raise UsageError(f"--weights-from {printable(str(file.path))}: the file changed while it was "
+                                     f"hashed ({file.bytes} bytes when read, {size} after)")
+                self._digests.append(digest)
+        except OSError as err:
+            self._error = UsageError(f"--weights-from {printable(str(getattr(err, 'filename', None) or file.path))}: "
+                                     f"cannot read it for its digest: {err.strerror or err}")
+        except BaseException as err:  # raised again, as it is, by result() on the caller's thread
+            self._error = err
+        finally:
+            self.seconds = time.monotonic() - started
+
+    def result(self) -> Checkpoint:
+        """The checkpoint with every file's BLAKE3, once the thread is done (it raises what the thread raised)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return Checkpoint([dataclasses.replace(file, blake3=digest)
+                           for file, digest in zip(self.checkpoint.files, self._digests)])
+
+
+def describe(paths: Sequence[str | os.PathLike]) -> Checkpoint:
+    """:func:`locate` and the files' BLAKE3, taken now (for a caller with nothing to overlap them with)."""
+    with BackgroundDigests(locate(paths)) as digests:
+        return digests.result()
+
+
+def file_entries(checkpoint: Checkpoint) -> list[dict[str, Any]]:
+    """The manifest's ``weights.files`` of ``checkpoint``: the digests it holds."""
+    return [{"name": file.path.name, "path": str(file.path), "bytes": file.bytes,
+             **({"sha256": file.sha256} if file.sha256 else {}), **({"blake3": file.blake3} if file.blake3 else {})}
+            for file in checkpoint.files]
 
 
 def by_reference(checkpoint: Checkpoint, state: Mapping[str, torch.Tensor]) -> tuple[dict[str, Any], list[str]]:
-    """The manifest's ``weights`` object for ``state`` (the module's own tensors) and the names of
+    """The manifest's ``weights`` object for ``state`` (the module's own tensors; ``files`` with the
+    digests ``checkpoint`` holds: :func:`file_entries` again once they are taken) and the names of
     the state tensors no file holds (to be stored in the bundle). Every referenced tensor is
     compared bitwise with the file's, one at a time; a UsageError names the first that differs.
     A tensor that is an alias of a referenced one (a tied weight) is referenced too."""
@@ -200,7 +294,7 @@ def by_reference(checkpoint: Checkpoint, state: Mapping[str, torch.Tensor]) -> t
             continue
         index, key = where[name]
         if index not in handles:
-            handles[index] = safe_open(str(checkpoint.files[index].path), framework="pt")
+            handles[index] = _open_checkpoint(checkpoint.files[index].path)
         # Compared where the module's tensor is: one file tensor at a time goes to the device
         # (the model, on a GPU, is not copied back to the host).
         on_file = handles[index].get_tensor(key).to(tensor.device)
@@ -217,10 +311,7 @@ def by_reference(checkpoint: Checkpoint, state: Mapping[str, torch.Tensor]) -> t
         if tensor.numel() > 0:
             by_storage[alias] = (index, key)
     handles.clear()
-    files = [{"name": file.path.name, "path": str(file.path), "bytes": file.bytes, "sha256": file.sha256,
-              **({"blake3": file.blake3} if file.blake3 else {})}
-             for file in checkpoint.files]
-    return {"files": files, "tensors": tensors}, stored
+    return {"files": file_entries(checkpoint), "tensors": tensors}, stored
 
 
 def _where(file: Mapping[str, Any], directory: str | os.PathLike | None) -> Path:

@@ -22,7 +22,7 @@ Run on every rank of a process group (``torchrun ... -m parity capture``, or
    (local or DTensor) weights, so a replay runs the split's collectives as the live module
    does, on every rank in the same order;
 5. commits its bundle (rank 0's also holds the inputs and the state, once: the full state, or with
-   ``weights_from`` what no checkpoint file holds plus the files' names, sha256 and BLAKE3,
+   ``weights_from`` what no checkpoint file holds plus the files' names and BLAKE3,
    :mod:`parity.bundle.weights`); then rank 0 checks that every rank placed every tensor alike and
    commits the set (:mod:`parity.distributed.rankset`).
 
@@ -371,7 +371,7 @@ def capture_rank_set(
     :func:`parity.distributed.group.join` on ``device``). ``placements``: the user's placement map
     (``["layers.*.mlp.up_proj=shard(-1)"]`` or ``{glob: placement}``) for plain tensors of a manual
     split. ``reference_scope`` and ``weights_from`` are :func:`parity.run.capture.capture`'s: rank 0
-    names the checkpoint files (their sha256 and BLAKE3 taken, each weight checked bitwise against them) in
+    names the checkpoint files (their BLAKE3 taken, each weight checked bitwise against them) in
     its bundle. The other arguments are also capture's. UsageError (on every rank, naming the rank
     that failed) for bad arguments or a failed rank; nothing is committed then.
     """

@@ -12,7 +12,7 @@ How a bundle is compared (:func:`compare_bundle`):
    ``fused-here`` rule and the error-budget modes of ``budget``).
    The stored state is read into the module in bounded chunks (a
    :class:`~parity.run.subjects.base.StateSource`), never whole; a bundle that names its
-   checkpoint files instead (schema 5, :mod:`parity.bundle.weights`) has them verified by sha256
+   checkpoint files instead (schema 5, :mod:`parity.bundle.weights`) has them verified (BLAKE3, else sha256)
    *before* anything is built, and the weights are read from them.
 3. ``isolate=True`` (bundles captured with ``--record-inputs``): every recorded layer call is
    replayed on its *golden* inputs (:func:`~parity.judge.engine.replayed_layers`) and judged again. A
@@ -57,7 +57,7 @@ from parity.judge.results import CompareReport, TensorResult, fingerprint_differ
 from parity.judge.seeds import combine
 from parity.run import platform
 from parity.run.recorder import RecordedTensor, Recorder, select_modules
-from parity.run.resources import Meter, weights_stage
+from parity.run.resources import Meter, Phases, weights_stage
 from parity.run.runtime import Progress, check_device, check_triton_mode, fresh_copy, launch_configs
 from parity.run.seeds import DrawView, draw_views
 from parity.run.subjects import Inputs, runner_from_manifest
@@ -104,6 +104,7 @@ def compare_bundle(
     runner.check_impl(impl)
     device = check_device(device if device is not None else platform.default_device())
     meter = Meter(device, started=started)  # once the device is known: its GPU peak counter starts here
+    phases = Phases()
     check_triton_mode(impl, device)
     if isolate and not bundle.record_inputs:
         raise UsageError(f"--isolate needs a bundle captured with --record-inputs; {bundle.path} was captured "
@@ -120,13 +121,16 @@ def compare_bundle(
     elif weights_dir is not None:
         raise UsageError(f"--weights-dir: {bundle.path} stores its weights; it names no checkpoint files")
     verify_started = time.monotonic()
-    state = subject_state(bundle, weights_dir)  # a checkpoint that differs is refused here, before the build
+    with phases("verify"):
+        state = subject_state(bundle, weights_dir)  # a checkpoint that differs is refused here, before the build
     verify_seconds = time.monotonic() - verify_started
 
     warnings: list[str] = []
     say(f"{bundle.path}: subject {runner.name}, {plural(len(bundle.entries_of('output')), 'recorded tensor')}, captured with "
         f"impl {bundle.impl} on {bundle.platform.get('device_name') or bundle.platform.get('arch')}")
-    module = runner.build(impl, state=state, device=device)
+    with phases("build"):
+        module = runner.build(impl, state=state, device=device)
+    phases.add("load", state.stream_seconds)  # the weights' part of the build
     weights = weights_stage(seconds=state.stream_seconds, nbytes=state.stream_bytes,
                             checkpoint_bytes=sum(file["bytes"] for file in (bundle.weights or {}).get("files", [])),
                             checkpoint_seconds=verify_seconds)
@@ -152,7 +156,8 @@ def compare_bundle(
             return
         if tracker is not None:
             tracker.baseline(record.name, record.tensor)
-        results.append(judge(Obtained(record.name, record.tensor, layer=record.layer, path=record.path)))
+        with phases("judge"):  # on a GPU: where the host waits for the forward queued before the tensor
+            results.append(judge(Obtained(record.name, record.tensor, layer=record.layer, path=record.path)))
         say.tick(lambda: f"compared {len(results)} of {expected} tensors ({sum(not r.passed for r in results)} failing)")
 
     say(f"run impl {impl} on {device}")
@@ -160,7 +165,7 @@ def compare_bundle(
     # used as it is (no copy of every output).
     globs = _capture_globs(bundle, module, warnings)
     try:
-        with Recorder(module, on_tensor, layers=globs, copy=False):
+        with phases("run"), Recorder(module, on_tensor, layers=globs, copy=False):
             runner.run(module, inputs)
     finally:
         judge.close()
@@ -182,12 +187,14 @@ def compare_bundle(
 
     if isolate:
         replay_judge = Judge(bundle, policy, budget)
-        isolated = {result.name: result
-                    for result in replay_judge.judge_all(replayed_layers(bundle, module, device, say))}
+        with phases("replay"):
+            isolated = {result.name: result
+                        for result in replay_judge.judge_all(replayed_layers(bundle, module, device, say))}
         ordered = [replace(result, isolated=isolated.get(result.name)) if result.status != "missing-in-golden"
                    else result for result in ordered]
 
-    golden_fp, here_fp = bundle.platform, platform.fingerprint(device)
+    with phases("fingerprint"):
+        golden_fp, here_fp = bundle.platform, platform.fingerprint(device)
     differences = fingerprint_differences(golden_fp, here_fp)
     warnings = ([d.message for d in differences] + capture_repeat_warning(bundle.capture_info) + warnings
                 + notes_as_warnings(ordered) + fused_warning(ordered)
@@ -203,7 +210,8 @@ def compare_bundle(
         independent_cases=len(runner.case_ids(dict(module.named_children()))),
         determinism=determinism,
         seeds=seeds_report,
-        resources=meter.summary(tensors=len(ordered), nbytes=bytes_read(bundle), direction="read", weights=weights),
+        resources=meter.summary(tensors=len(ordered), nbytes=bytes_read(bundle), direction="read", weights=weights,
+                                phases=phases),
     )
     say(f"compared {plural(len(ordered), 'tensor')} in {report.seconds:.1f} s: {len(report.failing)} failing")
     return report
@@ -263,9 +271,9 @@ def reference_scope(bundle: BundleReader) -> str | None:
 def subject_state(bundle: BundleReader, weights_dir: str | os.PathLike | None = None, *,
                   checksums: bool = True) -> StateSource:
     """The bundle's subject state, read one tensor at a time: its stored tensors and, for a bundle
-    that names checkpoint files, theirs, after every file's size and sha256 are verified
+    that names checkpoint files, theirs, after every file's size and digest are verified
     (a UsageError names the first that is missing or differs). ``checksums=False`` checks the
-    files' presence and size only: for the other ranks of a host where one rank checks the sha256."""
+    files' presence and size only: for the other ranks of a host where one rank checks the digests."""
     meta = {entry.name: (entry.shape, entry.torch_dtype) for entry in bundle.entries_of("state")}
     loaders = {name: (lambda device, stream, name=name: bundle.load_to(name, "state", device=device, stream=stream))
                for name in meta}

@@ -33,7 +33,7 @@ from parity.run.repeats import RepeatTracker, capture_record, check_runs
 from parity.run import platform
 from parity.run.module_reference import ModuleReference
 from parity.run.recorder import RecordedTensor, Recorder, flatten
-from parity.run.resources import Meter
+from parity.run.resources import Meter, Phases
 from parity.run.runtime import Progress, check_device, check_triton_mode, cores_left_for, launch_configs
 from parity.run.seeds import DRAW_KINDS, SEED_ARG, draw_name, seed_values
 from parity.run.subjects import SubjectRunner, load_subject
@@ -142,7 +142,7 @@ def capture(
     reference run, above) or ``"module"`` (each recorded module replayed on its own inputs in
     ``reference``'s precision on ``device``: :mod:`parity.run.module_reference`).
     ``weights_from``: safetensors files or directories that hold the model's weights; the bundle
-    then names them with their sha256 instead of storing the weights (each weight is checked equal
+    then names them with their BLAKE3 instead of storing the weights (each weight is checked equal
     to the file's first; what no file holds is stored). Raises UsageError for bad arguments and
     CaptureError when the hooks-on run differs from the hooks-off run; on any error nothing is
     left at ``out``.
@@ -172,13 +172,20 @@ def capture(
     if plan is not None:
         runner.check_impl(runner.reference_impl)
     meter = Meter(device)
-    checkpoint = checkpoint_weights.describe(weights_from) if weights_from else None
+    phases = Phases()
+    checkpoint = checkpoint_weights.locate(weights_from) if weights_from else None
     say = Progress(progress)
     importing = platform.prefetch_imports()  # overlaps the runs; the fingerprint is taken after them
 
-    with BundleWriter(out, force=force, shard_bytes=shard_bytes, progress=say.emit, durable=durable) as writer:
+    # The checkpoint's digests are recorded, not checked against anything: nothing needs them
+    # before the manifest is written, so they are taken on a thread of their own while the model
+    # is built, run and written (the commit waits for them; a failure there fails the capture).
+    with BundleWriter(out, force=force, shard_bytes=shard_bytes, progress=say.emit, durable=durable) as writer, \
+            (checkpoint_weights.BackgroundDigests(checkpoint) if checkpoint is not None
+             else contextlib.nullcontext()) as digests:
         made = runner.made_state()
-        module = runner.build(impl, state=made, device=device)
+        with phases("build"):
+            module = runner.build(impl, state=made, device=device)
         # The stored state is what the module holds (views of its own tensors: no second copy);
         # a subject's made state is freed once loaded, unless the whole-model reference needs it.
         state = {name: tensor.detach() for name, tensor in module.state_dict().items()}
@@ -189,9 +196,12 @@ def capture(
             if tracker is not None and record.kind == "output":
                 tracker.baseline(record.name, record.tensor)
             # The recorder hands over the module's own tensor (copy=False); the writer copies it
-            # once, into its shard arena, before this returns.
-            writer.add(record.kind, record.name, record.tensor, layer=record.layer, module=record.module,
-                       call_index=record.call_index, path=record.path, copy=True, device=str(record.tensor.device))
+            # once, into its shard arena, before this returns (on a GPU: where the host waits for
+            # the work queued before it).
+            with phases("copy_to_writer"):
+                writer.add(record.kind, record.name, record.tensor, layer=record.layer, module=record.module,
+                           call_index=record.call_index, path=record.path, copy=True,
+                           device=str(record.tensor.device))
             say.tick(lambda: f"recorded so far: {plural(len(recorder.calls), 'layer call')}, "
                              f"{plural(recorder.tensor_count, 'tensor')} ({recorder.byte_count / 2**20:.1f} MiB)")
 
@@ -204,7 +214,8 @@ def capture(
         stored_state = state
         if checkpoint is not None:
             say(f"{runner.name}: checking the weights against {len(checkpoint.files)} checkpoint file(s)")
-            weights_info, stored_names = checkpoint_weights.by_reference(checkpoint, state)
+            with phases("weights_check"):
+                weights_info, stored_names = checkpoint_weights.by_reference(checkpoint, state)
             stored_state = {name: state[name] for name in stored_names}
         for name, tensor in stored_state.items():  # one at a time into the writer's ring
             writer.add("state", name, tensor)
@@ -217,10 +228,12 @@ def capture(
 
         device_inputs = inputs.to(device)
         say(f"{runner.name}: impl {impl} on {device}: run without hooks")
-        hooks_off = _cpu_tensors(runner.run(module, device_inputs))
+        with phases("forward"):
+            hooks_off = _cpu_tensors(runner.run(module, device_inputs))
         say(f"{runner.name}: impl {impl} on {device}: recorded run"
             + (f", each module replayed in {reference} on {device}" if module_reference is not None else ""))
-        with recorder, (module_reference if module_reference is not None else contextlib.nullcontext()):
+        with phases("recorded_run"), recorder, \
+                (module_reference if module_reference is not None else contextlib.nullcontext()):
             hooks_on = _cpu_tensors(runner.run(module, device_inputs))
         if module_reference is not None:
             module_reference.check()
@@ -275,6 +288,7 @@ def capture(
             reference_calls = [call.to_json() for call in module_reference.calls]
             reference_info = _reference_info(reference, "module", runner.reference_impl, device, plan[1], writer)
             reference_info["peak_copy_bytes"] = module_reference.peak_copy_bytes
+            phases.add("reference_replay", module_reference.seconds)
             del module_reference
         if plan is None or reference_scope == "module":
             del state
@@ -288,7 +302,7 @@ def capture(
             # The writer hashes and writes what the run records meanwhile: on a many-core host,
             # torch's threads leave it some cores (the run's own outputs are not the golden).
             threads = writer.busy_threads if ref_device.type == "cpu" else 0
-            with recorder, cores_left_for(threads):
+            with phases("reference"), recorder, cores_left_for(threads):
                 runner.run(ref_module, inputs.to(ref_device, ref_dtype))
             for seed, draw in draws:
                 with Recorder(ref_module, store_draw(seed), layers=layers, kind="reference", copy=False), \
@@ -299,9 +313,15 @@ def capture(
             del ref_module, recorder, state
 
         importing.join()
+        with phases("writing"):  # what the shards' writing still took once the runs were done
+            writer.finish_shards()
+        if digests is not None:
+            with phases("digests_wait"):  # what the digests' thread still took once the shards were written
+                weights_info["files"] = checkpoint_weights.file_entries(digests.result())
+            phases.add("digests", digests.seconds)
         # Measured once every shard is on disk: the manifest, a few KiB, is all that is left to write.
-        writer.finish_shards()
-        resources = meter.summary(tensors=len(writer.entries), nbytes=writer.bytes_written, direction="written")
+        resources = meter.summary(tensors=len(writer.entries), nbytes=writer.bytes_written, direction="written",
+                                  phases=phases)
         manifest = {
             "subject": runner.describe(),
             "impl": impl,

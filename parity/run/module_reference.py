@@ -30,6 +30,7 @@ recorded modules) high-precision forwards; ``--layers`` bounds it.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -152,6 +153,9 @@ class ModuleReference:
         self._error: BaseException | None = None
         self._error_layer: str | None = None
         self.peak_copy_bytes = 0  # the most bytes of high-precision weight copies alive at once
+        # Seconds in the replays (what the host spent there: on a GPU, launching them, and waiting
+        # only where a replay itself synchronizes; handing the outputs over is not counted).
+        self.seconds = 0.0
 
     def __enter__(self) -> "ModuleReference":
         self._cast = HighPrecisionCast(self.reference_model, self.dtype)
@@ -184,11 +188,14 @@ class ModuleReference:
                 return None
             name = layer_name(path, index)
             tree, tensors = flatten({"args": tuple(args), "kwargs": dict(kwargs)})
+            started = time.monotonic()
             try:
                 replayed = self._replay(path, tree, dict(tensors))
             except Exception as err:  # raised after the run by check(), with the layer named
                 self._error, self._error_layer = err, name
                 return None
+            finally:
+                self.seconds += time.monotonic() - started
             out_tree, outputs = flatten(replayed)
             del replayed
             if not outputs:

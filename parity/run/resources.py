@@ -16,7 +16,10 @@ Measured, not estimated:
 """
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -62,34 +65,67 @@ class Meter:
         return None if self.device is None else int(torch.cuda.max_memory_allocated(self.device))
 
     def summary(self, *, tensors: int, nbytes: int, direction: str,
-                weights: dict[str, Any] | None = None) -> dict[str, Any]:
+                weights: dict[str, Any] | None = None, phases: Phases | None = None) -> dict[str, Any]:
         """:func:`summary` of this run so far."""
         return summary(tensors=tensors, nbytes=nbytes, seconds=self.elapsed(), direction=direction,
-                       peak_host=peak_host_bytes(), peak_gpu=self.peak_gpu_bytes(), weights=weights)
+                       peak_host=peak_host_bytes(), peak_gpu=self.peak_gpu_bytes(), weights=weights,
+                       phases=None if phases is None else phases.seconds())
+
+
+class Phases:
+    """Seconds spent in each named phase of a run (``with phases("build"): ...``), in the order
+    the phases were first recorded; a phase entered again adds to its time. Phases run on other threads at
+    the same time as these (the checkpoint's digests at capture) are added with :meth:`add`, so
+    the sum of all phases can exceed the wall time: it says where time went, not a partition of it."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.add(name, time.monotonic() - started)
+
+    def add(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self._seconds[name] = self._seconds.get(name, 0.0) + seconds
+
+    def seconds(self) -> dict[str, float]:
+        """name -> seconds, rounded to the millisecond (what the JSON records)."""
+        with self._lock:
+            return {name: round(value, 3) for name, value in self._seconds.items()}
 
 
 def weights_stage(*, seconds: float, nbytes: int, checkpoint_bytes: int, checkpoint_seconds: float) -> dict[str, Any]:
     """What loading the model's weights cost in a compare: ``bytes`` of state read into the module
     (from the bundle or the checkpoint files it names) in ``seconds`` (the first read to the last
     tensor loaded, copies into the module included), and ``checkpoint_bytes`` of checkpoint files
-    whose sha256 was verified first, in ``checkpoint_seconds``."""
+    whose digest was verified first, in ``checkpoint_seconds``."""
     return {"seconds": round(seconds, 3), "bytes": nbytes,
             "gb_per_second": round(nbytes / 1e9 / seconds, 3) if seconds > 0 else None,
             "checkpoint_bytes_verified": checkpoint_bytes, "checkpoint_verify_seconds": round(checkpoint_seconds, 3)}
 
 
 def summary(*, tensors: int, nbytes: int, seconds: float, direction: str, peak_host: int | None,
-            peak_gpu: int | None, weights: dict[str, Any] | None = None) -> dict[str, Any]:
+            peak_gpu: int | None, weights: dict[str, Any] | None = None,
+            phases: dict[str, float] | None = None) -> dict[str, Any]:
     """The JSON object of a run's cost. ``direction``: ``"written"`` (capture: bytes of shards
     written) or ``"read"`` (compare: bytes of the bundle's tensors read and checksummed).
     ``weights``: :func:`weights_stage` of a compare (its ``bytes`` from the bundle are counted in
-    ``bytes_read`` too; a checkpoint's are not, being no part of the bundle)."""
+    ``bytes_read`` too; a checkpoint's are not, being no part of the bundle). ``phases``: seconds
+    per named phase (:class:`Phases`), where the run timed them."""
     rate = (lambda count: round(count / seconds, 3)) if seconds > 0 else (lambda count: None)
     info = {"seconds": round(seconds, 3), "tensors": tensors, f"bytes_{direction}": nbytes,
             "tensors_per_second": rate(tensors), "gb_per_second": rate(nbytes / 1e9),
             "peak_host_bytes": peak_host, "peak_gpu_bytes": peak_gpu}
     if weights is not None:
         info["weights"] = weights
+    if phases is not None:
+        info["phases"] = phases
     return info
 
 
