@@ -21,6 +21,9 @@
   the rest of the step; beside it, ``device_us_per_step``: the GPU's kernel time per step (sum of
   kernel durations in a torch.profiler trace) and the attention kernels' share of it. A step
   whose host time exceeds its device time is bound by the host;
+- ``layer_host``: one layer's attention call apart from the model, as ``bench/hf_layer_host.py``
+  measures it on this GPU (host µs of a forward's first and other layers' calls, queued; the aten
+  ops of one layer's call; cProfile parts), the same breakdown as that script's CPU run;
 - ``plans``: the kernel's launch-plan misses and hits per queued step, per path: a decode step
   whose layout keeps its tiles finds the previous step's plan (0 misses), one in ``block_n``
   steps builds it again (``bench/decode_steps_host.py`` measures the same on the CPU).
@@ -258,6 +261,17 @@ def main(argv: list[str] | None = None) -> int:
                 step()
             torch.cuda.synchronize()
             row.setdefault("queued_ms_rounds", []).append(round((time.perf_counter() - start) * 1e3 / args.steps, 3))
+    # One layer's attention call apart from the model (bench/hf_layer_host.py on this GPU, Llama-3-8B's
+    # heads): host µs of the first and the other layers' calls, the mask function, aten ops, cProfile parts
+    from bench import hf_layer_host
+
+    layer_rows = hf_layer_host.run([row["impl"] for row in rows], batch=args.batch, seq=args.seq, steps=args.steps,
+                                   layers=model.config.num_hidden_layers, device=torch.device("cuda"),
+                                   dtype=torch.bfloat16, rounds=args.rounds)
+    for row, layer_row in zip(rows, layer_rows):
+        row["layer_host"] = layer_row
+        print(json.dumps({"impl": row["impl"], "layer_host_decode": layer_row["decode"],
+                          "layer_host_rounds": layer_row.get("decode_rounds")}), flush=True)
     for row in rows:
         if row.get("queued_ms_rounds"):
             row["queued_ms_interleaved"] = statistics.median(row["queued_ms_rounds"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import weakref
 
 import torch
 
@@ -21,7 +22,7 @@ from .launch import DESCRIPTORS, PER_CALL, build_launch, element_mask_arguments,
 from .launch_cache import LaunchCache, LaunchStep, int_class, pointer_key
 from .layout import BlockLayout, MaskSpec
 
-__all__ = ["block_sparse_attention", "check_inputs", "launch_config", "decode_config", "element_mask_arguments",
+__all__ = ["block_sparse_attention", "planned_attention", "plan_arguments", "check_inputs", "launch_config", "decode_config", "element_mask_arguments",
            "install_tma_allocator"]
 
 SUPPORTED_DTYPES = tuple(dtypes.torch_dtype(name) for name in dtypes.KERNEL_DTYPES)
@@ -106,17 +107,38 @@ def block_sparse_attention(
         and lse_out is None and decode is None and num_splits is None and isinstance(layout, BlockLayout) \
         and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
     if plain:  # a model's call: its plan, when an equal call has built one
-        mask = layout.mask
-        tensors = (layout.kv_num_blocks, layout.kv_indices, layout.full_kv_num_blocks, layout.full_kv_indices,
-                   layout.q_doc, layout.k_doc, layout.k_start, layout.k_end, layout.mask_bits)
-        meta = (layout.seq_q, layout.seq_k, layout.block_m, layout.block_n, mask.causal, mask.window,
-                mask.sink_tokens, mask.offset)
+        tensors, meta = plan_arguments(layout)
         found = _planned(q, k, v, tensors, meta, sm_scale, return_lse)
         if found is not None:
             return found if return_lse else found[0]
         return _launch(q, k, v, layout, sm_scale=sm_scale, return_lse=return_lse, plan=(tensors, meta))
     return _launch(q, k, v, layout, sm_scale=sm_scale, return_lse=return_lse, config=config, out=out,
                    lse_out=lse_out, decode=decode, num_splits=num_splits, launch_cache=launch_cache)
+
+
+def plan_arguments(layout: BlockLayout) -> tuple[tuple, tuple]:
+    """(tensors, meta) of a plain call on ``layout``, what its launch plan is keyed on besides
+    q, k, v: the layout's nine tensors (absent element masks None) and (seq_q, seq_k, block_m,
+    block_n, causal, window, sink_tokens, offset). A caller that calls with one layout object
+    many times (the layers of a forward) makes them once, for ``planned_attention``."""
+    mask = layout.mask
+    return ((layout.kv_num_blocks, layout.kv_indices, layout.full_kv_num_blocks, layout.full_kv_indices,
+             layout.q_doc, layout.k_doc, layout.k_start, layout.k_end, layout.mask_bits),
+            (layout.seq_q, layout.seq_k, layout.block_m, layout.block_n, mask.causal, mask.window,
+             mask.sink_tokens, mask.offset))
+
+
+def planned_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout, arguments: tuple,
+                      sm_scale: float | None) -> torch.Tensor:
+    """``block_sparse_attention(q, k, v, layout, sm_scale=sm_scale)`` for plain tensors, with
+    ``arguments = plan_arguments(layout)`` made by the caller once per layout object: a hit of
+    the call's plan without remaking them; anything else takes ``block_sparse_attention``."""
+    if not LAUNCH_CACHE_DEFAULT:
+        return block_sparse_attention(q, k, v, layout, sm_scale=sm_scale)
+    found = _planned(q, k, v, *arguments, sm_scale, False)
+    if found is not None:
+        return found[0]
+    return _launch(q, k, v, layout, sm_scale=sm_scale, plan=arguments)  # as block_sparse_attention's plain call
 
 
 def attention_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: tuple, meta: tuple,
@@ -209,7 +231,13 @@ def _layout_version(tensors: tuple) -> tuple | None:
 def _planned(q, k, v, tensors, meta, sm_scale, return_lse, borrowed=False):
     """The plain call's (out, lse or None) through its plan; None where no plan matches (the call
     then takes ``_launch``, which builds one). The whole host path of a model's call. ``borrowed``:
-    the operator's call, whose decode plans are kept apart (``_launch_cache``)."""
+    the operator's call, whose decode plans are kept apart (``_launch_cache``).
+
+    The layers of one forward call with equal shapes, strides and layout: the last hit of each
+    path is remembered with the call's exact description (``_exact_signature``, from which the
+    plan's key follows), so the next layer's call compares that instead of building the key and
+    looking it up; what can change between the layers' calls (the dispatch state, the layout's
+    version, the kernels' globals) is checked on every call all the same."""
     shape = q.shape
     if len(shape) != 4:
         return None  # the full path names the problem
@@ -219,28 +247,59 @@ def _planned(q, k, v, tensors, meta, sm_scale, return_lse, borrowed=False):
     decode = path == "decode"
     if decode and meta[1] != k.shape[2]:
         return None  # the key holds the key length's class only: the full path names the mismatch
-    cache = _launch_cache(path + "-borrowed" if borrowed and decode else path)
+    name = path + "-borrowed" if borrowed and decode else path
+    cache = _launch_cache(name)
     state = cache.state()
     if state is None:
         return None
     version = _layout_version(tensors)
     if version is None:
         return None
-    entry = cache.find(tensors[0], (state, _plan_key(q, k, v, tensors, meta, sm_scale, return_lse, decode,
-                                                     _exact_keys(tensors, borrowed))), version)
-    if entry is None:
-        return None
+    signature = _exact_signature(q, k, v, tensors, meta, sm_scale, return_lse)
+    recent = _RECENT.get(name)
+    if (recent is not None and recent[0] is cache and recent[1] == signature and recent[2]() is tensors[0]
+            and recent[3] == state and recent[4].version == version and cache.reuse(recent[4])):
+        entry = recent[4]
+    else:
+        entry = cache.find(tensors[0], (state, _plan_key(q, k, v, tensors, meta, sm_scale, return_lse, decode,
+                                                         _exact_keys(tensors, borrowed))), version)
+        if entry is None:
+            _RECENT.pop(name, None)
+            return None
+        _RECENT[name] = (cache, signature, weakref.ref(tensors[0]), state, entry)
     recipe = entry.extra
     result = torch.empty_like(q)
     staging = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device) if recipe.staging else result
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     descriptors = (kv_descriptors(k, v, recipe.descriptors, True) if recipe.descriptors is not None
                    else (None, None))
-    with _forgetting_decode_plans_on_error(path):
-        cache.issue(entry, (q, k, v, staging, lse, *descriptors), state, decode_scalars(k, v, meta[7]) if decode else ())
+    try:
+        cache.issue(entry, (q, k, v, staging, lse, *descriptors), state,
+                    decode_scalars(k, v, meta[7]) if decode else ())
+    except BaseException:
+        _forget_decode_plans(path)
+        raise
     if recipe.staging:
         result.copy_(staging)
     return result, lse
+
+
+# path -> (its launch cache, the exact signature, a weak reference to the layout's first tensor,
+# the dispatch state, the entry) of that path's last hit (``_planned``)
+_RECENT: dict[str, tuple] = {}
+
+
+def _exact_signature(q, k, v, tensors, meta, sm_scale, return_lse) -> tuple:
+    """A plain call's description from which its plan key (``_plan_key``, either path) follows:
+    the exact shapes, strides, dtypes and devices of q, k, v, their ``pointer_key``, the identity
+    of the layout's tensors, its metadata, the scale and whether the LSE is wanted. Cheaper to
+    build and compare than the key (no specialization classes, no hash)."""
+    if platform.POINTER_RANGE_SPECIALIZED:
+        pointers = (pointer_key(q), pointer_key(k), pointer_key(v))
+    else:
+        pointers = (q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
+    return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+            k.device, v.device, pointers, tuple(map(id, tensors)), meta, sm_scale, return_lse)
 
 
 def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, out=None, lse_out=None, decode=None,
@@ -344,18 +403,25 @@ def _amd(device: torch.device, interpreter: bool) -> bool:
     return not interpreter and platform.vendor_of(device) == "amd"
 
 
-@contextlib.contextmanager
-def _forgetting_decode_plans_on_error(path: str):
-    """Drop every decode plan where a decode launch raises, an interrupt included: a grid stopped
+def _forget_decode_plans(path: str) -> None:
+    """Drop every decode plan where a decode launch raised, an interrupt included: a grid stopped
     halfway (the interpreter runs programs one by one) may leave a plan's arrival counters
     non-zero, and a later launch would then merge before all its splits have written
     (kernels/decode.py). A new plan starts from zeroed counters."""
+    if path.startswith("decode"):
+        _LAUNCH_CACHES.pop("decode", None)
+        _LAUNCH_CACHES.pop("decode-borrowed", None)
+        _RECENT.pop("decode", None)
+        _RECENT.pop("decode-borrowed", None)
+
+
+@contextlib.contextmanager
+def _forgetting_decode_plans_on_error(path: str):
+    """``_forget_decode_plans`` where the block raises."""
     try:
         yield
     except BaseException:
-        if path.startswith("decode"):
-            _LAUNCH_CACHES.pop("decode", None)
-            _LAUNCH_CACHES.pop("decode-borrowed", None)
+        _forget_decode_plans(path)
         raise
 
 

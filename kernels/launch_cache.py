@@ -373,6 +373,16 @@ class LaunchCache:
         self._count(hit=True)
         return entry
 
+    def reuse(self, entry: Entry) -> bool:
+        """Whether an entry the caller found earlier (``find``) may be issued again now: the
+        globals its kernels were compiled with are unchanged (as ``find`` checks); counted as a hit.
+        The caller answers for the rest of what ``find`` checks (the same key, the layout alive and
+        at the entry's version)."""
+        if not all(_globals_unchanged(kernel) for kernel in self.kernels):
+            return False
+        self._count(hit=True)
+        return True
+
     def issue(self, entry: Entry, tensors: Sequence[Any], state: tuple, scalars: Sequence[int] = ()) -> None:
         """Issue a found entry's launches, in order, with this call's ``tensors`` and ``scalars``
         and one new workspace shared by its steps (as the build shared it). Where the steps carry addresses,

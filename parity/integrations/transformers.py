@@ -199,7 +199,12 @@ class ParityAttention(nn.Module):
 
             return operator_call(query, key, value, layout, sm_scale=scaling)
         self._last_call = (query.shape[-1], query.dtype, query.device, layout)  # holds the layout until the next call
-        return _sparse_attention()(query, key, value, layout, sm_scale=scaling)
+        if type(query) is not torch.Tensor or type(key) is not torch.Tensor or type(value) is not torch.Tensor:
+            return _sparse_attention()(query, key, value, layout, sm_scale=scaling)  # the operator (a subclass)
+        # the operator's eager call without its wrappers: the launcher's plan for this layout,
+        # its plan arguments made once per layout object (every layer of a forward shares it)
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        return _planned_attention()(query, key, value, layout, _PLANS.arguments(layout), scale)
 
 
 @functools.lru_cache(maxsize=None)
@@ -209,6 +214,14 @@ def _sparse_attention():
     from parity.kernels.op import sparse_attention
 
     return sparse_attention
+
+
+@functools.lru_cache(maxsize=None)
+def _planned_attention():
+    """``parity.kernels.attention.planned_attention``, imported once (as ``_sparse_attention``)."""
+    from parity.kernels.attention import planned_attention
+
+    return planned_attention
 
 
 def _check_block(name: str, value: Any) -> None:
@@ -424,10 +437,23 @@ class _Plans:
     launch plan the previous step built instead of building the layout and the plan again."""
 
     def __init__(self, shapes: int = 64):
+        self._arguments: tuple = (None, None)  # (the last layout a kernel call ran on, its plan arguments)
         self._by_mask: dict[int, tuple] = {}
         self._by_shape: dict[tuple, Any] = {}
         self._moving: dict[tuple, tuple] = {}  # (Sq, window, blocks, device) -> (layout, its version)
         self._shapes = shapes
+
+    def arguments(self, layout) -> tuple:
+        """The launcher's plan arguments of ``layout`` (``attention.plan_arguments``), made once
+        per layout object: the layers of a forward call with one (a layout is immutable but for
+        in-place edits of its tensors, which the launcher's plan checks by their version)."""
+        last, arguments = self._arguments
+        if last is not layout:
+            from parity.kernels.attention import plan_arguments
+
+            arguments = plan_arguments(layout)
+            self._arguments = (layout, arguments)
+        return arguments
 
     @staticmethod
     def _version(mask: torch.Tensor):
