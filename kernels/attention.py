@@ -257,16 +257,15 @@ def _planned(q, k, v, tensors, meta, sm_scale, return_lse, borrowed=False):
         return None
     signature = _exact_signature(q, k, v, tensors, meta, sm_scale, return_lse)
     recent = _RECENT.get(name)
-    if (recent is not None and recent[0] is cache and recent[1] == signature and recent[2]() is tensors[0]
-            and recent[3] == state and recent[4].version == version and cache.reuse(recent[4])):
-        entry = recent[4]
-    else:
+    entry = recent[4]() if recent is not None else None
+    if not (entry is not None and recent[0] is cache and recent[1] == signature and recent[2]() is tensors[0]
+            and recent[3] == state and entry.version == version and cache.reuse(entry)):
         entry = cache.find(tensors[0], (state, _plan_key(q, k, v, tensors, meta, sm_scale, return_lse, decode,
                                                          _exact_keys(tensors, borrowed))), version)
         if entry is None:
             _RECENT.pop(name, None)
             return None
-        _RECENT[name] = (cache, signature, weakref.ref(tensors[0]), state, entry)
+        _RECENT[name] = (cache, signature, weakref.ref(tensors[0]), state, weakref.ref(entry))
     recipe = entry.extra
     result = torch.empty_like(q)
     staging = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device) if recipe.staging else result
@@ -285,7 +284,10 @@ def _planned(q, k, v, tensors, meta, sm_scale, return_lse, borrowed=False):
 
 
 # path -> (its launch cache, the exact signature, a weak reference to the layout's first tensor,
-# the dispatch state, the entry) of that path's last hit (``_planned``)
+# the dispatch state, a weak reference to the entry) of that path's last hit (``_planned``). Weak:
+# the cache alone decides how long an entry (and the layout tensors it keeps) lives; a layout that
+# dies takes its entries with it, as before there was a last hit to remember (CUDA-graph trees
+# check that nothing allocated in their pool outlives the calls that own it).
 _RECENT: dict[str, tuple] = {}
 
 

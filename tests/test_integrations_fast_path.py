@@ -13,6 +13,9 @@ arguments, so a frozen argument would show as a difference).
 """
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -20,6 +23,7 @@ from parity.integrations import transformers as parity_tf
 from parity.kernels import attention
 from parity.kernels import layout as layouts
 from parity.kernels.launch_cache import LaunchCache
+from parity.kernels.op import _implementation, op_arguments
 
 HEADS_Q, HEADS_KV, DIM, BLOCK = 4, 2, 16, 16
 
@@ -143,3 +147,30 @@ def test_a_layout_edited_in_place_between_layers_is_launched_as_edited(monkeypat
     for index, (mine, dispatched) in enumerate(zip(fast, jit)):
         assert torch.equal(mine, dispatched), f"layer {index}"
     assert torch.count_nonzero(fast[2]) == 0 and torch.count_nonzero(fast[1]) > 0
+
+
+def _dead_layout_qkv(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3)]
+
+
+@pytest.mark.parametrize("caller", ["plain", "operator"])
+def test_a_dead_layouts_tensors_are_freed_after_a_remembered_hit(caller, device):
+    """The remembered hit holds its entry weakly: a dead layout's entries, and the layout tensors
+    they keep, go with it (CUDA-graph trees check that nothing allocated in their pool outlives
+    the calls that own it)."""
+    attention._LAUNCH_CACHES.clear()
+    attention._RECENT.clear()
+    layout = layouts.causal_layout(40, 40, block_m=16, block_n=16, device=device)
+    probes = {name: weakref.ref(getattr(layout, name)) for name in ("kv_num_blocks", "kv_indices",
+                                                                    "full_kv_num_blocks", "full_kv_indices")}
+    for seed in range(2):  # the first call builds the plan, the second is its hit (remembered)
+        q, k, v = (t.to(device) for t in _dead_layout_qkv(seed))
+        if caller == "plain":
+            attention.block_sparse_attention(q, k, v, layout)
+        else:
+            _implementation(*op_arguments(q, k, v, layout, 0.25, False))
+    del layout
+    gc.collect()
+    alive = sorted(name for name, probe in probes.items() if probe() is not None)
+    assert alive == [], f"still alive after the layout died: {alive}"
