@@ -190,3 +190,38 @@ def test_a_checkpoint_changed_before_the_weights_are_checked_is_one_line(tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and f"--weights-from {file}: not a safetensors file" in err[0], err
     assert _leftovers(tmp_path) == [] and _digest_threads() == []
+
+
+def test_a_rewrite_after_the_weights_check_is_refused(tmp_path, monkeypatch):
+    """The digest is taken on its own thread, possibly after the weights were checked against the
+    file: a same-size rewrite in between (a trainer saving the checkpoint in place) would give a
+    bundle whose digest names weights that never ran. The file must still be the one located when
+    the digest is recorded: capture refuses with one line, and writes nothing."""
+    state = load_subject("decoder", SMALL_DECODER).make_state()
+    file = tmp_path / "ckpt" / "model.safetensors"
+    file.parent.mkdir()
+    save_file({name: t.contiguous() for name, t in state.items() if t.is_floating_point()}, str(file))
+    size = file.stat().st_size
+    original_hash, original_finish = checkpoint_weights.blake3_of, BundleWriter.finish_shards
+    checked = threading.Event()
+
+    def finish_shards(self):  # after by_reference compared every weight with the file
+        original_finish(self)
+        checked.set()
+
+    def hash_after_a_rewrite(path, stop=None):
+        assert checked.wait(timeout=60)
+        with open(path, "r+b") as handle:  # the last weight's last 4 bytes changed, same size
+            handle.seek(size - 4)
+            old = handle.read(4)
+            handle.seek(size - 4)
+            handle.write(bytes(b ^ 0x5A for b in old))
+        return original_hash(path, stop)
+
+    monkeypatch.setattr(BundleWriter, "finish_shards", finish_shards)
+    monkeypatch.setattr(checkpoint_weights, "blake3_of", hash_after_a_rewrite)
+    with pytest.raises(UsageError, match="changed during the capture") as err:
+        capture("decoder", tmp_path / "b", subject_args=SMALL_DECODER, reference="none", weights_from=[file])
+    assert "\n" not in str(err.value) and file.name in str(err.value)
+    assert file.stat().st_size == size
+    assert not (tmp_path / "b").exists()

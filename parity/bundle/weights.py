@@ -64,6 +64,9 @@ class CheckpointFile:
     keys: tuple[str, ...]
     blake3: str = ""
     sha256: str = ""
+    # (device, inode, size, modification time in ns) when located: the file the weights check and
+    # the digest read must still be this one when the digest is recorded (``_identity``)
+    identity: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,8 +193,30 @@ def locate(paths: Sequence[str | os.PathLike]) -> Checkpoint:
     for path in _files_of(paths):
         with _open_checkpoint(path) as handle:
             keys = tuple(handle.keys())
-        located.append(CheckpointFile(path.resolve(), path.stat().st_size, keys))
+        identity = _identity(path)
+        located.append(CheckpointFile(path.resolve(), identity[2], keys, identity=identity))
     return Checkpoint(located)
+
+
+def _identity(path: Path) -> tuple[int, ...]:
+    """What changes when a file is replaced or rewritten in place: device, inode, size and
+    modification time (ns). A rewrite that restores the modification time is not seen."""
+    stat = path.stat()
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def _check_unchanged(file: CheckpointFile) -> None:
+    """A UsageError (one line naming the file) where it is no longer the file that was located:
+    the weights were checked and hashed over a span in which it could have been rewritten."""
+    try:
+        now = _identity(file.path)
+    except OSError as err:
+        raise UsageError(f"--weights-from {printable(str(file.path))}: cannot read it after the capture's run: "
+                         f"{err.strerror or err}") from None
+    if file.identity and now != file.identity:
+        raise UsageError(f"--weights-from {printable(str(file.path))}: the file changed during the capture "
+                         f"({file.identity[2]} bytes when located, {now[2]} now, or rewritten in place): "
+                         "the digest would not be of the weights that ran")
 
 
 def _open_checkpoint(path: Path) -> Any:
@@ -241,6 +266,7 @@ class BackgroundDigests:
                 if size != file.bytes:
                     raise UsageError(f"--weights-from {printable(str(file.path))}: the file changed while it was "
                                      f"hashed ({file.bytes} bytes when read, {size} after)")
+                _check_unchanged(file)
                 self._digests.append(digest)
         except OSError as err:
             self._error = UsageError(f"--weights-from {printable(str(getattr(err, 'filename', None) or file.path))}: "
@@ -251,10 +277,14 @@ class BackgroundDigests:
             self.seconds = time.monotonic() - started
 
     def result(self) -> Checkpoint:
-        """The checkpoint with every file's BLAKE3, once the thread is done (it raises what the thread raised)."""
+        """The checkpoint with every file's BLAKE3, once the thread is done (it raises what the thread
+        raised), each file checked to be the one located (``_check_unchanged``): the caller asks
+        after its weights check, so the digests recorded are of the weights that ran."""
         self._thread.join()
         if self._error is not None:
             raise self._error
+        for file in self.checkpoint.files:  # after the weights check too: a rewrite since is refused
+            _check_unchanged(file)
         return Checkpoint([dataclasses.replace(file, blake3=digest)
                            for file, digest in zip(self.checkpoint.files, self._digests)])
 
