@@ -1,16 +1,16 @@
 """Where a decode call's device time goes: the split kernel and the merge, per merge setting (GPU).
 
     python -m bench.probe_decode_merge                      # the three decode rows, JSON lines
-    python -m bench.probe_decode_merge --rows decode-b1-4k --chunks 1x1,default
+    python -m bench.probe_decode_merge --rows decode-b1-4k --unroll u1,default
 
 For each decode row of bench/launch_overhead.py (Hq=32, Hkv=8, D=128, bf16, one query token),
 each merge (``fused``: the split kernel's last program per head group merges; ``kernel``: the
-``decode_combine`` launch after it) and each merge chunking (``uN``: N splits per iteration, unrolled; ``LxM``:
-the 3-D merge's LSE and partial chunks; ``default`` is ``kernels.decode.merge_chunks``), at the pinned
+``decode_combine`` launch after it) and each merge unrolling (``uN``: N splits' tiles read per iteration of the merge; ``default`` is
+``kernels.decode.merge_unroll``), at the pinned
 split count and at a few others: the call's time replayed from a CUDA graph
 (``do_bench_cudagraph``, µs) and each kernel's device time under the torch profiler (µs per call,
 mean of ``--calls`` calls), beside PyTorch's SDPA on the same tensors. A probe: it patches the
-chunking by replacing ``merge_chunks`` in ``kernels.decode`` for the duration of one setting.
+unrolling by replacing ``merge_unroll`` in ``kernels.decode`` for the duration of one setting.
 """
 from __future__ import annotations
 
@@ -29,20 +29,17 @@ from bench.launch_overhead import DECODE_ROWS  # noqa: E402
 
 
 @contextlib.contextmanager
-def _chunks(setting: str):
+def _unroll(setting: str):
     from parity.kernels import attention, decode
 
-    original = decode.merge_chunks
-    if setting.startswith("u"):  # uN: N splits per iteration, unrolled
-        decode.merge_chunks = lambda *a: (1, 1, int(setting[1:]))
-    elif setting != "default":  # LxM: the 3-D merge's chunks
-        lse, merge = (int(x) for x in setting.split("x"))
-        decode.merge_chunks = lambda *a: (lse, merge, 0)
+    original = decode.merge_unroll
+    if setting != "default":  # uN: N splits read per iteration of the merge
+        decode.merge_unroll = lambda splits: int(setting[1:])
     attention._LAUNCH_CACHES.clear()
     try:
         yield
     finally:
-        decode.merge_chunks = original
+        decode.merge_unroll = original
         attention._LAUNCH_CACHES.clear()
 
 
@@ -66,7 +63,7 @@ def _kernel_us(fn, calls: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(DECODE_ROWS))
-    parser.add_argument("--chunks", default="default,u1,u2,u8,64x4,64x1")
+    parser.add_argument("--unroll", default="default,u1,u2,u8")
     parser.add_argument("--splits", default="auto,8,16,32", help="split counts besides the pinned one")
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args(argv)
@@ -97,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         reference = None
         for mode, fused in (("fused", True), ("kernel", False)):
             config = dataclasses.replace(decode_config(device, 128, q.dtype).clamp(layout.block_n), fused_combine=fused)
-            for setting in args.chunks.split(","):
-                with _chunks(setting):
+            for setting in args.unroll.split(","):
+                with _unroll(setting):
                     for splits in args.splits.split(","):
                         n = None if splits == "auto" else int(splits)
                         key = f"{mode}/{setting}/splits={splits}"

@@ -53,7 +53,7 @@ from .layout import BlockLayout
 
 __all__ = ["DecodeLaunch", "decode_eligible", "heads_per_program", "choose_splits", "build_decode_launch",
            "decode_key", "decode_steps", "MAX_ROWS", "WORKSPACE", "COUNTERS", "SCALARS", "decode_scalars",
-           "merge_chunks", "MERGE_TILE_ELEMENTS", "MERGE_UNROLL"]
+           "merge_unroll", "MERGE_UNROLL"]
 
 # The tensors the decode launch allocates and its kernels write: the split kernel's partial
 # outputs and LSEs, which the merge reads (any content at a launch's start is overwritten first).
@@ -99,26 +99,18 @@ def choose_splits(programs: int, max_tiles: int, units: int, config: DecodeConfi
     return max(1, min(wanted, by_work, config.max_splits))
 
 
-# Splits whose partial tiles the merge reads per loop iteration (``MERGE_UNROLL``, unrolled):
-# one program merges a group's splits, and a loop that reads one split per iteration waits for an
-# L2 round trip per split. Each split's [BLOCK_M, BLOCK_D] fp32 tile is 16 registers per thread at
-# D=128 and 4 warps, so 4 in flight stay beside the accumulator within the split kernel's budget.
+# Splits whose partial tiles the merge reads per loop iteration, unrolled (``_merge_splits``): one
+# program merges a group's splits, and a loop that reads one split per iteration waits for an L2
+# round trip per split. Each split's [BLOCK_M, BLOCK_D] fp32 tile is 16 registers per thread at
+# D=128 and 4 warps, so 4 in flight stay beside the accumulator (74 registers, no spills, on
+# sm_90 at B1/4k: compile-only).
 MERGE_UNROLL = 4
-# Elements of the fp32 tile of the other merge (``MERGE_UNROLL`` 0): a [chunk, BLOCK_M, BLOCK_D]
-# tile of the splits' partial outputs (or their LSEs) per iteration.
-MERGE_TILE_ELEMENTS = 8192
 
 
-def merge_chunks(num_splits: int, block_m: int, block_d: int) -> tuple[int, int, int]:
-    """(LSE_CHUNK, MERGE_CHUNK, MERGE_UNROLL) of the merge (``_merge_splits``): with MERGE_UNROLL
-    > 0, that many splits read per iteration, one tile each (the chunks are then 1: no compile
-    per chunk); else the 3-D merge's chunks, powers of two, no tile over ``MERGE_TILE_ELEMENTS``."""
-    splits = next_power_of_2(max(1, num_splits))
-    if MERGE_UNROLL > 0:
-        return 1, 1, min(MERGE_UNROLL, splits)
-    lse = max(1, min(splits, MERGE_TILE_ELEMENTS // block_m))
-    merge = max(1, min(splits, MERGE_TILE_ELEMENTS // (block_m * block_d)))
-    return 1 << (lse.bit_length() - 1), 1 << (merge.bit_length() - 1), 0
+def merge_unroll(num_splits: int) -> int:
+    """The merge's ``MERGE_UNROLL`` for ``num_splits`` splits: ``MERGE_UNROLL``, or the splits'
+    next power of two where fewer (no loads that every mask turns off)."""
+    return min(MERGE_UNROLL, next_power_of_2(max(1, num_splits)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,8 +211,7 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
         # one lane per thread of the program (tl.zeros needs a power of two; both factors are)
         "FENCE_LANES": config.num_warps * warp_size,
         # the merge's chunks where this kernel merges; else 1 (no compile per split count)
-        **dict(zip(("LSE_CHUNK", "MERGE_CHUNK", "MERGE_UNROLL"),
-                   merge_chunks(num_splits, block_m, block_d) if fused else (1, 1, 0))),
+        "MERGE_UNROLL": merge_unroll(num_splits) if fused else 1,
     }
     combine_grid = combine_args = combine_constexprs = None
     if split and not fused:
@@ -233,8 +224,7 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
         }
         combine_constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "GROUP": group,
                               "RETURN_LSE": return_lse,
-                              **dict(zip(("LSE_CHUNK", "MERGE_CHUNK", "MERGE_UNROLL"),
-                                         merge_chunks(num_splits, block_m, block_d)))}
+                              "MERGE_UNROLL": merge_unroll(num_splits)}
     return DecodeLaunch((num_splits, programs), args, constexprs, config.launch_kwargs(), config, num_splits,
                         combine_grid, combine_args, combine_constexprs,
                         combine="fused" if fused else "kernel" if split else "none")

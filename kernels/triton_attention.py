@@ -436,77 +436,50 @@ def _store_rows(Out, Lse, off_b, row_head, offs_m, offs_d, out, lse2, store_ok, 
 
 @triton.jit
 def _merge_splits(po_base, pl_base, stride_pos, stride_pls, tile_offs, rows, store_ok, row_ok, num_splits,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, LSE_CHUNK: tl.constexpr, MERGE_CHUNK: tl.constexpr,
-                  MERGE_UNROLL: tl.constexpr, BYPASS_L1: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_UNROLL: tl.constexpr, BYPASS_L1: tl.constexpr):
     # The splits' partial outputs of one group's rows merged: the softmax-weighted mean, weights
     # 2^(lse_s - max lse). Splits that saw no key have lse -inf, weight 0; a row no split saw
     # gives 0 and lse -inf. One program merges a group's splits, so the reads must be in flight
-    # together, not one L2 round trip per split: with MERGE_UNROLL > 0 the loop body reads
-    # MERGE_UNROLL splits' [BLOCK_M, BLOCK_D] tiles, unrolled (independent loads the compiler
-    # issues before the sums that use them), else a [MERGE_CHUNK, BLOCK_M, BLOCK_D] tile per
-    # iteration (LSE_CHUNK splits for the maximum pass). The order of every sum is fixed (split by
-    # split, or a chunk's tree sum then the chunks in order), so the fused path and the combine
-    # kernel, which both call this, give the same bits, run after run. BYPASS_L1: the partials
-    # were written by other programs of this launch, on other multiprocessors; the loads go to L2
-    # (``.cg``), never to a line this one's L1 may hold from before (the arrival counter's
-    # acquire orders them after the writes). po_base, pl_base: the group's split 0; tile_offs:
-    # [BLOCK_M, BLOCK_D] offsets within a split. Returns (out [BLOCK_M, BLOCK_D] fp32, lse2
-    # [BLOCK_M], base 2).
+    # together, not one L2 round trip per split: the loop body reads MERGE_UNROLL splits'
+    # [BLOCK_M, BLOCK_D] tiles, unrolled (independent loads, which the compiler issues before the
+    # sums that use them: sm_90 SASS shows a body's eight 128-bit loads ahead of its first FFMA).
+    # A [chunk, BLOCK_M, BLOCK_D] tile per iteration instead, reduced over its first axis, made
+    # a B1/4k decode call 94 us on an H100 (10 with the old per-row combine kernel): every
+    # iteration's cross-warp reduction went through shared memory behind four barriers. The sums
+    # run split by split in index order, so the fused path and the combine kernel, which both call
+    # this, give the same bits, run after run. BYPASS_L1: the partials were written by other
+    # programs of this launch, on other multiprocessors; the loads go to L2 (``.cg``), never to a
+    # line this one's L1 may hold from before (the arrival counter's acquire orders them after the
+    # writes). po_base, pl_base: the group's split 0; tile_offs: [BLOCK_M, BLOCK_D] offsets within
+    # a split. Returns (out [BLOCK_M, BLOCK_D] fp32, lse2 [BLOCK_M], base 2).
     m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, num_splits, MERGE_UNROLL):
+        for i in tl.static_range(MERGE_UNROLL):
+            # a tensor, not a scalar: under the interpreter a Python bool in a mask breaks it
+            l_ok = row_ok & (tl.zeros([BLOCK_M], dtype=tl.int32) + (s0 + i) < num_splits)
+            if BYPASS_L1:
+                lse_s = tl.load(pl_base + (s0 + i) * stride_pls + rows, mask=l_ok, other=float("-inf"),
+                                cache_modifier=".cg")
+            else:
+                lse_s = tl.load(pl_base + (s0 + i) * stride_pls + rows, mask=l_ok, other=float("-inf"))
+            m = tl.maximum(m, lse_s)
+    m_sub = tl.where(m == float("-inf"), 0.0, m)  # [BLOCK_M]; exp2(-inf - 0) = 0, not NaN
     denom = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    if MERGE_UNROLL > 0:
-        for s0 in range(0, num_splits, MERGE_UNROLL):
-            for i in tl.static_range(MERGE_UNROLL):
-                # a tensor, not a scalar: under the interpreter a Python bool in a mask breaks it
-                l_ok = row_ok & (tl.zeros([BLOCK_M], dtype=tl.int32) + (s0 + i) < num_splits)
-                if BYPASS_L1:
-                    lse_s = tl.load(pl_base + (s0 + i) * stride_pls + rows, mask=l_ok, other=float("-inf"),
-                                    cache_modifier=".cg")
-                else:
-                    lse_s = tl.load(pl_base + (s0 + i) * stride_pls + rows, mask=l_ok, other=float("-inf"))
-                m = tl.maximum(m, lse_s)
-        m_sub = tl.where(m == float("-inf"), 0.0, m)  # [BLOCK_M]; exp2(-inf - 0) = 0, not NaN
-        for s0 in range(0, num_splits, MERGE_UNROLL):
-            for i in tl.static_range(MERGE_UNROLL):
-                s_ok = tl.zeros([BLOCK_M], dtype=tl.int32) + (s0 + i) < num_splits  # [BLOCK_M]
-                l_ptrs = pl_base + (s0 + i) * stride_pls + rows
-                p_ptrs = po_base + (s0 + i) * stride_pos + tile_offs  # < 2^31: splits x rows x D
-                if BYPASS_L1:
-                    lse_s = tl.load(l_ptrs, mask=row_ok & s_ok, other=float("-inf"), cache_modifier=".cg")
-                    part = tl.load(p_ptrs, mask=store_ok & s_ok[:, None], other=0.0, cache_modifier=".cg")
-                else:
-                    lse_s = tl.load(l_ptrs, mask=row_ok & s_ok, other=float("-inf"))
-                    part = tl.load(p_ptrs, mask=store_ok & s_ok[:, None], other=0.0)
-                weight = tl.math.exp2(lse_s - m_sub)  # [BLOCK_M]
-                denom = denom + weight
-                acc = acc + part * weight[:, None]
-    else:
-        offs_l = tl.arange(0, LSE_CHUNK)
-        for s0 in range(0, num_splits, LSE_CHUNK):
-            l_ok = (s0 + offs_l[:, None] < num_splits) & row_ok[None, :]
-            l_ptrs = pl_base + (s0 + offs_l[:, None]) * stride_pls + rows[None, :]
+    for s0 in range(0, num_splits, MERGE_UNROLL):
+        for i in tl.static_range(MERGE_UNROLL):
+            s_ok = tl.zeros([BLOCK_M], dtype=tl.int32) + (s0 + i) < num_splits  # [BLOCK_M]
+            l_ptrs = pl_base + (s0 + i) * stride_pls + rows
+            p_ptrs = po_base + (s0 + i) * stride_pos + tile_offs  # < 2^31: splits x rows x D
             if BYPASS_L1:
-                lse_c = tl.load(l_ptrs, mask=l_ok, other=float("-inf"), cache_modifier=".cg")
+                lse_s = tl.load(l_ptrs, mask=row_ok & s_ok, other=float("-inf"), cache_modifier=".cg")
+                part = tl.load(p_ptrs, mask=store_ok & s_ok[:, None], other=0.0, cache_modifier=".cg")
             else:
-                lse_c = tl.load(l_ptrs, mask=l_ok, other=float("-inf"))
-            m = tl.maximum(m, tl.max(lse_c, 0))
-        m_sub = tl.where(m == float("-inf"), 0.0, m)  # [BLOCK_M]; exp2(-inf - 0) = 0, not NaN
-        offs_c = tl.arange(0, MERGE_CHUNK)
-        for s0 in range(0, num_splits, MERGE_CHUNK):
-            c_ok = s0 + offs_c < num_splits  # [MERGE_CHUNK]
-            l_ptrs = pl_base + (s0 + offs_c[:, None]) * stride_pls + rows[None, :]
-            p_ptrs = po_base + (s0 + offs_c[:, None, None]) * stride_pos + tile_offs[None, :, :]
-            p_ok = c_ok[:, None, None] & store_ok[None, :, :]
-            if BYPASS_L1:
-                lse_c = tl.load(l_ptrs, mask=c_ok[:, None] & row_ok[None, :], other=float("-inf"), cache_modifier=".cg")
-                part = tl.load(p_ptrs, mask=p_ok, other=0.0, cache_modifier=".cg")
-            else:
-                lse_c = tl.load(l_ptrs, mask=c_ok[:, None] & row_ok[None, :], other=float("-inf"))
-                part = tl.load(p_ptrs, mask=p_ok, other=0.0)
-            weight = tl.math.exp2(lse_c - m_sub[None, :])  # [MERGE_CHUNK, BLOCK_M]
-            denom = denom + tl.sum(weight, 0)
-            acc = acc + tl.sum(part * weight[:, :, None], 0)
+                lse_s = tl.load(l_ptrs, mask=row_ok & s_ok, other=float("-inf"))
+                part = tl.load(p_ptrs, mask=store_ok & s_ok[:, None], other=0.0)
+            weight = tl.math.exp2(lse_s - m_sub)  # [BLOCK_M]
+            denom = denom + weight
+            acc = acc + part * weight[:, None]
     empty = denom == 0.0
     out = acc / tl.where(empty, 1.0, denom)[:, None]
     lse2 = tl.where(empty, float("-inf"), m_sub + tl.math.log2(tl.where(empty, 1.0, denom)))
@@ -538,7 +511,7 @@ def block_sparse_decode_fwd(
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
     RETURN_LSE: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr, EMULATE_BF16: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SELECT_LOADED: tl.constexpr, FENCE_LANES: tl.constexpr,
-    LSE_CHUNK: tl.constexpr, MERGE_CHUNK: tl.constexpr, MERGE_UNROLL: tl.constexpr,
+    MERGE_UNROLL: tl.constexpr,
 ):
     # Grid (num_splits, B * head_groups). One program: GROUP query heads that share one K/V head
     # (a GQA group, or one head where the layout differs between heads), all seq_q (<= the layout's
@@ -630,8 +603,7 @@ def block_sparse_decode_fwd(
             arrived = tl.atomic_add(Counter + pid_bg, 1, sem="acq_rel", scope="gpu")
             if arrived == num_splits - 1:
                 out, lse2 = _merge_splits(po_base, pl_base, stride_pos, stride_pls, tile_offs, rows, store_ok, row_ok,
-                                          num_splits, BLOCK_M, BLOCK_D, LSE_CHUNK, MERGE_CHUNK, MERGE_UNROLL,
-                                          BYPASS_L1=True)
+                                          num_splits, BLOCK_M, BLOCK_D, MERGE_UNROLL, BYPASS_L1=True)
                 _store_rows(Out, Lse, off_b, row_head, offs_m, offs_d, out, lse2, store_ok, row_ok,
                             stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, RETURN_LSE)
                 tl.atomic_xchg(Counter + pid_bg, 0, sem="relaxed", scope="gpu")
@@ -649,7 +621,7 @@ def decode_combine(
     stride_lb, stride_lh,
     num_splits, head_groups, seq_q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
-    RETURN_LSE: tl.constexpr, LSE_CHUNK: tl.constexpr, MERGE_CHUNK: tl.constexpr, MERGE_UNROLL: tl.constexpr,
+    RETURN_LSE: tl.constexpr, MERGE_UNROLL: tl.constexpr,
 ):
     # The split kernel's merge as a kernel of its own (``DecodeConfig.fused_combine=False``): one
     # program per (batch, head group), grid (B * head_groups,), the same tile and the same
@@ -662,6 +634,6 @@ def decode_combine(
     pl_base = PartLse + off_b.to(tl.int64) * stride_plb + off_g.to(tl.int64) * stride_plh
     tile_offs = rows[:, None] * stride_por + offs_d[None, :]
     out, lse2 = _merge_splits(po_base, pl_base, stride_pos, stride_pls, tile_offs, rows, store_ok, row_ok, num_splits,
-                              BLOCK_M, BLOCK_D, LSE_CHUNK, MERGE_CHUNK, MERGE_UNROLL, BYPASS_L1=False)
+                              BLOCK_M, BLOCK_D, MERGE_UNROLL, BYPASS_L1=False)
     _store_rows(Out, Lse, off_b, row_head, offs_m, offs_d, out, lse2, store_ok, row_ok,
                 stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, RETURN_LSE)
