@@ -222,9 +222,13 @@ DECODE_CONFIGS: dict[str, tuple[tuple[int, DecodeConfig], ...]] = {
     # kernels/results/h200-decode-tuning-*.json): within 0-4% of SDPA at B8/4k, B8/32k, B1/128k
     # and B64/2k, where 64-key tiles were 2-11% behind at B1/128k and 2 stages fell to 1.35x
     # at B8/32k in one of two runs. Spill-free (parity inspect --kernel decode --target sm_90).
+    # At least 8 key tiles per split: with the merge in the split kernel (one program reads every
+    # split's partials), 33 splits of a B1/4k call cost 17.7 us of device time on an H100 against
+    # 15.0 for 16 (bench/results/h100-inference-7/probe-merge.log); rows whose split count the
+    # programs-per-SM rule sets (B8/4k, B1/128k) are unchanged.
     # Ampere takes the same rows until measured (compile-only: spill-free at sm_80).
-    "sm_80": ((128, DecodeConfig(32, 4, 3)), (256, DecodeConfig(32, 4, 2))),
-    "sm_90": ((128, DecodeConfig(32, 4, 3)), (256, DecodeConfig(32, 4, 2))),
+    "sm_80": ((128, DecodeConfig(32, 4, 3, min_tiles_per_split=8)), (256, DecodeConfig(32, 4, 2, min_tiles_per_split=8))),
+    "sm_90": ((128, DecodeConfig(32, 4, 3, min_tiles_per_split=8)), (256, DecodeConfig(32, 4, 2, min_tiles_per_split=8))),
     # CDNA: one stage (LDS is 64 KiB; Triton's AMD pipeliner streams through registers), 64-key
     # tiles; compile-only (parity inspect --kernel decode --target gfx942: spill-free, MFMA).
     "gfx90a": ((128, _amd_decode(64, 4, 1)), (256, _amd_decode(32, 4, 1))),
