@@ -172,3 +172,16 @@ def test_runnable_commands_run_as_written(document, number, commands, tmp_path, 
         assert returncode == status, f"{command}\n{stdout[-2000:]}\n{stderr[-3000:]}"
         if holds is not None:
             assert holds in stdout, f"{command}\n{stdout[-2000:]}"
+
+
+def test_in_process_a_module_of_tests_is_found_only_through_the_commands_pythonpath(tmp_path, monkeypatch, capsys):
+    """What a fresh ``python -m parity`` would do: a subject module in tests/ is not found without
+    ``PYTHONPATH=tests`` (although this process imported it from there), and is with it."""
+    import repeat_subject  # noqa: F401  (imported here first: the in-process run must not reuse it)
+
+    (tmp_path / "tests").symlink_to(REPO / "tests")
+    argv = ["capture", "--subject", "repeat_subject:make_subject", "--bundle", "rep", "--quiet"]
+    status, _, err = _run_in_process(argv, [], tmp_path, monkeypatch, capsys)
+    assert status == 2 and "repeat_subject" in err and not (tmp_path / "rep").exists()
+    status, _, err = _run_in_process(argv, ["tests"], tmp_path, monkeypatch, capsys)
+    assert status == 0 and (tmp_path / "rep" / "manifest.json").is_file(), err
