@@ -42,7 +42,7 @@ SLOW_FILES = {
     "test_run_trust.py": "real processes through both entry points",
     "test_cli_exit_status.py": "every exit status in real processes",
     "test_install.py": "pip resolves the Makefile's pins",
-    "test_wheel.py": "builds and installs the wheel, then runs every command from it in real processes",
+    "test_wheel.py": "builds and installs the wheel, then runs the README's commands from it in processes of its own",
     "test_kernels_decode.py": "the decode path at every split count through the Triton interpreter",
     "test_distributed.py": "rank processes (2 and 4) importing torch and DTensor",
     "test_judge_fault_matrix.py": "a fault-injected model compared per case",

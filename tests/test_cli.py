@@ -62,6 +62,32 @@ def test_version_falls_back_to_the_package_attribute(monkeypatch):
     assert parity.cli.main.version() == parity.__version__
 
 
+def test_main_builds_its_parser_once_and_hands_each_call_its_own_default_lists(monkeypatch, capsys):
+    """main() parses with one parser a process (building one costs milliseconds a call); a default
+    list (inspect's ``--set``) reaches each call as a copy, so a command changing it cannot change
+    the next call's default."""
+    built, seen = [], []
+    original = parity.cli.main.build_parser
+
+    def recording_parser():
+        parser = original()
+        _subparsers(parser)["inspect"].set_defaults(func=lambda args: seen.append(args) or 0)
+        built.append(parser)
+        return parser
+
+    monkeypatch.setattr(parity.cli.main, "build_parser", recording_parser)
+    parity.cli.main._shared_parser.cache_clear()
+    try:
+        assert run(capsys, "inspect") == (0, "", "") and run(capsys, "inspect", "--set", "num_warps=4")[0] == 0
+        seen[0].overrides.append("num_warps=8")  # a command that changes its list
+        assert run(capsys, "inspect")[0] == 0
+    finally:
+        parity.cli.main._shared_parser.cache_clear()  # the next test's main() builds the real parser
+    default = _flags(_subparsers(built[0])["inspect"])["--set"].default
+    assert len(built) == 1 and default == [] and seen[0].overrides is not default
+    assert [args.overrides for args in seen] == [["num_warps=8"], ["num_warps=4"], []]
+
+
 # ---- one spelling per flag -------------------------------------------------------------------------
 
 # Flags that mean the same thing wherever they appear: same spellings, metavar and help text.

@@ -245,7 +245,13 @@ def _entry_points() -> list[list[str]]:
 
 @pytest.mark.parametrize("entry", _entry_points(), ids=lambda e: "python -m parity" if "-m" in e else "parity")
 def test_every_exit_status_in_a_real_process(project, entry):
+    """``python -m parity`` runs every case here. The console script runs those where the entry
+    point's own ``sys.path`` matters (the user's package in the current directory: holds, is
+    refused unless named, names its file in the exit-3 line); the rest (exit 1, ``--debug``, an
+    argparse error) take the same ``entry()`` -> ``main()`` path in both, checked in-process above.
+    Each case is a Python start with torch (2-3 CPU-seconds)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PARITY_DEBUG", "PARITY_TEST_BOOM")}
+    every_case = "-m" in entry
 
     def run(*args, **extra_env):
         return subprocess.run([*entry, *args], cwd=project, env={**env, **extra_env}, capture_output=True, text=True,
@@ -253,8 +259,9 @@ def test_every_exit_status_in_a_real_process(project, entry):
 
     proc = run(*compare_args("golden", "--impl", "reference"))
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("PARITY HOLDS: 10/10 tensors"), proc.stderr
-    proc = run(*compare_args("golden", "--impl", "tanh"))
-    assert proc.returncode == 1, proc.stderr
+    if every_case:
+        proc = run(*compare_args("golden", "--impl", "tanh"))
+        assert proc.returncode == 1, proc.stderr
     proc = run("compare", "--golden", "golden", "--impl", "reference", "--device", "cpu")
     assert proc.returncode == 2 and proc.stdout == ""
     assert re.fullmatch(r"parity: error: bundle golden names subject .* which this host does not trust; .*\n",
@@ -263,6 +270,8 @@ def test_every_exit_status_in_a_real_process(project, entry):
     assert proc.returncode == 3 and proc.stdout == ""
     assert proc.stderr == (f"parity: internal error in subject {FLAKY_SPEC} (forward): ValueError: boom at "
                            f"mypkg/subjects.py:{flaky_line(project)}; rerun with --debug for the traceback\n")
+    if not every_case:
+        return
     proc = run("--debug", *compare_args("golden", "--impl", "reference"), PARITY_TEST_BOOM="1")
     assert proc.returncode == 3 and "Traceback (most recent call last)" in proc.stderr
     proc = run("capture", "--subject", "decoder", "--out", "x", "--shard-mib", "nan")

@@ -98,3 +98,49 @@ def test_reports_show_the_distribution():
     page = render_html(report.to_dict())
     assert '<section id="distribution">' in page and page.count('<svg class="hist"') == 1
     assert 'data-percentile="p99.9"' in page
+
+
+def _percentiles_by_walking_every_bin(zeros, counts, largest, quantiles):
+    """The nearest-rank definition written out: walk the bins in order until the rank is reached."""
+    total = zeros + sum(counts)
+    if total == 0:
+        return None
+    result = {}
+    for q in quantiles:
+        rank = max(1, math.ceil(q / 100 * total))
+        seen = zeros
+        if rank <= seen:
+            result[distribution.percentile_key(q)] = 0.0
+            continue
+        for index, count in enumerate(counts):
+            seen += count
+            if seen >= rank:
+                result[distribution.percentile_key(q)] = min(distribution.upper_edge(index), largest)
+                break
+    return result
+
+
+def test_percentiles_and_octaves_agree_with_walking_every_bin():
+    """The search over running counts of occupied bins gives the bin a walk over all 16384 gives,
+    at the edges too (q 0 and 100, a rank landing exactly on a bin's last element, all zeros)."""
+    import random
+
+    rng = random.Random(0)
+    quantiles = (0.0, 1.0, 50.0, 90.0, 99.0, 99.9, 100.0)
+    for trial in range(200):
+        counts = [0] * distribution.BINS
+        for _ in range(rng.randint(0, 40)):  # finite values only: biased exponents below 2047
+            counts[rng.randrange(1 << distribution.SUB_BITS, 2047 << distribution.SUB_BITS)] = rng.randint(1, 999)
+        zeros, largest = rng.choice([0, 1, 10, 10**5]), rng.choice([1e300, 1e-3])
+        assert distribution.percentiles(zeros, counts, largest, quantiles) == \
+            _percentiles_by_walking_every_bin(zeros, counts, largest, quantiles), trial
+        per_octave = {}
+        for index, count in enumerate(counts):
+            if count:
+                exponent = (index >> distribution.SUB_BITS) - 1023
+                per_octave[exponent] = per_octave.get(exponent, 0) + count
+        assert distribution.octaves(zeros, counts) == \
+            {"zero": zeros, "log2": [[e, n] for e, n in sorted(per_octave.items())]}
+    counts = [0] * distribution.BINS
+    counts[9000], counts[9001] = 2, 2  # p50 of 4 is the 2nd value: the first bin, not the next
+    assert distribution.percentiles(0, counts, 1e300, (50.0,)) == {"p50": distribution.upper_edge(9000)}

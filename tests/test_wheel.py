@@ -8,9 +8,11 @@ install --no-deps --target``) and run from a directory outside the checkout:
 - its files are exactly the package's: every file under parity/ and kernels/ (as parity/kernels/),
   nothing of the lab (bench/) or the tests, no top-level ``kernels``;
 - a wheel with a sub-package left out fails that check, and its commands fail too;
-- the README's commands on the built-in subjects work from it: capture, compare (``make demo``'s
-  first command included), diff, verify, show, profile, bench, inspect, and a two-rank gloo
-  capture and compare under torchrun.
+- the README's commands on the built-in subjects work from it: ``make demo``'s first command
+  (``python -m parity compare``) in a process of its own; capture, compare, diff, verify, show,
+  profile, bench and inspect one after another in one process of the installed copy (through
+  ``parity.cli.main.main``, as both entry points call it); and a two-rank gloo capture and
+  compare under torchrun.
 
 The installed copy runs in a scratch interpreter (a venv without pip) whose only view of the test
 environment is its site-packages directory named in a ``.pth`` file: torch, Triton and the other
@@ -111,6 +113,36 @@ class Installed:
     def parity(self, *argv: str, expect: int = 0, timeout: int = 300) -> str:
         return self.run("-m", "parity", *argv, expect=expect, timeout=timeout).stdout
 
+    def parity_in_one_process(self, *commands: list[str], timeout: int = 600) -> list[str]:
+        """Each command's standard output, the commands run one after another in one process of
+        the installed copy through ``parity.cli.main.main`` (what both entry points call), each
+        required to return 0."""
+        results = self.work / "in-one-process.json"
+        done = self.run("-c", ONE_PROCESS, json.dumps([list(argv) for argv in commands]), str(results), timeout=timeout)
+        for argv, (status, out) in zip(commands, json.loads(results.read_text())):
+            assert status == 0, f"{' '.join(argv)}: exit {status}\n{out[-2000:]}\n{done.stderr[-3000:]}"
+        return [out for _, out in json.loads(results.read_text())]
+
+
+# The driver of Installed.parity_in_one_process. A Python start that imports torch costs 2-3
+# CPU-seconds; one process for the README's commands saves nine of them. The process entry points
+# themselves run here too (make demo's command below, torchrun) and in
+# test_cli_exit_status.py::test_every_exit_status_in_a_real_process.
+ONE_PROCESS = """
+import contextlib, io, json, sys
+from parity.cli.main import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(argv)
+    results.append([status, out.getvalue()])
+    if status != 0:
+        break
+with open(sys.argv[2], "w") as file:
+    json.dump(results, file)
+"""
+
 
 @pytest.fixture(scope="module")
 def installed(wheel, tmp_path_factory) -> Installed:
@@ -164,34 +196,32 @@ def test_the_installed_copy_is_the_one_that_runs(installed):
 
 
 def test_the_readme_commands_run_from_the_installed_wheel(installed):
-    out = installed.parity("--version")
-    assert out.split() == ["parity", "0.1.0"]
-    # make demo's first command: the Triton kernel (interpreted) against the committed H200 goldens
+    # make demo's first command, through `python -m parity` of the installed copy: the Triton
+    # kernel (interpreted) against the committed H200 goldens
     out = installed.parity("compare", "--bundle", str(REPO / "golden" / "h200-attention"), "--impl", "triton")
     assert "PARITY HOLDS: 16/16 tensors" in out
-    installed.parity("capture", "--subject", "attention", "--cases", "smoke", "--impl", "reference",
-                     "--bundle", "bundles/a")
-    installed.parity("capture", "--subject", "attention", "--cases", "smoke", "--impl", "reference",
-                     "--bundle", "bundles/b")
-    assert "PARITY HOLDS" in installed.parity("compare", "--bundle", "bundles/a", "--impl", "reference",
-                                              "--json", "compare.json")
-    assert json.loads((installed.work / "compare.json").read_text())["format"] == "parity-compare-report"
-    assert "PARITY HOLDS" in installed.parity("diff", "bundles/a", "bundles/b", "--html", "diff.html")
+    smoke = ["--subject", "attention", "--cases", "smoke", "--impl", "reference"]
+    outs = installed.parity_in_one_process(
+        ["--version"],
+        ["capture", *smoke, "--bundle", "bundles/a"],
+        ["capture", *smoke, "--bundle", "bundles/b"],
+        ["compare", "--bundle", "bundles/a", "--impl", "reference", "--json", "compare.json"],
+        ["diff", "bundles/a", "bundles/b", "--html", "diff.html"],
+        ["verify", "bundles/a"],
+        ["show", "bundles/a", "--json", "show.json"],
+        ["profile", "--subject", "attention", "--set", "cases=smoke", "--impl", "reference", "--skip", "0",
+         "--warmup", "0", "--active", "1", "--json", "profile.json"],
+        ["bench", "--bundle", "bundles/a", "--impls", "reference,triton", "--reps", "3", "--warmup", "1",
+         "--json", "bench.json"],
+        ["inspect", "--target", "gfx942", "--dtype", "fp16", "--head-dim", "64", "--jobs", "1", "--quiet",
+         "--json", "inspect.json"])
+    version, _, _, compared, diffed, _, _, profiled, _, _ = outs
+    assert version.split() == ["parity", "0.1.0"]
+    assert "PARITY HOLDS" in compared and "PARITY HOLDS" in diffed and "hot module" in profiled
     assert (installed.work / "diff.html").stat().st_size > 0
-    installed.parity("verify", "bundles/a")
-    installed.parity("show", "bundles/a", "--json", "show.json")
-    assert json.loads((installed.work / "show.json").read_text())["format"] == "parity-show-report"
-    out = installed.parity("profile", "--subject", "attention", "--set", "cases=smoke", "--impl", "reference",
-                           "--skip", "0", "--warmup", "0", "--active", "1", "--json", "profile.json")
-    assert "hot module" in out
-    assert json.loads((installed.work / "profile.json").read_text())["format"] == "parity-profile-report"
-    installed.parity("bench", "--bundle", "bundles/a", "--impls", "reference,triton", "--reps", "3", "--warmup", "1",
-                     "--json", "bench.json")
-    assert json.loads((installed.work / "bench.json").read_text())["format"] == "parity-bench-report"
-    out = installed.parity("inspect", "--target", "gfx942", "--dtype", "fp16", "--head-dim", "64", "--jobs", "1",
-                           "--quiet", "--json", "inspect.json")
-    inspected = json.loads((installed.work / "inspect.json").read_text())
-    assert inspected["format"] == "parity-inspect-report"
+    for report, kind in (("compare", "compare"), ("show", "show"), ("profile", "profile"), ("bench", "bench"),
+                         ("inspect", "inspect")):
+        assert json.loads((installed.work / f"{report}.json").read_text())["format"] == f"parity-{kind}-report"
 
 
 def test_torchrun_two_ranks_from_the_installed_wheel(installed):

@@ -21,6 +21,8 @@ Pure functions and one accumulator; no printing, no decisions.
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 
 import torch
@@ -84,18 +86,20 @@ def percentiles(zeros: int, counts: list[int], largest: float,
     total = zeros + sum(counts)
     if total == 0:
         return None
+    # Running counts of the occupied bins once, then a binary search per quantile: a Python loop
+    # over all 16384 bins per quantile cost 3.5 ms per histogram (two per tensor compared), more
+    # than the chunked scan that filled them for a small tensor.
+    occupied = list(itertools.compress(range(len(counts)), counts))
+    running = list(itertools.accumulate(counts[index] for index in occupied))
     result = {}
     for q in quantiles:
         rank = max(1, math.ceil(q / 100 * total))  # the rank-th smallest value, 1-based
         if rank <= zeros:
             result[percentile_key(q)] = 0.0
             continue
-        seen = zeros
-        for index, count in enumerate(counts):
-            seen += count
-            if seen >= rank:
-                result[percentile_key(q)] = min(upper_edge(index), largest)
-                break
+        at = bisect.bisect_left(running, rank - zeros)  # the first bin where the count reaches rank
+        if at < len(running):
+            result[percentile_key(q)] = min(upper_edge(occupied[at]), largest)
     return result
 
 
@@ -103,8 +107,7 @@ def octaves(zeros: int, counts: list[int]) -> dict:
     """The histogram by octave for reports: ``{"zero": n, "log2": [[e, n], ...]}`` where ``n``
     values lie in ``[2^e, 2^(e+1))``, octaves without values left out."""
     per_octave: dict[int, int] = {}
-    for index, count in enumerate(counts):
-        if count:
-            exponent = (index >> SUB_BITS) - _BIAS
-            per_octave[exponent] = per_octave.get(exponent, 0) + count
+    for index in itertools.compress(range(len(counts)), counts):  # the occupied bins alone
+        exponent = (index >> SUB_BITS) - _BIAS
+        per_octave[exponent] = per_octave.get(exponent, 0) + counts[index]
     return {"zero": zeros, "log2": [[exponent, count] for exponent, count in sorted(per_octave.items())]}
