@@ -159,24 +159,21 @@ class PlannedCall:
     pins: the plan's key follows from it and the layout's tensors (held by the caller's
     ``arguments``), as ``_RECENT``'s signature does."""
 
-    __slots__ = ("_path", "_cache", "_entry", "_state", "_version", "_tensors", "_description", "_pointers",
-                 "_scalars", "_recipe", "_decode")
+    __slots__ = ("_path", "_cache", "_entry", "_state", "_version", "_tensors", "_description", "_scalars",
+                 "_recipe")
 
-    def __init__(self, path, cache, entry, state, version, tensors, description, pointers, scalars, recipe):
+    def __init__(self, path, cache, entry, state, version, tensors, description, scalars, recipe):
         self._path, self._cache, self._entry, self._state = path, cache, weakref.ref(entry), state
         # the layout's tensors that exist (``_layout_version`` skips the absent ones too)
         self._version, self._tensors = version, tuple(t for t in tensors if t is not None)
-        self._description = description
-        self._pointers, self._scalars, self._recipe = pointers, scalars, recipe
-        self._decode = path.startswith("decode")
+        self._description, self._scalars, self._recipe = description, scalars, recipe
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
         """out [B, Hq, Sq, D] of ``planned_attention(q, k, v, ...)`` through the bound plan; None
         where this call's description or the launch state differs from the bound one."""
         if (type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor
                 or (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-                    q.device, k.device, v.device) != self._description
-                or _pointer_classes(q, k, v) != self._pointers):
+                    q.device, k.device, v.device, _pointer_classes(q, k, v)) != self._description):
             return None
         cache = self._cache
         if _launch_cache(self._path) is not cache:
@@ -235,8 +232,8 @@ def bind_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: t
     if entry is None:
         return None
     description = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
-                   q.device, k.device, v.device)
-    return PlannedCall(path, cache, entry, state, version, tensors, description, _pointer_classes(q, k, v),
+                   q.device, k.device, v.device, _pointer_classes(q, k, v))
+    return PlannedCall(path, cache, entry, state, version, tensors, description,
                        decode_scalars(k, v, meta[7]) if decode else (), entry.extra)
 
 

@@ -194,28 +194,28 @@ class ParityAttention(nn.Module):
             visible = _document_mask(*documents, batch, seq_q, seq_k, is_causal, window, query.device)
         return "reference", _sdpa_plan(query, key, visible, is_causal, window), scaling
 
-    def _execute(self, decision: tuple, query, key, value, planned=None) -> torch.Tensor:
-        """The call ``decision`` (``_decide``) describes, on these q, k, v: [B, Sq, Hq, D].
-        ``planned``: the kernel's plan bound for them (``attention.PlannedCall``), where known."""
+    def _execute(self, decision: tuple, query, key, value) -> torch.Tensor:
+        """The call ``decision`` (``_decide``) describes, on these q, k, v: [B, Sq, Hq, D]."""
         if decision[0] == "kernel":
-            out = self._run_kernel(query, key, value, decision[1], decision[2], planned)
+            out = self._run_kernel(query, key, value, decision[1], decision[2])
         else:
             out = _sdpa_run(decision[1], query, key, value, decision[2])
         return out.transpose(1, 2).contiguous()
 
-    def _run_kernel(self, query, key, value, layout, scaling, planned=None) -> torch.Tensor:
+    def _run_kernel(self, query, key, value, layout, scaling, bound=None) -> torch.Tensor:
         """Every kernel call of the integration goes through here: [B, Hq, Sq, D].
 
         A plain call (no config): the launcher picks the pinned config itself and, for the
         layout a forward shares with every layer, reuses one launch plan. The config is only
         reported (``parity_launch_config``, recorded in bundles), looked up when asked for.
-        ``planned``: the plan bound for calls described as this one (``attention.PlannedCall``,
-        kept by the forward's step, never made under torch.compile); where it declines the call
-        (anything the launch depends on differs), the call takes the path below."""
-        if planned is not None:
-            out = planned(query, key, value)
-            if out is not None:
-                self.__dict__["_last_call"] = (query.shape[-1], query.dtype, query.device, layout)  # as below
+        ``bound``: (the plan bound for calls described as this one, ``attention.PlannedCall``;
+        the ``_last_call`` such a call records), kept by the forward's step, never made under
+        torch.compile; where the plan declines the call (anything the launch depends on
+        differs), the call takes the path below."""
+        if bound is not None:
+            out = bound[0](query, key, value)
+            if out is not None:  # q's head dim, dtype and device are the bound ones
+                self.__dict__["_last_call"] = bound[1]
                 return out
         if torch.compiler.is_compiling() or isinstance(layout, tuple):
             # the report is host bookkeeping (a Python dict on the module): it stays what the
@@ -805,7 +805,9 @@ class _Step:
         self.scaling, self.window, self.causal, self.decision = scaling, window, causal, decision
         self.shapes = (query.shape, key.shape, value.shape)
         self.device = query.device
-        self.planned = planned
+        # the kernel's: (its bound plan, the ``_last_call`` a call through it records)
+        self.planned = None if planned is None else (planned, (query.shape[-1], query.dtype, query.device,
+                                                                decision[1]))
 
     def __call__(self, module: nn.Module, query, key, value, attention_mask, scaling, sliding_window, causal):
         """[B, Sq, Hq, D] of the call, or None where the call needs the full path."""
@@ -825,7 +827,7 @@ class _Step:
             if self.generation != _PLANS.generation:
                 return None
             out = core._run_kernel(query, key, value, self.decision[1], self.decision[2], self.planned)
-            return out.transpose(1, 2).contiguous()
+            return out.transpose(1, 2).contiguous()  # as _execute
         if ((query.shape, key.shape, value.shape) != self.shapes or type(query) is not torch.Tensor
                 or query.device != self.device):
             return None
