@@ -160,17 +160,26 @@ class PlannedCall:
     ``arguments``), as ``_RECENT``'s signature does."""
 
     __slots__ = ("_path", "_cache", "_entry", "_state", "_version", "_tensors", "_description", "_scalars",
-                 "_recipe")
+                 "_recipe", "_heads_last")
 
-    def __init__(self, path, cache, entry, state, version, tensors, description, scalars, recipe):
+    def __init__(self, path, cache, entry, state, version, tensors, description, scalars, recipe, heads_last):
         self._path, self._cache, self._entry, self._state = path, cache, weakref.ref(entry), state
         # the layout's tensors that exist (``_layout_version`` skips the absent ones too)
         self._version, self._tensors = version, tuple(t for t in tensors if t is not None)
         self._description, self._scalars, self._recipe = description, scalars, recipe
+        # a [B, Sq, Hq, D] tensor of q's dtype and device over one element (expanded): its
+        # ``empty_like`` is the output in transformers' layout, whose transpose has the strides
+        # the plan's output was built with; None where a hit cannot be handed that tensor
+        self._heads_last = heads_last
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                 heads_last: bool = False) -> torch.Tensor | None:
         """out [B, Hq, Sq, D] of ``planned_attention(q, k, v, ...)`` through the bound plan; None
-        where this call's description or the launch state differs from the bound one."""
+        where this call's description or the launch state differs from the bound one.
+        ``heads_last``: ``out.transpose(1, 2).contiguous()`` instead ([B, Sq, Hq, D], a model's
+        layout), allocated so where the plan's hit reads only the output's address and the
+        kernel's output (``empty_like(q)``) is that tensor transposed (q a transposed view of a
+        [B, Sq, Hq, D] projection, as a transformers layer makes it): no view and no copy."""
         if (type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor
                 or (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                     q.device, k.device, v.device, _pointer_classes(q, k, v)) != self._description):
@@ -184,7 +193,8 @@ class PlannedCall:
                 or tuple([t._version for t in self._tensors]) != self._version or not cache.reuse(entry)):
             return None
         recipe = self._recipe
-        result = torch.empty_like(q)
+        direct = heads_last and self._heads_last is not None
+        result = torch.empty_like(self._heads_last if direct else q)
         staging = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device) if recipe.staging else result
         descriptors = (kv_descriptors(k, v, recipe.descriptors, True) if recipe.descriptors is not None
                        else (None, None))
@@ -195,6 +205,8 @@ class PlannedCall:
             raise
         if recipe.staging:
             result.copy_(staging)
+        if heads_last and not direct:
+            return result.transpose(1, 2).contiguous()
         return result
 
 
@@ -233,8 +245,14 @@ def bind_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: t
         return None
     description = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                    q.device, k.device, v.device, _pointer_classes(q, k, v))
+    heads_last = None
+    if cache.issues_addresses(entry) and not entry.extra.staging:
+        batch, heads_q, seq_q, head_dim = q.shape
+        template = q.new_empty(()).expand(batch, seq_q, heads_q, head_dim)
+        if torch.empty_like(template).transpose(1, 2).stride() == torch.empty_like(q).stride():
+            heads_last = template
     return PlannedCall(path, cache, entry, state, version, tensors, description,
-                       decode_scalars(k, v, meta[7]) if decode else (), entry.extra)
+                       decode_scalars(k, v, meta[7]) if decode else (), entry.extra, heads_last)
 
 
 def attention_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: tuple, meta: tuple,

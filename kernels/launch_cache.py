@@ -389,6 +389,11 @@ class LaunchCache:
             self.hits += 1
         return True
 
+    def issues_addresses(self, entry: Entry) -> bool:
+        """Whether a hit of ``entry`` hands every launch its tensors as device addresses (so of a
+        per-call tensor only its data pointer is read: its shape and strides are the entry's)."""
+        return all(bound.addresses is not None for bound in entry.steps)
+
     def issue(self, entry: Entry, tensors: Sequence[Any], state: tuple, scalars: Sequence[int] = ()) -> None:
         """Issue a found entry's launches, in order, with this call's ``tensors`` and ``scalars``
         and one new workspace shared by its steps (as the build shared it). Where the steps carry addresses,

@@ -208,8 +208,8 @@ def _through_function(forwards, impl: str, mode: str, monkeypatch, bound: list |
         (answered if out is not None else declined).append(1)
         return out
 
-    def counting_bound(self, *args):
-        out = original_bound(self, *args)
+    def counting_bound(self, *args, **kwargs):
+        out = original_bound(self, *args, **kwargs)
         if bound is not None:
             bound.append(out is not None)
         return out
@@ -308,6 +308,8 @@ CHANGES = {
     "stride": (_strided, "plan"),
     "dtype": (lambda call: call.__setitem__(slice(0, 3), [t.half() for t in call[:3]]), "plan"),
     "scaling": (lambda call: call.__setitem__(4, 0.5), "step"),
+    # a shorter cache in one layer (a hybrid cache's sliding layers), the same mask-less call
+    "key length": (lambda call: call.__setitem__(slice(1, 3), [t[:, :, :-5].clone() for t in call[1:3]]), "step"),
     "mask": (lambda call: call.__setitem__(3, torch.ones(1, 1, 1, call[1].shape[2], dtype=torch.bool)), "step"),
 }
 
@@ -442,3 +444,30 @@ def test_binding_a_plan_counts_no_hit_and_needs_the_launch_cache():
     assert torch.equal(bound(q2, k2, v2), attention.block_sparse_attention(q2, k2, v2, layout, sm_scale=0.25,
                                                                            launch_cache=False))
     assert bound(*_qkv(2, 1, 1, 41)) is None  # another key length: declined
+
+
+@pytest.mark.parametrize("seq_q", [1, 40])  # the decode path, the prefill path
+def test_a_heads_last_hit_hands_the_kernel_the_output_it_was_built_with(seq_q):
+    """Where a plan's hit passes addresses (a compiled kernel; stand-ins here), the bound plan
+    allocates the output in transformers' layout [B, Sq, Hq, D] and hands the kernel its address:
+    its transpose must have the strides of the output the plan was built with."""
+    from bench.launch_overhead import _stubbed_launches
+
+    issued = []
+    q, k, v = _qkv(0, 2, seq_q, 40)  # q a transposed view of [B, Sq, Hq, D], as a Llama layer makes it
+    layout = layouts.causal_layout(seq_q, 40, block_m=BLOCK, block_n=BLOCK)
+    arguments = attention.plan_arguments(layout)
+    with _stubbed_launches():
+        for path in ("prefill", "decode"):
+            attention._launch_cache(path)._issue = lambda compiled, grid, values, state: issued.append(list(values))
+        built = attention.planned_attention(q, k, v, layout, arguments, 0.25)  # builds: Triton's (stand-in) launch
+        bound = attention.bind_planned(q, k, v, arguments, 0.25)
+        assert bound is not None and bound._heads_last is not None
+        q2, k2, v2 = _qkv(1, 2, seq_q, 40)
+        out = bound(q2, k2, v2, heads_last=True)
+        plain = bound(q2, k2, v2)
+    assert out.shape == (2, seq_q, HEADS_Q, DIM) and out.is_contiguous()
+    assert out.transpose(1, 2).stride() == built.stride() == plain.stride()
+    assert len(issued) == 2 and out.data_ptr() in issued[0] and plain.data_ptr() in issued[1]
+    position = issued[0].index(out.data_ptr())
+    assert issued[1][position] == plain.data_ptr()  # the output's slot, in both calls

@@ -59,6 +59,13 @@ function where the mask is causal AND key padding (from the 2-D padding mask, ne
 4-D mask), else on the mask's first use. Every kernel call goes through
 ``ParityAttention._run_kernel``.
 
+One step per forward. A layer's call through the attention function makes its decision once
+(``ParityAttention._decide``: every check, the layout or the SDPA call's plan) and, for the
+kernel, binds the launch plan to its description of q, k, v (``attention.bind_planned``); the
+forward's later layers take that step (``_Step``) after comparing what the decision follows
+from, without the module call (only where the core has no hook: the recorder's calls are module
+calls) and without forward's checks. Anything that differs takes the full path.
+
 Long because the module is the whole integration: the attention module, the reference, the
 layouts the kernel gets for each mask transformers builds and their per-forward memory, and the
 registration with transformers' two interfaces; split, each part would import the others.
@@ -197,13 +204,12 @@ class ParityAttention(nn.Module):
     def _execute(self, decision: tuple, query, key, value) -> torch.Tensor:
         """The call ``decision`` (``_decide``) describes, on these q, k, v: [B, Sq, Hq, D]."""
         if decision[0] == "kernel":
-            out = self._run_kernel(query, key, value, decision[1], decision[2])
-        else:
-            out = _sdpa_run(decision[1], query, key, value, decision[2])
-        return out.transpose(1, 2).contiguous()
+            return self._run_kernel(query, key, value, decision[1], decision[2])
+        return _sdpa_run(decision[1], query, key, value, decision[2]).transpose(1, 2).contiguous()
 
     def _run_kernel(self, query, key, value, layout, scaling, bound=None) -> torch.Tensor:
-        """Every kernel call of the integration goes through here: [B, Hq, Sq, D].
+        """Every kernel call of the integration goes through here: [B, Sq, Hq, D] (transformers'
+        layout, contiguous; the kernel's [B, Hq, Sq, D] output transposed).
 
         A plain call (no config): the launcher picks the pinned config itself and, for the
         layout a forward shares with every layer, reuses one launch plan. The config is only
@@ -213,7 +219,7 @@ class ParityAttention(nn.Module):
         torch.compile; where the plan declines the call (anything the launch depends on
         differs), the call takes the path below."""
         if bound is not None:
-            out = bound[0](query, key, value)
+            out = bound[0](query, key, value, heads_last=True)
             if out is not None:  # q's head dim, dtype and device are the bound ones
                 self.__dict__["_last_call"] = bound[1]
                 return out
@@ -223,16 +229,18 @@ class ParityAttention(nn.Module):
             # arguments (_traced_layout; a test runs them eagerly too)
             from parity.kernels.op import operator_call
 
-            return operator_call(query, key, value, layout, sm_scale=scaling)
+            return operator_call(query, key, value, layout, sm_scale=scaling).transpose(1, 2).contiguous()
         # holds the layout until the next call; a plain attribute (a tuple), set past nn.Module's
         # __setattr__, which looks for parameters, buffers and modules first (2 us a call)
         self.__dict__["_last_call"] = (query.shape[-1], query.dtype, query.device, layout)
         if type(query) is not torch.Tensor or type(key) is not torch.Tensor or type(value) is not torch.Tensor:
-            return _sparse_attention()(query, key, value, layout, sm_scale=scaling)  # the operator (a subclass)
+            out = _sparse_attention()(query, key, value, layout, sm_scale=scaling)  # the operator (a subclass)
+            return out.transpose(1, 2).contiguous()
         # the operator's eager call without its wrappers: the launcher's plan for this layout,
         # its plan arguments made once per layout object (every layer of a forward shares it)
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        return _planned_attention()(query, key, value, layout, _PLANS.arguments(layout), scale)
+        out = _planned_attention()(query, key, value, layout, _PLANS.arguments(layout), scale)
+        return out.transpose(1, 2).contiguous()
 
 
 @functools.lru_cache(maxsize=None)
@@ -787,11 +795,13 @@ class _Step:
     A later layer's call takes it where everything its decision follows from is the first call's:
     the same mask tensor (by identity, weakly held) not edited in place since (its version), the
     same scaling, window, causality and model config, a core of this implementation and block
-    sizes with no hook, the forward's mask function not run since (``_Plans.generation``, the
-    kernel's), the same q, k, v shapes (the reference; the kernel's bound plan checks their whole
-    description, pointers' alignment, the dispatch state and the layout's version itself). Any
-    difference, or a bound plan that declines, sends the call through the full path (which
-    makes the step again from it). Never made or taken under torch.compile or a jit trace."""
+    sizes with no hook, the same q, k, v shapes (plain tensors), for the kernel the forward's mask
+    function not run since (``_Plans.generation``), for the reference the same device. Any
+    difference sends the call through the full path (which makes the step again from it). The
+    kernel's bound plan checks the rest of q's, k's and v's description (strides, dtypes, devices,
+    alignment), the dispatch state and the layout's version itself, and where it declines, the
+    launcher's full path runs the step's layout (which follows from none of those). Never made or
+    taken under torch.compile or a jit trace."""
 
     __slots__ = ("impl", "block_m", "block_n", "generation", "config", "mask", "mask_version", "scaling",
                  "window", "causal", "decision", "shapes", "device", "planned")
@@ -823,13 +833,18 @@ class _Step:
         elif (self.mask is None or self.mask() is not attention_mask
               or _Plans._version(attention_mask) != self.mask_version):
             return None
-        if self.planned is not None:  # the kernel: the bound plan checks q, k and v
+        # the decision follows from the shapes (the layout from Sq and Sk, the mask's fit from B
+        # and H); plain tensors only (anything else: the full path checks it and names the problem)
+        if (type(query) is not torch.Tensor or type(key) is not torch.Tensor or type(value) is not torch.Tensor
+                or (query.shape, key.shape, value.shape) != self.shapes):
+            return None
+        if self.planned is not None:
+            # the kernel: where the bound plan declines the call (another dtype, stride, alignment,
+            # device, stream, an edited layout), the launcher's full path runs the decision's layout
             if self.generation != _PLANS.generation:
                 return None
-            out = core._run_kernel(query, key, value, self.decision[1], self.decision[2], self.planned)
-            return out.transpose(1, 2).contiguous()  # as _execute
-        if ((query.shape, key.shape, value.shape) != self.shapes or type(query) is not torch.Tensor
-                or query.device != self.device):
+            return core._run_kernel(query, key, value, self.decision[1], self.decision[2], self.planned)
+        if query.device != self.device:  # the reference's plan holds masks on its device
             return None
         return core._execute(self.decision, query, key, value)
 
