@@ -167,9 +167,9 @@ class PlannedCall:
         # the layout's tensors that exist (``_layout_version`` skips the absent ones too)
         self._version, self._tensors = version, tuple(t for t in tensors if t is not None)
         self._description, self._scalars, self._recipe = description, scalars, recipe
-        # a [B, Sq, Hq, D] tensor of q's dtype and device over one element (expanded): its
-        # ``empty_like`` is the output in transformers' layout, whose transpose has the strides
-        # the plan's output was built with; None where a hit cannot be handed that tensor
+        # a [B, Sq, Hq, D] tensor of q's dtype and device over one element (zero strides): its
+        # ``empty_like`` is the output in transformers' layout (contiguous), whose transpose has
+        # the strides the plan's output was built with; None where a hit cannot be handed that
         self._heads_last = heads_last
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -248,9 +248,10 @@ def bind_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: t
     heads_last = None
     if cache.issues_addresses(entry) and not entry.extra.staging:
         batch, heads_q, seq_q, head_dim = q.shape
-        template = q.new_empty(()).expand(batch, seq_q, heads_q, head_dim)
-        if torch.empty_like(template).transpose(1, 2).stride() == torch.empty_like(q).stride():
-            heads_last = template
+        # the kernel's output is empty_like(q): where that is a contiguous [B, Sq, Hq, D] transposed
+        if torch.empty_like(q).stride() == (seq_q * heads_q * head_dim, head_dim, heads_q * head_dim, 1):
+            heads_last = torch.empty_strided((batch, seq_q, heads_q, head_dim), (0, 0, 0, 0), dtype=q.dtype,
+                                             device=q.device)
     return PlannedCall(path, cache, entry, state, version, tensors, description,
                        decode_scalars(k, v, meta[7]) if decode else (), entry.extra, heads_last)
 

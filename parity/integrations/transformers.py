@@ -793,15 +793,17 @@ class _Step:
     description of q, k, v (``attention.PlannedCall``).
 
     A later layer's call takes it where everything its decision follows from is the first call's:
-    the same mask tensor (by identity, weakly held) not edited in place since (its version), the
-    same scaling, window, causality and model config, a core of this implementation and block
-    sizes with no hook, the same q, k, v shapes (plain tensors), for the kernel the forward's mask
-    function not run since (``_Plans.generation``), for the reference the same device. Any
-    difference sends the call through the full path (which makes the step again from it). The
-    kernel's bound plan checks the rest of q's, k's and v's description (strides, dtypes, devices,
-    alignment), the dispatch state and the layout's version itself, and where it declines, the
-    launcher's full path runs the step's layout (which follows from none of those). Never made or
-    taken under torch.compile or a jit trace."""
+    the same mask tensor (by identity) not edited in place since (its version), the same scaling,
+    window, causality and model config, a core of this implementation and block sizes with no
+    hook, the same q, k, v shapes (plain tensors) and q's device, for the kernel the forward's mask
+    function not run since (``_Plans.generation``). Any difference sends the call through the full
+    path (which makes the step again from it). The kernel's bound plan checks the rest of q's,
+    k's and v's description (strides, dtypes, alignment), the dispatch state and the layout's
+    version itself, and where it declines, the launcher's full path runs the step's layout (which
+    follows from none of those). Never made or taken under torch.compile or a jit trace. It keeps
+    its decision alive until the attention function's next full-path call: the layout (which
+    ``_Plans`` keeps too), and for the reference the mask SDPA gets (the forward's mask, or one
+    made from it)."""
 
     __slots__ = ("impl", "block_m", "block_n", "generation", "config", "mask", "mask_version", "scaling",
                  "window", "causal", "decision", "shapes", "device", "planned")
@@ -834,18 +836,18 @@ class _Step:
               or _Plans._version(attention_mask) != self.mask_version):
             return None
         # the decision follows from the shapes (the layout from Sq and Sk, the mask's fit from B
-        # and H); plain tensors only (anything else: the full path checks it and names the problem)
+        # and H) and the device (the layout's, the reference's masks'; a model split over GPUs
+        # makes a step per device); plain tensors only (anything else: the full path checks it and
+        # names the problem)
         if (type(query) is not torch.Tensor or type(key) is not torch.Tensor or type(value) is not torch.Tensor
-                or (query.shape, key.shape, value.shape) != self.shapes):
+                or (query.shape, key.shape, value.shape) != self.shapes or query.device != self.device):
             return None
         if self.planned is not None:
             # the kernel: where the bound plan declines the call (another dtype, stride, alignment,
-            # device, stream, an edited layout), the launcher's full path runs the decision's layout
+            # stream, an edited layout), the launcher's full path runs the decision's layout
             if self.generation != _PLANS.generation:
                 return None
             return core._run_kernel(query, key, value, self.decision[1], self.decision[2], self.planned)
-        if query.device != self.device:  # the reference's plan holds masks on its device
-            return None
         return core._execute(self.decision, query, key, value)
 
 
