@@ -22,8 +22,8 @@ from .launch import DESCRIPTORS, PER_CALL, build_launch, element_mask_arguments,
 from .launch_cache import LaunchCache, LaunchStep, int_class, pointer_key
 from .layout import BlockLayout, MaskSpec
 
-__all__ = ["block_sparse_attention", "planned_attention", "plan_arguments", "bind_planned", "PlannedCall", "check_inputs", "launch_config", "decode_config", "element_mask_arguments",
-           "install_tma_allocator"]
+__all__ = ["block_sparse_attention", "planned_attention", "plan_arguments", "bind_planned", "PlannedCall",
+           "check_inputs", "launch_config", "decode_config", "element_mask_arguments", "install_tma_allocator"]
 
 SUPPORTED_DTYPES = tuple(dtypes.torch_dtype(name) for name in dtypes.KERNEL_DTYPES)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 96, 128, 256)
