@@ -55,7 +55,8 @@ HEADS_Q, HEADS_KV, HEAD_DIM = 32, 8, 128  # Llama-3-8B's attention
 # the functions of the path whose cumulative time ``parts`` reports (cProfile's names)
 PATH_FUNCTIONS = ("sdpa_attention_forward", "attention", "_call_impl", "forward", "_plan", "_run_kernel",
                   "sparse_attention", "block_sparse_attention", "_planned", "_plan_key", "find", "issue",
-                  "state", "_sdpa", "scaled_dot_product_attention", "contiguous")
+                  "state", "_sdpa", "scaled_dot_product_attention", "contiguous", "__call__", "_decide",
+                  "_execute", "_sdpa_run", "_bind_step", "bind_planned", "reuse")
 
 
 class _Layer(torch.nn.Module):

@@ -22,8 +22,8 @@ from .launch import DESCRIPTORS, PER_CALL, build_launch, element_mask_arguments,
 from .launch_cache import LaunchCache, LaunchStep, int_class, pointer_key
 from .layout import BlockLayout, MaskSpec
 
-__all__ = ["block_sparse_attention", "planned_attention", "plan_arguments", "check_inputs", "launch_config", "decode_config", "element_mask_arguments",
-           "install_tma_allocator"]
+__all__ = ["block_sparse_attention", "planned_attention", "plan_arguments", "bind_planned", "PlannedCall",
+           "check_inputs", "launch_config", "decode_config", "element_mask_arguments", "install_tma_allocator"]
 
 SUPPORTED_DTYPES = tuple(dtypes.torch_dtype(name) for name in dtypes.KERNEL_DTYPES)
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 96, 128, 256)
@@ -139,6 +139,121 @@ def planned_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout:
     if found is not None:
         return found[0]
     return _launch(q, k, v, layout, sm_scale=sm_scale, plan=arguments)  # as block_sparse_attention's plain call
+
+
+class PlannedCall:
+    """A plain call's plan bound to one description of q, k, v (``bind_planned``): the layers of
+    a forward after its first call this instead of ``planned_attention``.
+
+    Made from a call whose plan exists, it holds what follows from the call's description and is
+    the same for every call with an equal one: the path, its launch cache, the plan's entry
+    (weakly: the cache alone decides how long an entry lives), the dispatch state, the layout's
+    version, the decode path's per-call scalars and the hit's recipe. A call checks what can
+    differ between two layers' calls, and where anything does, returns None (the caller then
+    takes ``planned_attention``, which builds or finds the plan for what changed): the exact
+    shapes, strides, dtypes and devices of q, k, v and that they are plain tensors, their
+    ``pointer_key`` (fresh tensors per layer: alignment), the launch cache still the path's and
+    its kernels the module's (``_launch_cache``), the dispatch state (device, stream, capture,
+    Triton's settings), the layout's version (an in-place edit), the entry alive and the kernels'
+    globals unchanged (``LaunchCache.reuse``). What it does not check is what the description
+    pins: the plan's key follows from it and the layout's tensors (held by the caller's
+    ``arguments``), as ``_RECENT``'s signature does."""
+
+    __slots__ = ("_path", "_cache", "_entry", "_state", "_version", "_tensors", "_description", "_scalars",
+                 "_recipe", "_heads_last")
+
+    def __init__(self, path, cache, entry, state, version, tensors, description, scalars, recipe, heads_last):
+        self._path, self._cache, self._entry, self._state = path, cache, weakref.ref(entry), state
+        # the layout's tensors that exist (``_layout_version`` skips the absent ones too)
+        self._version, self._tensors = version, tuple(t for t in tensors if t is not None)
+        self._description, self._scalars, self._recipe = description, scalars, recipe
+        # a [B, Sq, Hq, D] tensor of q's dtype and device over one element (zero strides): its
+        # ``empty_like`` is the output in transformers' layout (contiguous), whose transpose has
+        # the strides the plan's output was built with; None where a hit cannot be handed that
+        self._heads_last = heads_last
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                 heads_last: bool = False) -> torch.Tensor | None:
+        """out [B, Hq, Sq, D] of ``planned_attention(q, k, v, ...)`` through the bound plan; None
+        where this call's description or the launch state differs from the bound one.
+        ``heads_last``: ``out.transpose(1, 2).contiguous()`` instead ([B, Sq, Hq, D], a model's
+        layout), allocated so where the plan's hit reads only the output's address and the
+        kernel's output (``empty_like(q)``) is that tensor transposed (q a transposed view of a
+        [B, Sq, Hq, D] projection, as a transformers layer makes it): no view and no copy."""
+        if (type(q) is not torch.Tensor or type(k) is not torch.Tensor or type(v) is not torch.Tensor
+                or (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+                    q.device, k.device, v.device, _pointer_classes(q, k, v)) != self._description):
+            return None
+        cache = self._cache
+        if _launch_cache(self._path) is not cache:
+            return None
+        state = cache.state()
+        entry = self._entry()
+        if (state != self._state or entry is None or entry.version != self._version
+                or tuple([t._version for t in self._tensors]) != self._version or not cache.reuse(entry)):
+            return None
+        recipe = self._recipe
+        direct = heads_last and self._heads_last is not None
+        result = torch.empty_like(self._heads_last if direct else q)
+        staging = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device) if recipe.staging else result
+        descriptors = (kv_descriptors(k, v, recipe.descriptors, True) if recipe.descriptors is not None
+                       else (None, None))
+        try:
+            cache.issue(entry, (q, k, v, staging, None, *descriptors), state, self._scalars)
+        except BaseException:
+            _forget_decode_plans(self._path)
+            raise
+        if recipe.staging:
+            result.copy_(staging)
+        if heads_last and not direct:
+            return result.transpose(1, 2).contiguous()
+        return result
+
+
+def _pointer_classes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    """q's, k's and v's ``pointer_key``s (what ``_exact_signature`` holds of their addresses)."""
+    if platform.POINTER_RANGE_SPECIALIZED:
+        return pointer_key(q), pointer_key(k), pointer_key(v)
+    return q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16
+
+
+def bind_planned(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arguments: tuple,
+                 sm_scale: float | None) -> PlannedCall | None:
+    """The plan of ``planned_attention(q, k, v, layout, arguments, sm_scale)`` bound for calls
+    with q, k, v described as these (``PlannedCall``), after such a call has run; None where the
+    call has no plan to bind (the launch cache off or stepped aside, a layout without a version,
+    a plan not stored, or anything ``_planned`` would not hit for). Looks the plan up by its key
+    without counting a hit: binding issues nothing."""
+    tensors, meta = arguments
+    if (not LAUNCH_CACHE_DEFAULT or type(q) is not torch.Tensor or type(k) is not torch.Tensor
+            or type(v) is not torch.Tensor or q.dim() != 4 or k.dim() != 4 or v.dim() != 4):
+        return None
+    if q.device.type != "cuda" and not platform.triton_interpreter_enabled():
+        return None
+    path = _plan_path(q.shape[2], meta[2])
+    decode = path == "decode"
+    if decode and meta[1] != k.shape[2]:
+        return None
+    cache = _launch_cache(path)
+    state = cache.state()
+    version = _layout_version(tensors)
+    if state is None or version is None:
+        return None
+    key = (state, _plan_key(q, k, v, tensors, meta, sm_scale, False, decode, _exact_keys(tensors, False)))
+    entry = cache.find(tensors[0], key, version, count=False)
+    if entry is None:
+        return None
+    description = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+                   q.device, k.device, v.device, _pointer_classes(q, k, v))
+    heads_last = None
+    if cache.issues_addresses(entry) and not entry.extra.staging:
+        batch, heads_q, seq_q, head_dim = q.shape
+        # the kernel's output is empty_like(q): where that is a contiguous [B, Sq, Hq, D] transposed
+        if torch.empty_like(q).stride() == (seq_q * heads_q * head_dim, head_dim, heads_q * head_dim, 1):
+            heads_last = torch.empty_strided((batch, seq_q, heads_q, head_dim), (0, 0, 0, 0), dtype=q.dtype,
+                                             device=q.device)
+    return PlannedCall(path, cache, entry, state, version, tensors, description,
+                       decode_scalars(k, v, meta[7]) if decode else (), entry.extra, heads_last)
 
 
 def attention_from_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tensors: tuple, meta: tuple,

@@ -191,9 +191,11 @@ def triton_binder(kernel: Any, arch: str) -> tuple[Callable[..., tuple], list[st
 def _globals_unchanged(kernel: Any) -> bool:
     """Triton's own check before each launch: the globals the kernel read when compiled still
     hold those values (where one changed, dispatch raises Triton's error)."""
+    used = getattr(kernel, "used_global_vals", None)
+    if not used:  # every hit asks: no generator where there is nothing to check
+        return True
     missing = object()
-    return all(scope.get(name, missing) == value
-               for (name, _), (value, scope) in getattr(kernel, "used_global_vals", {}).items())
+    return all(scope.get(name, missing) == value for (name, _), (value, scope) in used.items())
 
 
 def pointer_key(tensor: torch.Tensor) -> tuple[bool, ...]:
@@ -357,11 +359,12 @@ class LaunchCache:
             while len(entries) > self._max:
                 entries.popitem(last=False)
 
-    def find(self, layout: Any, key: tuple, version: Any) -> Entry | None:
+    def find(self, layout: Any, key: tuple, version: Any, *, count: bool = True) -> Entry | None:
         """The entry of ``layout`` under ``key`` (which holds the dispatch state) built under
-        ``version``, counted as a hit; None (nothing counted) where there is none, the layout was
-        edited since, or a global the kernels were compiled with has changed (Triton's dispatch
-        then raises its error)."""
+        ``version``, counted as a hit (``count``: a caller that only binds it, issuing nothing,
+        passes False); None (nothing counted) where there is none, the layout was edited since,
+        or a global the kernels were compiled with has changed (Triton's dispatch then raises
+        its error)."""
         with self._lock:
             entries = self._entries(layout)
             entry = entries.get(key) if entries is not None else None
@@ -370,7 +373,8 @@ class LaunchCache:
             entries.move_to_end(key)
         if not all(_globals_unchanged(kernel) for kernel in self.kernels):
             return None
-        self._count(hit=True)
+        if count:
+            self._count(hit=True)
         return entry
 
     def reuse(self, entry: Entry) -> bool:
@@ -378,10 +382,17 @@ class LaunchCache:
         globals its kernels were compiled with are unchanged (as ``find`` checks); counted as a hit.
         The caller answers for the rest of what ``find`` checks (the same key, the layout alive and
         at the entry's version)."""
-        if not all(_globals_unchanged(kernel) for kernel in self.kernels):
-            return False
-        self._count(hit=True)
+        for kernel in self.kernels:
+            if not _globals_unchanged(kernel):
+                return False
+        with self._lock:
+            self.hits += 1
         return True
+
+    def issues_addresses(self, entry: Entry) -> bool:
+        """Whether a hit of ``entry`` hands every launch its tensors as device addresses (so of a
+        per-call tensor only its data pointer is read: its shape and strides are the entry's)."""
+        return all(bound.addresses is not None for bound in entry.steps)
 
     def issue(self, entry: Entry, tensors: Sequence[Any], state: tuple, scalars: Sequence[int] = ()) -> None:
         """Issue a found entry's launches, in order, with this call's ``tensors`` and ``scalars``

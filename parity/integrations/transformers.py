@@ -59,6 +59,13 @@ function where the mask is causal AND key padding (from the 2-D padding mask, ne
 4-D mask), else on the mask's first use. Every kernel call goes through
 ``ParityAttention._run_kernel``.
 
+One step per forward. A layer's call through the attention function makes its decision once
+(``ParityAttention._decide``: every check, the layout or the SDPA call's plan) and, for the
+kernel, binds the launch plan to its description of q, k, v (``attention.bind_planned``); the
+forward's later layers take that step (``_Step``) after comparing what the decision follows
+from, without the module call (only where the core has no hook: the recorder's calls are module
+calls) and without forward's checks. Anything that differs takes the full path.
+
 Long because the module is the whole integration: the attention module, the reference, the
 layouts the kernel gets for each mask transformers builds and their per-forward memory, and the
 registration with transformers' two interfaces; split, each part would import the others.
@@ -66,6 +73,7 @@ registration with transformers' two interfaces; split, each part would import th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import math
@@ -74,6 +82,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _nn_module
 
 from parity.base.errors import UsageError
 
@@ -161,6 +170,16 @@ class ParityAttention(nn.Module):
         cu_seq_lens_q: torch.Tensor | None = None,
         cu_seq_lens_k: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        decision = self._decide(query, key, value, attention_mask, scaling=scaling, sliding_window=sliding_window,
+                                is_causal=is_causal, cu_seq_lens_q=cu_seq_lens_q, cu_seq_lens_k=cu_seq_lens_k)
+        return self._execute(decision, query, key, value)
+
+    def _decide(self, query, key, value, attention_mask, *, scaling, sliding_window, is_causal, cu_seq_lens_q,
+                cu_seq_lens_k) -> tuple:
+        """Every check of a call and what follows from its arguments but q's, k's and v's data:
+        ("kernel", layout, scaling) or ("reference", the SDPA call's ``_SdpaPlan``). A call whose
+        arguments are those of an earlier one but for q's, k's and v's data gets an equal
+        decision (the per-forward step, ``_Step``, keeps it for a forward's later layers)."""
         for name, tensor in (("query", query), ("key", key), ("value", value)):
             if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
                 raise ValueError(f"{name} must be a 4-D tensor [batch, heads, seq, head_dim]")
@@ -176,35 +195,52 @@ class ParityAttention(nn.Module):
         if visible is None and window and not is_causal:
             raise NotImplementedError("a bidirectional sliding window without a mask is not supported")
         if self.impl == "kernel":
-            layout = _plan(attention_mask, visible, documents, seq_q, seq_k, is_causal, window, self.block_m,
-                           self.block_n, query.device)
-            out = self._run_kernel(query, key, value, layout, scaling)
-        else:
-            if documents is not None:
-                visible = _document_mask(*documents, batch, seq_q, seq_k, is_causal, window, query.device)
-            out = _sdpa(query, key, value, visible, scaling, is_causal, window)
-        return out.transpose(1, 2).contiguous()
+            return "kernel", _plan(attention_mask, visible, documents, seq_q, seq_k, is_causal, window, self.block_m,
+                                   self.block_n, query.device), scaling
+        if documents is not None:
+            visible = _document_mask(*documents, batch, seq_q, seq_k, is_causal, window, query.device)
+        return "reference", _sdpa_plan(query, key, visible, is_causal, window), scaling
 
-    def _run_kernel(self, query, key, value, layout, scaling) -> torch.Tensor:
-        """Every kernel call of the integration goes through here: [B, Hq, Sq, D].
+    def _execute(self, decision: tuple, query, key, value) -> torch.Tensor:
+        """The call ``decision`` (``_decide``) describes, on these q, k, v: [B, Sq, Hq, D]."""
+        if decision[0] == "kernel":
+            return self._run_kernel(query, key, value, decision[1], decision[2])
+        return _sdpa_run(decision[1], query, key, value, decision[2]).transpose(1, 2).contiguous()
+
+    def _run_kernel(self, query, key, value, layout, scaling, bound=None) -> torch.Tensor:
+        """Every kernel call of the integration goes through here: [B, Sq, Hq, D] (transformers'
+        layout, contiguous; the kernel's [B, Hq, Sq, D] output transposed).
 
         A plain call (no config): the launcher picks the pinned config itself and, for the
         layout a forward shares with every layer, reuses one launch plan. The config is only
-        reported (``parity_launch_config``, recorded in bundles), looked up when asked for."""
+        reported (``parity_launch_config``, recorded in bundles), looked up when asked for.
+        ``bound``: (the plan bound for calls described as this one, ``attention.PlannedCall``;
+        the ``_last_call`` such a call records), kept by the forward's step, never made under
+        torch.compile; where the plan declines the call (anything the launch depends on
+        differs), the call takes the path below."""
+        if bound is not None:
+            out = bound[0](query, key, value, heads_last=True)
+            if out is not None:  # q's head dim, dtype and device are the bound ones
+                self.__dict__["_last_call"] = bound[1]
+                return out
         if torch.compiler.is_compiling() or isinstance(layout, tuple):
             # the report is host bookkeeping (a Python dict on the module): it stays what the
             # last eager call recorded, and the graph holds only the operator, on the layout's
             # arguments (_traced_layout; a test runs them eagerly too)
             from parity.kernels.op import operator_call
 
-            return operator_call(query, key, value, layout, sm_scale=scaling)
-        self._last_call = (query.shape[-1], query.dtype, query.device, layout)  # holds the layout until the next call
+            return operator_call(query, key, value, layout, sm_scale=scaling).transpose(1, 2).contiguous()
+        # holds the layout until the next call; a plain attribute (a tuple), set past nn.Module's
+        # __setattr__, which looks for parameters, buffers and modules first (2 us a call)
+        self.__dict__["_last_call"] = (query.shape[-1], query.dtype, query.device, layout)
         if type(query) is not torch.Tensor or type(key) is not torch.Tensor or type(value) is not torch.Tensor:
-            return _sparse_attention()(query, key, value, layout, sm_scale=scaling)  # the operator (a subclass)
+            out = _sparse_attention()(query, key, value, layout, sm_scale=scaling)  # the operator (a subclass)
+            return out.transpose(1, 2).contiguous()
         # the operator's eager call without its wrappers: the launcher's plan for this layout,
         # its plan arguments made once per layout object (every layer of a forward shares it)
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        return _planned_attention()(query, key, value, layout, _PLANS.arguments(layout), scale)
+        out = _planned_attention()(query, key, value, layout, _PLANS.arguments(layout), scale)
+        return out.transpose(1, 2).contiguous()
 
 
 @functools.lru_cache(maxsize=None)
@@ -315,6 +351,24 @@ def _bottom_right_mask(seq_q: int, seq_k: int, window: int, device: torch.device
 
 def _sdpa(query, key, value, visible, scaling, is_causal, window) -> torch.Tensor:
     """The reference: PyTorch SDPA on the same visibility, [B, Hq, Sq, D], rows without keys 0."""
+    return _sdpa_run(_sdpa_plan(query, key, visible, is_causal, window), query, key, value, scaling)
+
+
+@dataclasses.dataclass(frozen=True)
+class _SdpaPlan:
+    """The reference's SDPA call as it follows from the shapes, the mask and the flags (the same
+    for every layer of a forward): the mask SDPA gets, its ``is_causal``, whether it reads the
+    shared K/V heads itself (``enable_gqa``) or they are repeated ``repeat`` times, and which
+    query rows see a key (``seen``; None: all)."""
+
+    visible: torch.Tensor | None
+    causal: bool
+    gqa: bool
+    repeat: int
+    seen: torch.Tensor | None
+
+
+def _sdpa_plan(query, key, visible, is_causal, window) -> _SdpaPlan:
     batch, heads_q, seq_q, _ = query.shape
     heads_kv, seq_k = key.shape[1], key.shape[2]
     if heads_kv == 0 or heads_q % heads_kv:
@@ -326,22 +380,31 @@ def _sdpa(query, key, value, visible, scaling, is_causal, window) -> torch.Tenso
             sdpa_causal = True  # top-left == bottom-right
         elif not (seq_q == 1 and (not window or seq_k <= window)):
             visible = _bottom_right_mask(seq_q, seq_k, window, query.device)  # a single query sees every key
-    gqa = {}
-    if group > 1:  # GQA: query head h reads key/value head h // group, as in the kernel
-        if visible is None and _SDPA_GQA:
-            # As transformers' own sdpa does without a mask: SDPA reads the shared K/V heads
-            # itself. Repeating them would copy the whole KV cache in every layer's call, a
-            # decode step's largest memory traffic after the weights.
-            gqa = {"enable_gqa": True}
-        else:  # a mask sends SDPA to a backend without GQA, which would repeat them anyway
-            key = key.repeat_interleave(group, dim=1)
-            value = value.repeat_interleave(group, dim=1)
-    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=visible,
-                                                           is_causal=sdpa_causal, scale=scaling, **gqa)
-    if visible is not None:
-        # The kernel's convention for a query that sees no key (left padding): 0. SDPA gives NaN
-        # or a uniform average there depending on the backend; parity must compare like with like.
-        out = torch.where(visible.any(dim=-1, keepdim=True), out, torch.zeros((), dtype=out.dtype, device=out.device))
+    # GQA: query head h reads key/value head h // group, as in the kernel. As transformers' own
+    # sdpa does without a mask, SDPA reads the shared K/V heads itself: repeating them would copy
+    # the whole KV cache in every layer's call, a decode step's largest memory traffic after the
+    # weights. A mask sends SDPA to a backend without GQA, which would repeat them anyway.
+    gqa = group > 1 and visible is None and _SDPA_GQA
+    repeat = group if group > 1 and not gqa else 1
+    # The kernel's convention for a query that sees no key (left padding): 0. SDPA gives NaN or a
+    # uniform average there depending on the backend; parity must compare like with like.
+    seen = visible.any(dim=-1, keepdim=True) if visible is not None else None
+    return _SdpaPlan(visible, sdpa_causal, gqa, repeat, seen)
+
+
+def _sdpa_run(plan: _SdpaPlan, query, key, value, scaling) -> torch.Tensor:
+    """``plan``'s SDPA call on q, k, v: [B, Hq, Sq, D], rows that see no key 0."""
+    if plan.repeat > 1:
+        key = key.repeat_interleave(plan.repeat, dim=1)
+        value = value.repeat_interleave(plan.repeat, dim=1)
+    if plan.gqa:
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=plan.visible,
+                                                               is_causal=plan.causal, scale=scaling, enable_gqa=True)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=plan.visible,
+                                                               is_causal=plan.causal, scale=scaling)
+    if plan.seen is not None:
+        out = torch.where(plan.seen, out, torch.zeros((), dtype=out.dtype, device=out.device))
     return out
 
 
@@ -442,6 +505,7 @@ class _Plans:
         self._by_shape: dict[tuple, Any] = {}
         self._moving: dict[tuple, tuple] = {}  # (Sq, window, blocks, device) -> (layout, its version)
         self._shapes = shapes
+        self.generation = 0  # forwards started (``new_forward``)
 
     def arguments(self, layout) -> tuple:
         """The launcher's plan arguments of ``layout`` (``attention.plan_arguments``), made once
@@ -480,8 +544,10 @@ class _Plans:
 
     def new_forward(self) -> None:
         """A forward starts (its mask function runs): mask-less layouts are derived again, so
-        what one forward remembered never outlives the next forward's mask."""
+        what one forward remembered never outlives the next forward's mask, and the previous
+        forward's step (``_Step``) is not taken again."""
         self._by_shape.clear()
+        self.generation += 1
 
     def for_shape(self, key: tuple):
         return self._by_shape.get(key)
@@ -704,11 +770,128 @@ def attach(model: nn.Module) -> list[str]:
     return cores
 
 
+# Keyword arguments of an attention call that the per-forward step does not take (it leaves a
+# call that passes any of them to the full path, which refuses or reads them)
+_STEP_REFUSES = frozenset(("s_aux", "sinks", "position_bias", "cu_seq_lens_q", "cu_seq_lens_k"))
+
+
+def _unhooked(core: nn.Module) -> bool:
+    """Whether calling ``core`` is calling its ``forward`` and nothing else: no hook of its own or
+    a global one, not compiled by ``Module.compile``, no torch.jit trace running
+    (``nn.Module.__call__``'s own test before it runs hooks). Parity's recorder, profiler and
+    timers hook the core: their calls go through the module call."""
+    return not (core._forward_hooks or core._forward_pre_hooks or core._backward_hooks or core._backward_pre_hooks
+                or _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
+                or _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks
+                or core._compiled_call_impl is not None or torch._C._get_tracing_state())
+
+
+class _Step:
+    """One forward's attention calls after its first, bound (the plan/run split of FlashInfer's
+    decode wrappers): the decision the first call made (``ParityAttention._decide``: every check,
+    the layout or the SDPA plan) and, for the kernel, its launch plan bound to the call's
+    description of q, k, v (``attention.PlannedCall``).
+
+    A later layer's call takes it where everything its decision follows from is the first call's:
+    the same mask tensor (by identity) not edited in place since (its version), the same scaling,
+    window, causality and model config, a core of this implementation and block sizes with no
+    hook, the same q, k, v shapes (plain tensors) and q's device, for the kernel the forward's mask
+    function not run since (``_Plans.generation``). Any difference sends the call through the full
+    path (which makes the step again from it). The kernel's bound plan checks the rest of q's,
+    k's and v's description (strides, dtypes, alignment), the dispatch state and the layout's
+    version itself, and where it declines, the launcher's full path runs the step's layout (which
+    follows from none of those). Never made or taken under torch.compile or a jit trace. It keeps
+    its decision alive until the attention function's next full-path call: the layout (which
+    ``_Plans`` keeps too), and for the reference the mask SDPA gets (the forward's mask, or one
+    made from it)."""
+
+    __slots__ = ("impl", "block_m", "block_n", "generation", "config", "mask", "mask_version", "scaling",
+                 "window", "causal", "decision", "shapes", "device", "planned")
+
+    def __init__(self, impl, block_m, block_n, config, mask, scaling, window, causal, decision, query, key, value,
+                 planned):
+        self.impl, self.block_m, self.block_n, self.config = impl, block_m, block_n, config
+        self.generation = _PLANS.generation
+        self.mask = None if mask is None else weakref.ref(mask)
+        self.mask_version = None if mask is None else _Plans._version(mask)
+        self.scaling, self.window, self.causal, self.decision = scaling, window, causal, decision
+        self.shapes = (query.shape, key.shape, value.shape)
+        self.device = query.device
+        # the kernel's: (its bound plan, the ``_last_call`` a call through it records)
+        self.planned = None if planned is None else (planned, (query.shape[-1], query.dtype, query.device,
+                                                                decision[1]))
+
+    def __call__(self, module: nn.Module, query, key, value, attention_mask, scaling, sliding_window, causal):
+        """[B, Sq, Hq, D] of the call, or None where the call needs the full path."""
+        core = module._modules.get(CORE_NAME)
+        if (type(core) is not ParityAttention or core.impl != self.impl or core.block_m != self.block_m
+                or core.block_n != self.block_n or not _unhooked(core)
+                or scaling != self.scaling or sliding_window != self.window or causal != self.causal
+                or getattr(module, "config", None) is not self.config):
+            return None
+        if attention_mask is None:
+            if self.mask is not None:
+                return None
+        elif (self.mask is None or self.mask() is not attention_mask
+              or _Plans._version(attention_mask) != self.mask_version):
+            return None
+        # the decision follows from the shapes (the layout from Sq and Sk, the mask's fit from B
+        # and H) and the device (the layout's, the reference's masks'; a model split over GPUs
+        # makes a step per device); plain tensors only (anything else: the full path checks it and
+        # names the problem)
+        if (type(query) is not torch.Tensor or type(key) is not torch.Tensor or type(value) is not torch.Tensor
+                or (query.shape, key.shape, value.shape) != self.shapes or query.device != self.device):
+            return None
+        if self.planned is not None:
+            # the kernel: where the bound plan declines the call (another dtype, stride, alignment,
+            # stream, an edited layout), the launcher's full path runs the decision's layout
+            if self.generation != _PLANS.generation:
+                return None
+            return core._run_kernel(query, key, value, self.decision[1], self.decision[2], self.planned)
+        return core._execute(self.decision, query, key, value)
+
+
+def _bind_step(impl, block_m, block_n, module, core, decision, query, key, value, attention_mask, scaling,
+               sliding_window, causal) -> _Step | None:
+    """The step a call's ``decision`` makes for the forward's later layers (``_Step``), None where
+    it cannot be bound (a kernel call whose plan ``attention.bind_planned`` does not bind)."""
+    planned = None
+    if decision[0] == "kernel":
+        from parity.kernels.layout import BlockLayout
+
+        layout = decision[1]
+        if not isinstance(layout, BlockLayout):
+            return None
+        scale = query.shape[-1] ** -0.5 if decision[2] is None else decision[2]
+        planned = _bind_planned()(query, key, value, _PLANS.arguments(layout), scale)
+        if planned is None:
+            return None
+    return _Step(impl, block_m, block_n, getattr(module, "config", None), attention_mask, scaling, sliding_window,
+                 causal, decision, query, key, value, planned)
+
+
+@functools.lru_cache(maxsize=None)
+def _bind_planned():
+    """``parity.kernels.attention.bind_planned``, imported once (as ``_sparse_attention``)."""
+    from parity.kernels.attention import bind_planned
+
+    return bind_planned
+
+
 def _attention_function(impl: str, block_m: int, block_n: int):
+    steps: list[_Step | None] = [None]  # this implementation's step of the current forward
+
     def attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                   sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
                   **kwargs: Any) -> tuple[torch.Tensor, None]:
+        step = steps[0]
+        if (step is not None and not dropout and softcap is None and not (kwargs and _STEP_REFUSES & kwargs.keys())
+                and not torch.compiler.is_compiling()):
+            out = step(module, query, key, value, attention_mask, scaling, sliding_window,
+                       bool(getattr(module, "is_causal", True) if is_causal is None else is_causal))
+            if out is not None:
+                return out, None
         if dropout and module.training:
             raise NotImplementedError("parity attention implementations have no dropout; call model.eval()")
         if softcap is not None:
@@ -718,13 +901,21 @@ def _attention_function(impl: str, block_m: int, block_n: int):
                 raise NotImplementedError(f"parity attention implementations do not support {name}")
         if attention_mask is None:
             _check_mask_function(module)
-        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+        causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
         core = _core_of(module)
         if core.impl != impl or core.block_m != block_m or core.block_n != block_n:
             core.configure(impl, block_m=block_m, block_n=block_n)
-        out = core(query, key, value, attention_mask, scaling=scaling, sliding_window=sliding_window,
-                   is_causal=bool(causal), cu_seq_lens_q=kwargs.get("cu_seq_lens_q"),
-                   cu_seq_lens_k=kwargs.get("cu_seq_lens_k"))
+        options = dict(scaling=scaling, sliding_window=sliding_window, is_causal=causal,
+                       cu_seq_lens_q=kwargs.get("cu_seq_lens_q"), cu_seq_lens_k=kwargs.get("cu_seq_lens_k"))
+        steps[0] = None
+        if (type(core) is not ParityAttention or torch.compiler.is_compiling() or not _unhooked(core)
+                or options["cu_seq_lens_q"] is not None or options["cu_seq_lens_k"] is not None):
+            out = core(query, key, value, attention_mask, **options)  # hooks, a subclass, a graph: the module call
+        else:  # the module call without hooks is its forward: the decision kept for the next layers
+            decision = core._decide(query, key, value, attention_mask, **options)
+            out = core._execute(decision, query, key, value)
+            steps[0] = _bind_step(impl, block_m, block_n, module, core, decision, query, key, value, attention_mask,
+                                  scaling, sliding_window, causal)
         return out, None
 
     attention.__name__ = f"parity_{impl}_attention"
