@@ -10,6 +10,7 @@ Subject: ``speed_subjects``' matmul (``reference`` sums 32 chunk products, ``fas
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -22,6 +23,7 @@ from speed_subjects import MATMUL_SPEC
 
 from parity.base.errors import UsageError
 from parity.base.jsonformat import schema_for
+from parity.bundle.manifest import Entry
 from parity.bundle.reader import open_bundle
 from parity.cli.main import main
 from parity.run.capture import capture
@@ -32,6 +34,7 @@ from parity.speed import bench as bench_lib
 import jsonschema  # a test dependency (pyproject's test extra): missing, the file errors, never skips
 
 IMPLS = "reference,fast,wrong"
+ENTRY = Entry(kind="output", name="", dtype="float32", shape=(1,), shard="s", key="k", checksum="", nbytes=4)
 
 
 @pytest.fixture(autouse=True)
@@ -213,3 +216,71 @@ def test_weights_dir_is_refused_where_no_checkpoint_is_named(tmp_path, bundles, 
     with pytest.raises(UsageError, match="--weights-dir applies only with --bundle"):
         bench_lib.prepare(MATMUL_SPEC, None, impls=["reference", "fast"], device=torch.device("cpu"),
                           weights_dir=checkpoint.parent)
+
+
+# -------------------------------------------------------------------------------------------
+# A Hugging Face model (the tiny Llama of tests/llama_subject.py): its call returns ``.logits``
+
+
+LLAMA_SPEC = "llama_subject:make_subject"
+LLAMA_ARGS = {"dtype": "bf16"}
+
+
+@pytest.mark.slow  # two captures and two benches of a Llama, the kernel through the Triton interpreter
+def test_a_hugging_face_llama_benches_alike_from_its_checkpoint_and_from_a_stored_bundle(tmp_path, capsys):
+    """A bf16 Llama captured with an fp32 reference, once with its weights stored and once by
+    reference: bench of ``sdpa,kernel`` judges each impl's logits against the golden's
+    ``<root>/logits`` with the error budget, with the same verdicts from both bundles."""
+    from parity.run.subjects.base import trusting
+
+    with trusting(LLAMA_SPEC):
+        state = load_subject(LLAMA_SPEC, LLAMA_ARGS).make_state()
+        checkpoint = tmp_path / "ckpt" / "model.safetensors"
+        checkpoint.parent.mkdir()
+        save_file({name: tensor.contiguous() for name, tensor in state.items()}, str(checkpoint))
+        bundles = {}
+        for name, weights_from in (("stored", None), ("byref", [checkpoint])):
+            bundles[name] = capture(LLAMA_SPEC, tmp_path / name, subject_args=LLAMA_ARGS, impl="sdpa",
+                                    reference="fp32", weights_from=weights_from).path
+        assert open_bundle(bundles["byref"]).weights is not None and not open_bundle(bundles["byref"]).entries_of("state")
+        documents = {}
+        for name, bundle in bundles.items():
+            out = tmp_path / f"{name}.json"
+            status = main(["bench", "--quiet", "--reps", "3", "--warmup", "1", "--no-modules", "--no-device-time",
+                           "--json", str(out), "--bundle", str(bundle), "--impls", "sdpa,kernel"])
+            documents[name] = json.loads(out.read_text())
+            assert status == bench_lib.exit_status(documents[name]), name
+    capsys.readouterr()
+    parity = {name: {row["impl"]: row["parity"] for row in document["impls"]} for name, document in documents.items()}
+    assert parity["byref"] == parity["stored"]
+    for impl in ("sdpa", "kernel"):
+        judged = parity["byref"][impl]
+        assert judged["status"] == "holds" and [r["name"] for r in judged["results"]] == ["<root>/logits"]
+    kernel = {row["impl"]: row for row in documents["byref"]["impls"]}["kernel"]
+    assert kernel["valid"] is True  # parity holds: the speed claim stands (or falls) on its timing alone
+
+
+class _Bundle:
+    """What ``_golden_names`` reads of a bundle: its output entries."""
+
+    path = "b"
+
+    def __init__(self, *entries):
+        self._entries = [dataclasses.replace(ENTRY, name=name, layer=layer) for name, layer in entries]
+
+    def has(self, name):
+        return any(entry.name == name for entry in self._entries)
+
+    def entries_of(self, kind):
+        return list(self._entries)
+
+
+def test_a_bare_tensor_is_judged_against_the_roots_only_recorded_tensor():
+    names = bench_lib._golden_names
+    assert names(_Bundle(("<root>/logits", "<root>"), ("model", "model")), [""]) == {"": "<root>/logits"}
+    assert names(_Bundle(("<root>", "<root>")), [""]) == {"": "<root>"}
+    # two tensors of the root's output: which one the forward returned is not known, so it is refused
+    with pytest.raises(UsageError, match="no golden of the forward's output '<root>'"):
+        names(_Bundle(("<root>/logits", "<root>"), ("<root>/hidden", "<root>")), [""])
+    with pytest.raises(UsageError, match="no golden of the forward's output '<root>/logits'"):
+        names(_Bundle(("<root>/scores", "<root>")), ["logits"])

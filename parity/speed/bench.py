@@ -227,13 +227,20 @@ class ParityOutcome:
 def _golden_names(bundle: Any, paths: Sequence[str]) -> dict[str, str]:
     """The bundle entry each output path of the forward is judged against: ``<root>/path`` where
     the root's output was recorded, else ``path`` itself where the forward returns recorded
-    modules' outputs by module name (the attention subject)."""
+    modules' outputs by module name (the attention subject), else, where the forward returns one
+    bare tensor and the root's recorded output holds exactly one tensor, that one (a subject whose
+    ``call`` returns ``model(...).logits`` of a Hugging Face model: its root records ``<root>/logits``;
+    anything else computed from it would differ from it and fail, never pass by the mapping)."""
     rooted = {path: tensor_name(ROOT, path) for path in paths}
     if all(bundle.has(name) for name in rooted.values()):
         return rooted
     direct = {path: path for path in paths}
     if all(bundle.has(name) for name in direct.values()):
         return direct
+    if list(paths) == [""]:
+        root_outputs = [entry.name for entry in bundle.entries_of("output") if entry.layer == ROOT]
+        if len(root_outputs) == 1:
+            return {"": root_outputs[0]}
     missing = next(name for name in rooted.values() if not bundle.has(name))
     raise UsageError(f"bundle {bundle.path} has no golden of the forward's output {missing!r}: bench judges the "
                      "whole output; capture it with the root module recorded (no --layers, or --layers '<root>' ...)")
