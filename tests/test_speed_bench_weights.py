@@ -94,6 +94,7 @@ def test_by_reference_bundle_gives_the_stored_bundles_verdicts(tmp_path, bundles
     assert document["verdict"] == stored_doc["verdict"]
     assert document["verdict"].startswith("SPEEDUP NOT VALID: the fastest impl, wrong, fails parity at <root>")
     assert document["settings"]["judged_against"] == "the bundle's golden"
+    assert all(row["parity"]["results"][0]["budget_checked"] for row in document["impls"])  # the fp64 reference's
     assert "1 checkpoint file(s) it names, size and digest verified" in document["inputs"]
     assert "checkpoint" not in stored_doc["inputs"]
 
@@ -131,6 +132,9 @@ def test_the_error_budget_judges_the_by_reference_bundle_as_the_stored_one(bundl
         assert mine.budget is not None and theirs.budget is not None, impl  # the budget was checked
         assert mine.budget == theirs.budget and mine.metrics == theirs.metrics and mine.passed == theirs.passed
     assert [outcomes["byref"][impl].status for impl in IMPLS.split(",")] == ["holds", "holds", "fails"]
+    assert outcomes["byref"]["fast"].to_dict()["results"][0]["budget_checked"] is True
+    unjudged = bench_lib.judge_outputs(outputs, impls=IMPLS.split(","), bundle=None, policy=None)  # no reference
+    assert unjudged["fast"].to_dict()["results"][0]["budget_checked"] is False
 
 
 def _refused(capsys, tmp_path, bundle, *extra):
@@ -256,6 +260,7 @@ def test_a_hugging_face_llama_benches_alike_from_its_checkpoint_and_from_a_store
     for impl in ("sdpa", "kernel"):
         judged = parity["byref"][impl]
         assert judged["status"] == "holds" and [r["name"] for r in judged["results"]] == ["<root>/logits"]
+        assert judged["results"][0]["budget_checked"] is True  # the fp32 reference's budget gated it
     kernel = {row["impl"]: row for row in documents["byref"]["impls"]}["kernel"]
     assert kernel["valid"] is True  # parity holds: the speed claim stands (or falls) on its timing alone
 

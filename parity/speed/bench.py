@@ -221,7 +221,11 @@ class ParityOutcome:
         return {"status": self.status, "tensors": self.tensors, "failing": len(self.failing),
                 "first_failing": self.failing[0] if self.failing else None, "reason": self.reason,
                 "results": [{"name": r.name, "status": r.status, "passed": r.passed,
-                             "reasons": list(r.verdict.reasons)} for r in self.results]}
+                             "reasons": list(r.verdict.reasons),
+                             # whether the error budget against the bundle's reference judged it
+                             # (else the fixed thresholds did)
+                             "budget_checked": bool(r.budget is not None and r.budget.checked)}
+                            for r in self.results]}
 
 
 def _golden_names(bundle: Any, paths: Sequence[str]) -> dict[str, str]:
