@@ -135,6 +135,11 @@ OPTIONS: dict[str, Option] = {
                _stdout_help("the report as Markdown (for a CI job summary or a pull-request comment)"),
                (("metavar", "FILE"), ("default", None))),
         Option("quiet", "--quiet", None, "no progress on stderr", (("action", "store_true"),)),
+        Option("weights_dir", "--weights-dir", None,
+               "where this host holds the checkpoint files a bundle captured with --weights-from names (found by "
+               "file name; default: the paths recorded at capture). Each file's size and digest (BLAKE3, else "
+               "sha256) are checked before the model is built",
+               (("metavar", "DIR"), ("default", None))),
         Option("repeat", "--repeat", "--parity-repeat",
                "run the implementation N times on the same inputs and judge every recorded tensor bitwise run "
                "to run: a tensor that differs fails, named with its spread max|run_i - run_0| (default: 1, "

@@ -5,8 +5,13 @@ Procedure (:func:`run_bench`):
 
 1. Inputs and weights: a bundle's stored ones (``bundle=``; the subject is re-created from its
    manifest, only if trusted), else the subject's own ``make_inputs``/``make_state`` (without
-   ``make_state``, the first impl's build's own weights). Every impl gets the same inputs, moved
-   to the device once, and the same weights.
+   ``make_state``, the first impl's build's own weights). A bundle captured with weights by
+   reference (``--weights-from``) names checkpoint files instead: each is found (in
+   ``weights_dir`` by file name, else at its recorded path) and its size and digest verified
+   before anything is built (:func:`parity.judge.compare.subject_state`, as compare does), and a
+   missing or changed file is refused (UsageError naming it). Either way the state is read one
+   tensor at a time into each build, never held whole beside the models. Every impl gets the same
+   inputs, moved to the device once, and the same weights.
 2. Warm-up: ``warmup`` calls of each impl (compilation and autotuning happen here; the first
    call's time is reported apart as ``first_call_s``).
 3. Timed rounds: ``reps`` rounds; in each, every impl runs once, in an order shuffled per round
@@ -53,6 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -72,6 +78,7 @@ from .timing import (CacheFlush, Rounds, glob_seconds, hot_group, module_rounds,
                      timed_rounds)
 from parity.run.runtime import check_triton_mode, fresh_copy
 from parity.run.subjects import Inputs, load_subject, runner_from_manifest
+from parity.judge.compare import subject_state
 from parity.judge.engine import Judge, Obtained, compare_tensors
 from parity.judge.policy import as_policy
 from parity.run.runtime import check_device
@@ -130,20 +137,41 @@ class Prepared:
 
 
 def prepare(subject: str | None, subject_args: Mapping[str, Any] | None, *, impls: Sequence[str],
-            device: torch.device, bundle: Any | None = None, trusted: Sequence[str] = ()) -> Prepared:
+            device: torch.device, bundle: Any | None = None, trusted: Sequence[str] = (),
+            weights_dir: str | os.PathLike | None = None,
+            progress: Callable[[str], None] | None = None) -> Prepared:
     """Load the subject (from ``bundle``'s manifest when given), build every impl with the same
-    weights, and put the same inputs on ``device``."""
+    weights, and put the same inputs on ``device``. ``weights_dir``: where this host holds the
+    checkpoint files a bundle captured with weights by reference names (by file name; default:
+    the paths recorded at capture); every file is verified before the first build."""
 
+    say = progress or (lambda message: None)
     if bundle is not None:
         runner = runner_from_manifest(bundle.subject, trusted=trusted, bundle_dir=bundle.path)
-        stored = Inputs.of_bundle(bundle)
-        inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in stored.tensors.items()}, stored.meta)
-        state = bundle.subject_state()
-        source = f"bundle {bundle.path}"
     else:
         if subject is None:
             raise UsageError("bench needs --subject or --bundle")
+        if weights_dir is not None:
+            raise UsageError("--weights-dir applies only with --bundle (a bundle captured with --weights-from)")
         runner = load_subject(subject, subject_args)
+    for impl in impls:  # refused before a checkpoint's digests are taken (minutes at 16 GB)
+        runner.check_impl(impl)
+        check_triton_mode(impl, device)
+    if bundle is not None:
+        if bundle.weights is not None:
+            say(f"verifying {len(bundle.weights['files'])} checkpoint file(s) the bundle names")
+        elif weights_dir is not None:
+            raise UsageError(f"--weights-dir: {bundle.path} stores its weights; it names no checkpoint files")
+        # Verified here, before any build or input is read: a missing or changed file is refused
+        # with nothing built and nothing timed.
+        state = subject_state(bundle, weights_dir)
+        stored = Inputs.of_bundle(bundle)
+        inputs = Inputs({name: fresh_copy(tensor, device) for name, tensor in stored.tensors.items()}, stored.meta)
+        source = f"bundle {bundle.path}"
+        if bundle.weights is not None:
+            source += (f" (weights from the {len(bundle.weights['files'])} checkpoint file(s) it names, size and "
+                       "digest verified)")
+    else:
         made = runner.make_inputs()
         inputs = made.to(device)
         # A subject without make_state: the first impl's build supplies the weights every impl gets,
@@ -152,9 +180,6 @@ def prepare(subject: str | None, subject_args: Mapping[str, Any] | None, *, impl
         state = runner.made_state()
         source = ("the subject's own inputs and weights (make_inputs, make_state)" if state is not None else
                   f"the subject's own inputs (make_inputs) and the weights of its {impls[0]} build")
-    for impl in impls:
-        runner.check_impl(impl)
-        check_triton_mode(impl, device)
     runner.check_inputs(inputs)
     modules: dict[str, nn.Module] = {}
     for impl in impls:
@@ -196,19 +221,30 @@ class ParityOutcome:
         return {"status": self.status, "tensors": self.tensors, "failing": len(self.failing),
                 "first_failing": self.failing[0] if self.failing else None, "reason": self.reason,
                 "results": [{"name": r.name, "status": r.status, "passed": r.passed,
-                             "reasons": list(r.verdict.reasons)} for r in self.results]}
+                             "reasons": list(r.verdict.reasons),
+                             # whether the error budget against the bundle's reference judged it
+                             # (else the fixed thresholds did)
+                             "budget_checked": bool(r.budget is not None and r.budget.checked)}
+                            for r in self.results]}
 
 
 def _golden_names(bundle: Any, paths: Sequence[str]) -> dict[str, str]:
     """The bundle entry each output path of the forward is judged against: ``<root>/path`` where
     the root's output was recorded, else ``path`` itself where the forward returns recorded
-    modules' outputs by module name (the attention subject)."""
+    modules' outputs by module name (the attention subject), else, where the forward returns one
+    bare tensor and the root's recorded output holds exactly one tensor, that one (a subject whose
+    ``call`` returns ``model(...).logits`` of a Hugging Face model: its root records ``<root>/logits``;
+    anything else computed from it would differ from it and fail, never pass by the mapping)."""
     rooted = {path: tensor_name(ROOT, path) for path in paths}
     if all(bundle.has(name) for name in rooted.values()):
         return rooted
     direct = {path: path for path in paths}
     if all(bundle.has(name) for name in direct.values()):
         return direct
+    if list(paths) == [""]:
+        root_outputs = [entry.name for entry in bundle.entries_of("output") if entry.layer == ROOT]
+        if len(root_outputs) == 1:
+            return {"": root_outputs[0]}
     missing = next(name for name in rooted.values() if not bundle.has(name))
     raise UsageError(f"bundle {bundle.path} has no golden of the forward's output {missing!r}: bench judges the "
                      "whole output; capture it with the root module recorded (no --layers, or --layers '<root>' ...)")
@@ -268,9 +304,11 @@ def case_ids(prepared: Prepared) -> list[str]:
 def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = None, bundle: Any | None = None,
               options: BenchOptions, device: torch.device | str = "cpu", policy: Any = None,
               trusted: Sequence[str] = (), progress: Callable[[str], None] | None = None,
-              previous: Mapping[str, Any] | None = None, previous_path: str = "") -> dict[str, Any]:
+              previous: Mapping[str, Any] | None = None, previous_path: str = "",
+              weights_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Run the benchmark and return the report document (``parity-bench-report``); with
-    ``previous`` (a saved report, :func:`parity.speed.regression.load_previous`), compared with it."""
+    ``previous`` (a saved report, :func:`parity.speed.regression.load_previous`), compared with it.
+    ``weights_dir``: where the checkpoint files a bundle names are on this host (:func:`prepare`)."""
 
     options.check()
     started = time.monotonic()
@@ -278,7 +316,8 @@ def run_bench(subject: str | None, *, subject_args: Mapping[str, Any] | None = N
     device = check_device(device)
     policy = as_policy(policy)
     impls = list(options.impls)
-    prepared = prepare(subject, subject_args, impls=impls, device=device, bundle=bundle, trusted=trusted)
+    prepared = prepare(subject, subject_args, impls=impls, device=device, bundle=bundle, trusted=trusted,
+                       weights_dir=weights_dir, progress=say)
     say(f"{prepared.runner.name}: {len(impls)} impls on {device}; inputs from {prepared.source}")
     identity = {"subject": prepared.runner.describe(), "device": str(device),
                 "platform": platform.fingerprint(device), "input_shapes": input_shapes(prepared.inputs)}

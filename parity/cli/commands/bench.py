@@ -17,7 +17,9 @@ from ._speed_output import check_report_files, run_reporting_errors, write_repor
 
 EPILOG = """\
 Times each implementation's forward on the same inputs (the bundle's stored inputs and weights
-with --bundle, else the subject's own): warm-up calls, then --reps rounds in which every impl
+with --bundle, else the subject's own; a bundle captured with --weights-from has the checkpoint
+files it names verified, size and digest, before anything is built, found in --weights-dir or at
+the paths recorded at capture): warm-up calls, then --reps rounds in which every impl
 runs once in a seeded random order, each call after a cache flush sized from the device (none on
 a CPU) and between two whole-device synchronisations. The output of each impl's last TIMED call
 is judged with the default rule against the bundle's golden, or without --bundle against the
@@ -48,6 +50,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                                          "--bundle: optional, must equal the bundle's)")
     parser.add_argument("--bundle", default=None, metavar="DIR",
                         help="golden bundle: its inputs and weights are timed and its golden judges the outputs")
+    add_cli_options(parser, "weights_dir")
     parser.add_argument("--impls", required=True, metavar="A,B,...",
                         help="implementations to time, comma-separated; the first is the baseline")
     parser.add_argument("--set", dest="arg", action="append", default=[], metavar="KEY=VALUE",
@@ -141,6 +144,6 @@ def run(args: argparse.Namespace) -> int:
     document = bench.run_bench(args.subject, subject_args=subject_args, bundle=bundle, options=options,
                                device=device, policy=policy, trusted=trusted,
                                progress=None if args.quiet else stderr_progress("bench"),
-                               previous=previous, previous_path=args.previous or "")
+                               previous=previous, previous_path=args.previous or "", weights_dir=args.weights_dir)
     write_reports(document, args, tables.bench_text, pages.render_bench)
     return bench.exit_status(document)

@@ -65,10 +65,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                              "--record-inputs)")
     add_judging_options(parser)
     add_cli_options(parser, "repeat", "allow_nondeterministic")
-    parser.add_argument("--weights-dir", default=None, metavar="DIR",
-                        help="where this host holds the checkpoint files a bundle captured with --weights-from "
-                             "names (found by file name; default: the paths recorded at capture). Each file's "
-                             "sha256 is checked before the model is built")
+    add_cli_options(parser, "weights_dir")
     parser.add_argument("--subject", default=None, metavar="SPEC",
                         help="trust and build this subject (must equal the bundle's; package.module:factory "
                              "or a built-in)")
