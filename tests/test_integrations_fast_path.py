@@ -471,3 +471,77 @@ def test_a_heads_last_hit_hands_the_kernel_the_output_it_was_built_with(seq_q):
     assert len(issued) == 2 and out.data_ptr() in issued[0] and plain.data_ptr() in issued[1]
     position = issued[0].index(out.data_ptr())
     assert issued[1][position] == plain.data_ptr()  # the output's slot, in both calls
+
+
+def _forwards_with_mask(mask, seq, layers, seeds):
+    modules = _layers(layers)
+    return modules, [[(*_qkv(seed * 10 + layer, 1, seq, seq), mask, DIM ** -0.5, None) for layer in range(layers)]
+                     for seed in seeds]
+
+
+def test_an_inference_mode_mask_edited_in_place_between_forwards_is_not_served_stale(monkeypatch):
+    """An inference tensor has no version counter: a mask edited in place under
+    torch.inference_mode cannot be told from the one remembered, so neither the step nor the
+    layout kept for the mask is reused (the second forward must be what it gives alone)."""
+    # A caller that passes its own 4-D mask (transformers returns it as is, the mask function does
+    # not run, so no new generation) under torch.inference_mode and refills it in place between
+    # forwards of equal shapes: an inference tensor has no version counter, _Plans._version gives
+    # None for both, and the step (reference: across forwards; kernel: no generation bump) is taken.
+    seq = 40
+    with torch.inference_mode():
+        causal = torch.ones(seq, seq, dtype=torch.bool).tril()[None, None]
+        # the kernel gets a bool mask; the reference an additive float one (its visibility is a
+        # copy made by the step's first call; a bool mask SDPA reads live)
+        for impl, start in (("reference", torch.where(causal, 0.0, float("-inf"))), ("kernel", causal)):
+            mask = start.clone()
+            blocked = float("-inf") if mask.is_floating_point() else False
+            modules, (first, second) = _forwards_with_mask(mask, seq, 2, (1, 2))
+
+            def edit():  # the second forward hides the first 20 keys from every query
+                mask[..., :20] = blocked
+
+            second = [second[0][:5] + (edit,)] + second[1:]
+            for mode in ("step", "full"):
+                mask.copy_(start)
+                served, _, _ = _through_function([(modules, first), (modules, second)], impl, mode, monkeypatch)
+                # the right answer: the second forward alone, on the edited mask, nothing remembered
+                right, _, _ = _through_function([(modules, [call[:5] + (None,) for call in second])], impl,
+                                                "full", monkeypatch)
+                for layer in range(2):
+                    assert torch.equal(served[2 + layer], right[layer]), f"{impl} {mode}: layer {layer} served stale"
+
+
+def test_a_core_forward_replaced_on_the_instance_runs_in_every_layer(monkeypatch):
+    """accelerate's add_hook_to_module (or a user's wrapper) sets forward on the instance: the
+    step must not bypass it."""
+    # _unhooked says "calling core is calling its forward", but an instance attribute forward
+    # (accelerate's add_hook_to_module, a user's wrapper) is not looked at: neither the full path
+    # (_decide/_execute) nor the step calls it. Before b10d14e the module call did.
+    modules = _layers(3)
+    seen = []
+    for module in modules:
+        core = parity_tf._core_of(module)
+        core.configure("reference", block_m=BLOCK, block_n=BLOCK)
+        original = core.forward
+
+        def wrapped(*args, _original=original, **kwargs):
+            seen.append(1)
+            return _original(*args, **kwargs)
+
+        core.forward = wrapped
+    calls = [(*_qkv(layer, 1, 1, 20), None, DIM ** -0.5, None) for layer in range(3)]
+    _through_function([(modules, calls)], "reference", "step", monkeypatch)
+    assert len(seen) == 3
+
+
+def test_the_kernel_path_refuses_inputs_that_need_a_gradient():
+    """The kernel has no backward: with grad enabled and q, k or v needing a gradient the call
+    refuses (its output would be a leaf, the projections silently without a gradient); under
+    no_grad the same call runs."""
+    core = parity_tf.ParityAttention("kernel", block_m=BLOCK, block_n=BLOCK)
+    q, k, v = (t.clone().requires_grad_() for t in _qkv(0, 1, 32, 32))
+    with pytest.raises(NotImplementedError, match="no gradients"):
+        core(q, k, v, None, scaling=DIM ** -0.5)
+    with torch.no_grad():
+        out = core(q, k, v, None, scaling=DIM ** -0.5)
+    assert out.shape == (1, 32, q.shape[1], DIM) and torch.isfinite(out).all()

@@ -218,6 +218,11 @@ class ParityAttention(nn.Module):
         the ``_last_call`` such a call records), kept by the forward's step, never made under
         torch.compile; where the plan declines the call (anything the launch depends on
         differs), the call takes the path below."""
+        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+            # the kernel has no backward: its output would be a leaf, and the projections before
+            # it would silently get no gradient
+            raise NotImplementedError("parity_sparse computes no gradients (a forward-only kernel): run it under "
+                                      "torch.no_grad() or torch.inference_mode(), or train with parity_sdpa")
         if bound is not None:
             out = bound[0](query, key, value, heads_last=True)
             if out is not None:  # q's head dim, dtype and device are the bound ones
@@ -531,7 +536,9 @@ class _Plans:
         if entry is None:
             return None
         ref, version, entry_key, layout = entry
-        if ref() is not mask or entry_key != key or version != self._version(mask):
+        # an inference-mode mask has no version counter: an edit in place cannot be seen, so its
+        # layout is never reused (built again per call: a mask made per forward pays nothing more)
+        if ref() is not mask or entry_key != key or version is None or version != self._version(mask):
             return None
         return layout
 
@@ -776,11 +783,12 @@ _STEP_REFUSES = frozenset(("s_aux", "sinks", "position_bias", "cu_seq_lens_q", "
 
 
 def _unhooked(core: nn.Module) -> bool:
-    """Whether calling ``core`` is calling its ``forward`` and nothing else: no hook of its own or
-    a global one, not compiled by ``Module.compile``, no torch.jit trace running
+    """Whether calling ``core`` is calling its class's ``forward`` and nothing else: no forward set
+    on the instance, no hook of its own or a global one, not compiled by ``Module.compile``, no torch.jit trace running
     (``nn.Module.__call__``'s own test before it runs hooks). Parity's recorder, profiler and
     timers hook the core: their calls go through the module call."""
-    return not (core._forward_hooks or core._forward_pre_hooks or core._backward_hooks or core._backward_pre_hooks
+    return not ("forward" in core.__dict__  # replaced on the instance (accelerate's hooks, a wrapper)
+                or core._forward_hooks or core._forward_pre_hooks or core._backward_hooks or core._backward_pre_hooks
                 or _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks
                 or _nn_module._global_backward_hooks or _nn_module._global_backward_pre_hooks
                 or core._compiled_call_impl is not None or torch._C._get_tracing_state())
@@ -832,9 +840,9 @@ class _Step:
         if attention_mask is None:
             if self.mask is not None:
                 return None
-        elif (self.mask is None or self.mask() is not attention_mask
+        elif (self.mask is None or self.mask() is not attention_mask or self.mask_version is None
               or _Plans._version(attention_mask) != self.mask_version):
-            return None
+            return None  # an unversioned (inference-mode) mask: an edit in place cannot be seen
         # the decision follows from the shapes (the layout from Sq and Sk, the mask's fit from B
         # and H) and the device (the layout's, the reference's masks'; a model split over GPUs
         # makes a step per device); plain tensors only (anything else: the full path checks it and
