@@ -21,6 +21,24 @@ def pytest_configure(config):
 
     if not platform.gpu_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    share_cores_between_workers()
+
+
+def share_cores_between_workers() -> None:
+    """Under xdist, gives each worker its share of the cores for torch's intra-op threads (and
+    OMP_NUM_THREADS for the processes its tests start). torch's default is one thread per core
+    in every worker: two workers on 2 cores run 4 OpenMP threads that spin-wait on each other's
+    cores. Measured on the 2-core machine (loaded by other jobs), tests/test_judge_metrics.py in
+    one process: 56 CPU-s with 2 threads, 15 with 1. A plain (single-process) run keeps torch's
+    default."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers < 1:
+        return
+    import torch
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    torch.set_num_threads(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
 @pytest.fixture

@@ -699,10 +699,10 @@ def _moved(t: torch.Tensor, seed: int) -> torch.Tensor:
     return moved
 
 
-def _hit_gives_the_uncached_bits(case, device):
+def _hit_gives_the_uncached_bits(case, device, *, against_fp64=True):
     """One case through the plain call's plan: a warm-up call on other inputs builds it, the
     case's own call must hit it and give exactly the bits (out and LSE) of an uncached call, and
-    hold against the fp64 reference."""
+    (``against_fp64``) hold against the fp64 reference."""
     from parity.kernels import attention
     from parity.kernels.testing import check_kernel_output
 
@@ -716,8 +716,9 @@ def _hit_gives_the_uncached_bits(case, device):
     assert cache.hits == hits + 1, f"{case.case_id}: the plain call did not take its plan ({path})"
     want, want_lse = block_sparse_attention(q, k, v, layout, return_lse=True, launch_cache=False)
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse), case.case_id
-    check = check_kernel_output(got, got_lse, q, k, v, layout)
-    assert check.passed, (case.case_id, check)
+    if against_fp64:
+        check = check_kernel_output(got, got_lse, q, k, v, layout)
+        assert check.passed, (case.case_id, check)
 
 
 @parity_settings()
@@ -734,7 +735,12 @@ def test_a_plans_hit_gives_the_uncached_bits_on_drawn_cases(case):
 
 @pytest.mark.slow
 def test_a_plans_hit_gives_the_uncached_bits_on_the_fuzz_corpus(device):
-    """The 150 cases of the committed H200 fuzz corpus (golden/h200-fuzz) through the plan's hit."""
+    """The 150 cases of the committed H200 fuzz corpus (golden/h200-fuzz) through the plan's hit:
+    its bits must be the uncached call's. Their accuracy is judged once, not here: the uncached
+    kernel on this corpus against the H200 capture's fp64 references, with the config a plain call
+    resolves (``launch_config``, decode included), is test_judge_golden.py's
+    test_the_h200_fuzz_corpus_holds_here_under_the_default_rule; the fp64 check here would repeat
+    it (about a fifth of this test's time)."""
     from pathlib import Path
 
     from parity.bundle.reader import open_bundle
@@ -744,7 +750,7 @@ def test_a_plans_hit_gives_the_uncached_bits_on_the_fuzz_corpus(device):
     cases = [AttentionCase(**case) for case in bundle.subject["args"]["cases"]]
     assert len(cases) >= 150
     for case in cases:
-        _hit_gives_the_uncached_bits(case, device)
+        _hit_gives_the_uncached_bits(case, device, against_fp64=False)
 
 
 def _plain_key(q, k, v, layout, sm_scale=None, return_lse=False):

@@ -133,41 +133,55 @@ def test_a_module_named_by_a_bundle_is_never_imported(example_bundle, tmp_path, 
 @pytest.mark.parametrize("entry", _entry_points(), ids=lambda e: "python -m parity" if "-m" in e else "parity")
 def test_hostile_bundles_through_both_entry_points_run_nothing(example_bundle, tmp_path, entry):
     """A real process, started in the directory that holds the hostile module: `python -m` would
-    put it on sys.path; parity takes it off and refuses the spec anyway."""
+    put it on sys.path; parity takes it off and refuses the spec anyway. (A spec importable from
+    anywhere, ``os:system``, does not depend on the entry point's sys.path: it is refused in
+    process, by test_os_system_in_a_manifest_is_refused_and_runs_nothing.)"""
     (tmp_path / "evil_mod.py").write_text(EVIL)
-    marker = tmp_path / "PWNED"
-    for spec, args in (("evil_mod:make", {}), ("os:system", {"command": f"touch {marker}"})):
-        bundle = tmp_path / spec.replace(":", "_")
-        shutil.copytree(example_bundle, bundle)
-        edit(bundle, lambda m: m["subject"].update(spec=spec, args=args))
-        proc = subprocess.run([*entry, "compare", "--golden", bundle.name, "--impl", "reference", "--device", "cpu"],
-                              cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stderr == refusal(Path(bundle.name), spec) and proc.stdout == ""
-    assert not any((tmp_path / name).exists() for name in ("IMPORTED", "CALLED", "PWNED"))
+    spec = "evil_mod:make"
+    bundle = tmp_path / "evil_mod_make"
+    shutil.copytree(example_bundle, bundle)
+    edit(bundle, lambda m: m["subject"].update(spec=spec, args={}))
+    proc = subprocess.run([*entry, "compare", "--golden", bundle.name, "--impl", "reference", "--device", "cpu"],
+                          cwd=tmp_path, env=_clean_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == refusal(Path(bundle.name), spec) and proc.stdout == ""
+    assert not any((tmp_path / name).exists() for name in ("IMPORTED", "CALLED"))
 
 
-@pytest.mark.parametrize("trusting", [False, True], ids=["untrusted", "named-with---subject"])
-def test_a_module_inside_the_bundle_is_never_the_subject(example_bundle, tmp_path, trusting):
-    """``payload.py`` shipped in the bundle, compare run from inside it (where `python -m` looks
-    first): refused without --subject, and refused with it too, because it lies in the bundle."""
+def _payload_bundle(example_bundle: Path, tmp_path: Path) -> Path:
     bundle = tmp_path / "b"
     shutil.copytree(example_bundle, bundle)
     (bundle / "payload.py").write_text(EVIL)
     edit(bundle, lambda m: m["subject"].update(spec="payload:make", args={}))
-    extra = ["--subject", "payload:make"] if trusting else []
+    return bundle
+
+
+def test_a_module_inside_the_bundle_is_never_the_subject(example_bundle, tmp_path):
+    """``payload.py`` shipped in the bundle, compare run from inside it by `python -m` (which puts
+    that directory first on sys.path) with --subject naming it: refused, because it lies in the
+    bundle. A real process: only `python -m` itself puts the directory there."""
+    bundle = _payload_bundle(example_bundle, tmp_path)
     proc = subprocess.run([sys.executable, "-m", "parity", "compare", "--golden", ".", "--impl", "reference",
-                           "--device", "cpu", *extra], cwd=bundle, env=_clean_env(), capture_output=True, text=True,
-                          timeout=300)
+                           "--device", "cpu", "--subject", "payload:make"], cwd=bundle, env=_clean_env(),
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
-    if trusting:
-        assert proc.stderr == (f"parity: error: bundle .: subject 'payload:make': module 'payload' is inside the bundle "
-                               f"directory "
-                               f"{bundle.resolve()}; parity never imports code from a bundle (keep the subject's code "
-                               "outside the bundle and run from another directory)\n")
-    else:
-        assert proc.stderr == refusal(Path("."), "payload:make")
+    assert proc.stderr == (f"parity: error: bundle .: subject 'payload:make': module 'payload' is inside the bundle "
+                           f"directory "
+                           f"{bundle.resolve()}; parity never imports code from a bundle (keep the subject's code "
+                           "outside the bundle and run from another directory)\n")
     assert not (bundle / "IMPORTED").exists() and not (bundle / "CALLED").exists()
+
+
+def test_a_module_inside_the_bundle_is_refused_untrusted(example_bundle, tmp_path, capsys, monkeypatch):
+    """Without --subject the spec is refused as untrusted before any import, whatever sys.path
+    holds: in process, with the bundle directory first on sys.path as `python -m` would put it."""
+    bundle = _payload_bundle(example_bundle, tmp_path)
+    monkeypatch.chdir(bundle)
+    monkeypatch.syspath_prepend(str(bundle))
+    code, out, err = compare_cli(capsys, Path("."))
+    assert code == 2 and out == "" and err == refusal(Path("."), "payload:make")
+    assert not (bundle / "IMPORTED").exists() and not (bundle / "CALLED").exists()
+    assert "payload" not in sys.modules
 
 
 def test_a_policy_file_inside_the_bundle_cannot_grant_trust(example_bundle, tmp_path, capsys, monkeypatch):
@@ -285,9 +299,23 @@ def test_user_subject_in_the_current_directory_works_with_both_entry_points(tmp_
     assert proc.returncode == 0, proc.stderr
     proc = run("compare", "--golden", "golden", "--subject", spec, "--impl", "reference", "--device", "cpu", "--quiet")
     assert proc.returncode == 0 and proc.stdout.rstrip().endswith("PARITY HOLDS: 10/10 tensors"), proc.stderr
-    # Only the bundle names it: refused, although the module is right there in the directory.
-    proc = run("compare", "--golden", "golden", "--impl", "reference", "--device", "cpu", "--quiet")
-    assert proc.returncode == 2 and proc.stderr == refusal(Path("golden"), spec)
+
+
+def test_a_user_subject_in_the_current_directory_named_only_by_the_bundle_is_refused(example_bundle, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """Only the bundle names it: refused, although the module is right there in the directory
+    (the refusal comes before any import, so in process, with the directory on sys.path)."""
+    package = tmp_path / "mypkg_bundle_only"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "subjects.py").write_text(EVIL.replace("def make", "def make_subject"))
+    spec = "mypkg_bundle_only.subjects:make_subject"
+    hostile_copy(example_bundle, tmp_path, spec)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = compare_cli(capsys, Path("hostile"))
+    assert code == 2 and out == "" and err == refusal(Path("hostile"), spec)
+    assert not (package / "IMPORTED").exists() and "mypkg_bundle_only" not in sys.modules
 
 
 # ---- manifest arguments and inputs are validated -------------------------------------------------
