@@ -198,11 +198,7 @@ class PlannedCall:
         staging = torch.full(q.shape, float("nan"), dtype=torch.float32, device=q.device) if recipe.staging else result
         descriptors = (kv_descriptors(k, v, recipe.descriptors, True) if recipe.descriptors is not None
                        else (None, None))
-        try:
-            cache.issue(entry, (q, k, v, staging, None, *descriptors), state, self._scalars)
-        except BaseException:
-            _forget_decode_plans(self._path)
-            raise
+        _issue(cache, entry, (q, k, v, staging, None, *descriptors), state, self._scalars, self._path)
         if recipe.staging:
             result.copy_(staging)
         if heads_last and not direct:
@@ -387,12 +383,8 @@ def _planned(q, k, v, tensors, meta, sm_scale, return_lse, borrowed=False):
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     descriptors = (kv_descriptors(k, v, recipe.descriptors, True) if recipe.descriptors is not None
                    else (None, None))
-    try:
-        cache.issue(entry, (q, k, v, staging, lse, *descriptors), state,
-                    decode_scalars(k, v, meta[7]) if decode else ())
-    except BaseException:
-        _forget_decode_plans(path)
-        raise
+    _issue(cache, entry, (q, k, v, staging, lse, *descriptors), state, decode_scalars(k, v, meta[7]) if decode else (),
+           path)
     if recipe.staging:
         result.copy_(staging)
     return result, lse
@@ -411,12 +403,8 @@ def _exact_signature(q, k, v, tensors, meta, sm_scale, return_lse) -> tuple:
     the exact shapes, strides, dtypes and devices of q, k, v, their ``pointer_key``, the identity
     of the layout's tensors, its metadata, the scale and whether the LSE is wanted. Cheaper to
     build and compare than the key (no specialization classes, no hash)."""
-    if platform.POINTER_RANGE_SPECIALIZED:
-        pointers = (pointer_key(q), pointer_key(k), pointer_key(v))
-    else:
-        pointers = (q.data_ptr() % 16, k.data_ptr() % 16, v.data_ptr() % 16)
     return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-            k.device, v.device, pointers, tuple(map(id, tensors)), meta, sm_scale, return_lse)
+            k.device, v.device, _pointer_classes(q, k, v), tuple(map(id, tensors)), meta, sm_scale, return_lse)
 
 
 def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, out=None, lse_out=None, decode=None,
@@ -532,12 +520,24 @@ def _forget_decode_plans(path: str) -> None:
         _RECENT.pop("decode-borrowed", None)
 
 
+def _issue(cache: LaunchCache, entry, values: tuple, state, scalars: tuple, path: str) -> None:
+    """A plan's hit issued (``LaunchCache.issue``), as ``_forgetting_decode_plans_on_error`` would
+    wrap it, without a context manager's cost on the hot path: whatever the launch raised (an
+    interrupt too: a decode plan's workspace may be left half-written) forgets the path's decode
+    plans, then propagates unchanged."""
+    try:
+        cache.issue(entry, values, state, scalars)
+    except BaseException:  # re-raised: only the cleanup is added
+        _forget_decode_plans(path)
+        raise
+
+
 @contextlib.contextmanager
 def _forgetting_decode_plans_on_error(path: str):
     """``_forget_decode_plans`` where the block raises."""
     try:
         yield
-    except BaseException:
+    except BaseException:  # re-raised: only the cleanup is added
         _forget_decode_plans(path)
         raise
 

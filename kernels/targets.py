@@ -68,7 +68,9 @@ class SmResources:
 # bytes ("S": 32-bit offsets, buffer loads; ``HIPBackend.get_tensor_specialization``, Triton 3.6 to
 # 3.9, on while ``knobs.amd.use_buffer_ops`` is, its default); NVIDIA's does not. Read once: a
 # process runs torch for one vendor. Launch keys hold it (``launch_cache.pointer_key``).
-POINTER_RANGE_SPECIALIZED = torch.version.hip is not None
+# The GPU vendor torch was built for (ROCm or CUDA), read once: every vendor test below asks it.
+_TORCH_GPU_VENDOR = "amd" if torch.version.hip else "nvidia"
+POINTER_RANGE_SPECIALIZED = _TORCH_GPU_VENDOR == "amd"
 
 # gfx9 CDNA: 512 VGPRs per SIMD lane; waves per SIMD by VGPRs used (parity/NUMERICS.md; AMD CDNA3 ISA
 # guide, "VGPR allocation"). gfx90a and gfx942 share the table; gfx950 too (same VGPR file).
@@ -108,7 +110,7 @@ def vendor_of(device: torch.device | str) -> str:
     device = torch.device(device)
     if device.type != "cuda":
         return "cpu"
-    return "amd" if torch.version.hip else "nvidia"
+    return _TORCH_GPU_VENDOR
 
 
 def arch_of(device: torch.device | str) -> str:
@@ -117,7 +119,7 @@ def arch_of(device: torch.device | str) -> str:
     if device.type != "cuda":
         return "cpu"
     props = torch.cuda.get_device_properties(device)
-    if torch.version.hip:
+    if _TORCH_GPU_VENDOR == "amd":
         # gcnArchName looks like "gfx942:sramecc+:xnack-"
         return props.gcnArchName.split(":")[0]
     return f"sm_{props.major}{props.minor}"

@@ -244,7 +244,7 @@ class ParityAttention(nn.Module):
         # the operator's eager call without its wrappers: the launcher's plan for this layout,
         # its plan arguments made once per layout object (every layer of a forward shares it)
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-        out = _planned_attention()(query, key, value, layout, _PLANS.arguments(layout), scale)
+        out = _launcher().planned_attention(query, key, value, layout, _PLANS.arguments(layout), scale)
         return out.transpose(1, 2).contiguous()
 
 
@@ -258,11 +258,12 @@ def _sparse_attention():
 
 
 @functools.lru_cache(maxsize=None)
-def _planned_attention():
-    """``parity.kernels.attention.planned_attention``, imported once (as ``_sparse_attention``)."""
-    from parity.kernels.attention import planned_attention
+def _launcher():
+    """``parity.kernels.attention``, the launcher whose plans the integration calls and binds
+    (``planned_attention``, ``bind_planned``, ``plan_arguments``), imported once (as ``_sparse_attention``)."""
+    from parity.kernels import attention
 
-    return planned_attention
+    return attention
 
 
 def _check_block(name: str, value: Any) -> None:
@@ -518,9 +519,7 @@ class _Plans:
         in-place edits of its tensors, which the launcher's plan checks by their version)."""
         last, arguments = self._arguments
         if last is not layout:
-            from parity.kernels.attention import plan_arguments
-
-            arguments = plan_arguments(layout)
+            arguments = _launcher().plan_arguments(layout)
             self._arguments = (layout, arguments)
         return arguments
 
@@ -871,19 +870,11 @@ def _bind_step(impl, block_m, block_n, module, core, decision, query, key, value
         if not isinstance(layout, BlockLayout):
             return None
         scale = query.shape[-1] ** -0.5 if decision[2] is None else decision[2]
-        planned = _bind_planned()(query, key, value, _PLANS.arguments(layout), scale)
+        planned = _launcher().bind_planned(query, key, value, _PLANS.arguments(layout), scale)
         if planned is None:
             return None
     return _Step(impl, block_m, block_n, getattr(module, "config", None), attention_mask, scaling, sliding_window,
                  causal, decision, query, key, value, planned)
-
-
-@functools.lru_cache(maxsize=None)
-def _bind_planned():
-    """``parity.kernels.attention.bind_planned``, imported once (as ``_sparse_attention``)."""
-    from parity.kernels.attention import bind_planned
-
-    return bind_planned
 
 
 def _attention_function(impl: str, block_m: int, block_n: int):
