@@ -118,8 +118,6 @@ def compare_bundle(
                          "golden inputs), so the budget is checked on the replay: add --isolate")
     if bundle.weights is not None:
         say(f"verifying {len(bundle.weights['files'])} checkpoint file(s) the bundle names")
-    elif weights_dir is not None:
-        raise UsageError(f"--weights-dir: {bundle.path} stores its weights; it names no checkpoint files")
     verify_started = time.monotonic()
     with phases("verify"):
         state = subject_state(bundle, weights_dir)  # a checkpoint that differs is refused here, before the build
@@ -274,6 +272,8 @@ def subject_state(bundle: BundleReader, weights_dir: str | os.PathLike | None = 
     that names checkpoint files, theirs, after every file's size and digest are verified
     (a UsageError names the first that is missing or differs). ``checksums=False`` checks the
     files' presence and size only: for the other ranks of a host where one rank checks the digests."""
+    if weights_dir is not None and bundle.weights is None:
+        raise UsageError(f"--weights-dir: {bundle.path} stores its weights; it names no checkpoint files")
     meta = {entry.name: (entry.shape, entry.torch_dtype) for entry in bundle.entries_of("state")}
     loaders = {name: (lambda device, stream, name=name: bundle.load_to(name, "state", device=device, stream=stream))
                for name in meta}

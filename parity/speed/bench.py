@@ -160,8 +160,6 @@ def prepare(subject: str | None, subject_args: Mapping[str, Any] | None, *, impl
     if bundle is not None:
         if bundle.weights is not None:
             say(f"verifying {len(bundle.weights['files'])} checkpoint file(s) the bundle names")
-        elif weights_dir is not None:
-            raise UsageError(f"--weights-dir: {bundle.path} stores its weights; it names no checkpoint files")
         # Verified here, before any build or input is read: a missing or changed file is refused
         # with nothing built and nothing timed.
         state = subject_state(bundle, weights_dir)
