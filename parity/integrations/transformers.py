@@ -885,8 +885,10 @@ def _attention_function(impl: str, block_m: int, block_n: int):
                   sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
                   **kwargs: Any) -> tuple[torch.Tensor, None]:
         step = steps[0]
-        if (step is not None and not dropout and softcap is None and not (kwargs and _STEP_REFUSES & kwargs.keys())
-                and not torch.compiler.is_compiling()):
+        # is_compiling() first: under torch.compile nothing of the step is traced (torch 2.11's
+        # Dynamo cannot evaluate ``frozenset & dict_keys``: the GPU test of reduce-overhead generate)
+        if (not torch.compiler.is_compiling() and step is not None and not dropout and softcap is None
+                and not (kwargs and _STEP_REFUSES & kwargs.keys())):
             out = step(module, query, key, value, attention_mask, scaling, sliding_window,
                        bool(getattr(module, "is_causal", True) if is_causal is None else is_causal))
             if out is not None:
