@@ -27,7 +27,9 @@ plan's hit (dispatch state, key, lookup, the output's and the workspace's alloca
 issue), issued back to back, beside the whole call and PyTorch's SDPA on the same tensors, once per
 merge of the splits (``combine_modes``: "fused", the split kernel's last program merges, one launch
 and nothing allocated but the output; "kernel", ``decode_combine`` after it, two launches), each
-with the plan's ``call_us``/``graph_us``/``host_us``: host and device time of both side by side.
+with the plan's ``call_us``/``graph_us``/``host_us``: host and device time of both side by side;
+and ``sdpa``, the same four times of PyTorch's SDPA on the same q, k, v, with ``call_vs_sdpa``
+(the plan's eager call time over SDPA's: the issue's decode target).
 Each line records the device, Python, torch and Triton versions.
 """
 from __future__ import annotations
@@ -246,6 +248,12 @@ def measure(rows: list[str], device: torch.device, calls: int) -> list[dict]:
                 with _tensor_arguments():
                     row["plan_tensors"] = _gpu_us(paths["plan"])
                 if decode:
+                    # the issue's decode measure: eager call time against SDPA's on the same tensors
+                    # (one query row sees every key: no mask), in the same process
+                    group = q.shape[1] // k.shape[1]
+                    row["sdpa"] = _gpu_us(lambda: torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, enable_gqa=group > 1))
+                    row["call_vs_sdpa"] = round(row["plan"]["call_us"] / row["sdpa"]["call_us"], 3)
                     row["combine_modes"] = {}
                     for mode, fused in (("fused", True), ("kernel", False)):
                         with _combine_mode(fused):
