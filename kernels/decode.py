@@ -53,7 +53,7 @@ from .layout import BlockLayout
 
 __all__ = ["DecodeLaunch", "decode_eligible", "heads_per_program", "choose_splits", "build_decode_launch",
            "decode_key", "decode_steps", "MAX_ROWS", "WORKSPACE", "COUNTERS", "SCALARS", "decode_scalars",
-           "merge_unroll", "MERGE_UNROLL"]
+           "merge_unroll", "MERGE_UNROLL", "merge_splits"]
 
 # The tensors the decode launch allocates and its kernels write: the split kernel's partial
 # outputs and LSEs, which the merge reads (any content at a launch's start is overwritten first).
@@ -111,6 +111,15 @@ def merge_unroll(num_splits: int) -> int:
     """The merge's ``MERGE_UNROLL`` for ``num_splits`` splits: ``MERGE_UNROLL``, or the splits'
     next power of two where fewer (no loads that every mask turns off)."""
     return min(MERGE_UNROLL, next_power_of_2(max(1, num_splits)))
+
+
+def merge_splits(num_splits: int, rows: int, config: DecodeConfig) -> int:
+    """The merge's ``MERGE_SPLITS``: the splits' next power of two, whose LSEs the merge's first
+    pass reads as one [MERGE_SPLITS, rows] tile, where that tile holds at most
+    ``config.merge_lse_tile`` values; else 0 (the split-by-split loop). ``rows``: the tile's
+    (padded) query rows."""
+    tile = next_power_of_2(max(1, num_splits))
+    return tile if tile * rows <= config.merge_lse_tile else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +221,7 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
         "FENCE_LANES": config.num_warps * warp_size,
         # the merge's chunks where this kernel merges; else 1 (no compile per split count)
         "MERGE_UNROLL": merge_unroll(num_splits) if fused else 1,
+        "MERGE_SPLITS": merge_splits(num_splits, block_m, config) if fused else 0,
     }
     combine_grid = combine_args = combine_constexprs = None
     if split and not fused:
@@ -224,7 +234,8 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
         }
         combine_constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "GROUP": group,
                               "RETURN_LSE": return_lse,
-                              "MERGE_UNROLL": merge_unroll(num_splits)}
+                              "MERGE_UNROLL": merge_unroll(num_splits),
+                              "MERGE_SPLITS": merge_splits(num_splits, block_m, config)}
     return DecodeLaunch((num_splits, programs), args, constexprs, config.launch_kwargs(), config, num_splits,
                         combine_grid, combine_args, combine_constexprs,
                         combine="fused" if fused else "kernel" if split else "none")
