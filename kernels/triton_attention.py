@@ -527,7 +527,7 @@ def block_sparse_decode_fwd(
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
     RETURN_LSE: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr, EMULATE_BF16: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SELECT_LOADED: tl.constexpr, FENCE_LANES: tl.constexpr,
-    MERGE_UNROLL: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+    MERGE_UNROLL: tl.constexpr, MERGE_SPLITS: tl.constexpr, MERGE_M: tl.constexpr,
 ):
     # Grid (num_splits, B * head_groups). One program: GROUP query heads that share one K/V head
     # (a GQA group, or one head where the layout differs between heads), all seq_q (<= the layout's
@@ -618,9 +618,16 @@ def block_sparse_decode_fwd(
             tl.debug_barrier()
             arrived = tl.atomic_add(Counter + pid_bg, 1, sem="acq_rel", scope="gpu")
             if arrived == num_splits - 1:
-                out, lse2 = _merge_splits(po_base, pl_base, stride_pos, stride_pls, tile_offs, rows, store_ok, row_ok,
-                                          num_splits, BLOCK_M, BLOCK_D, MERGE_UNROLL, MERGE_SPLITS, BYPASS_L1=True)
-                _store_rows(Out, Lse, off_b, row_head, offs_m, offs_d, out, lse2, store_ok, row_ok,
+                # The merge's own tile: the group's real rows padded to MERGE_M, not to BLOCK_M
+                # (tl.dot's 16): fewer registers and loads per split (the same bits: each element's
+                # sum is the same operations in the same order).
+                _, _, m_rows, m_row_ok, m_row_head, m_offs_m = _group_rows(pid_bg, head_groups, seq_q, MERGE_M, GROUP)
+                m_store_ok = m_row_ok[:, None] & d_ok[None, :]
+                m_tile_offs = m_rows[:, None] * stride_por + offs_d[None, :]
+                m_out, m_lse2 = _merge_splits(po_base, pl_base, stride_pos, stride_pls, m_tile_offs, m_rows,
+                                              m_store_ok, m_row_ok, num_splits, MERGE_M, BLOCK_D, MERGE_UNROLL,
+                                              MERGE_SPLITS, BYPASS_L1=True)
+                _store_rows(Out, Lse, off_b, m_row_head, m_offs_m, offs_d, m_out, m_lse2, m_store_ok, m_row_ok,
                             stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, RETURN_LSE)
                 tl.atomic_xchg(Counter + pid_bg, 0, sem="relaxed", scope="gpu")
     else:
@@ -640,8 +647,9 @@ def decode_combine(
     RETURN_LSE: tl.constexpr, MERGE_UNROLL: tl.constexpr, MERGE_SPLITS: tl.constexpr,
 ):
     # The split kernel's merge as a kernel of its own (``DecodeConfig.fused_combine=False``): one
-    # program per (batch, head group), grid (B * head_groups,), the same tile and the same
-    # ``_merge_splits`` as the fused path's last program, so both give the same bits.
+    # program per (batch, head group), grid (B * head_groups,), the same tile (BLOCK_M: the fused
+    # kernel's MERGE_M) and the same ``_merge_splits`` as the fused path's last program, so both
+    # give the same bits.
     pid_bg = tl.program_id(0)
     off_b, off_g, rows, row_ok, row_head, offs_m = _group_rows(pid_bg, head_groups, seq_q, BLOCK_M, GROUP)
     offs_d = tl.arange(0, BLOCK_D)

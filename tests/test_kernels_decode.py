@@ -180,7 +180,9 @@ def test_split_buffers_are_sized_from_the_group(device):
     unfused = build_decode_launch(q, k, v, torch.empty_like(q), None, layout,
                                   DecodeConfig(32, 4, 1, fused_combine=False), sm_scale=1.0, num_splits=5)
     assert unfused.combine == "kernel" and unfused.combine_grid == (3 * 2,) and not unfused.constexprs["FUSED"]
-    assert unfused.combine_constexprs["BLOCK_M"] == 16 and unfused.combine_constexprs["GROUP"] == 4
+    # the merge tile: the group's 8 rows (4 heads x 2 positions), no padding to tl.dot's 16
+    assert unfused.combine_constexprs["BLOCK_M"] == 8 and unfused.combine_constexprs["GROUP"] == 4
+    assert launch.constexprs["MERGE_M"] == 8 and launch.constexprs["MERGE_SPLITS"] == 8
     one = build_decode_launch(q, k, v, torch.empty_like(q), None, layout, DecodeConfig(32, 4, 1), sm_scale=1.0,
                               num_splits=1)
     assert one.combine_grid is None and not one.constexprs["SPLIT"] and one.combine == "none"
