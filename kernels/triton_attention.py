@@ -442,8 +442,9 @@ def _merge_splits(po_base, pl_base, stride_pos, stride_pls, tile_offs, rows, sto
     # 2^(lse_s - max lse). Splits that saw no key have lse -inf, weight 0; a row no split saw
     # gives 0 and lse -inf. One program merges a group's splits, so the reads must be in flight
     # together, not one L2 round trip per split: the loop body reads MERGE_UNROLL splits'
-    # [BLOCK_M, BLOCK_D] tiles, unrolled (independent loads, which the compiler issues before the
-    # sums that use them: sm_90 SASS shows a body's eight 128-bit loads ahead of its first FFMA).
+    # [BLOCK_M, BLOCK_D] tiles, unrolled (independent loads; ptxas still places some after the
+    # previous split's sums, whatever their order in the source: the sm_90 SASS of the combine
+    # kernel at 66 splits waits on loaded data 4 times per iteration with 4-row tiles).
     # A [chunk, BLOCK_M, BLOCK_D] tile per iteration instead, reduced over its first axis, made
     # a B1/4k decode call 94 us on an H100 (10 with the old per-row combine kernel): every
     # iteration's cross-warp reduction went through shared memory behind four barriers. The sums
