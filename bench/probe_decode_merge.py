@@ -1,11 +1,13 @@
 """Where a decode call's device time goes: the split kernel and the merge, per merge setting (GPU).
 
     python -m bench.probe_decode_merge                      # the three decode rows, JSON lines
-    python -m bench.probe_decode_merge --rows decode-b1-4k --unroll u1,default
+    python -m bench.probe_decode_merge --rows decode-b1-4k --unroll u1,default --merge tile
 
 For each decode row of bench/launch_overhead.py (Hq=32, Hkv=8, D=128, bf16, one query token),
 each merge (``fused``: the split kernel's last program per head group merges; ``kernel``: the
-``decode_combine`` launch after it) and each merge unrolling (``uN``: N splits' tiles read per iteration of the merge; ``default`` is
+``decode_combine`` launch after it), each form of the merge's first pass (``tile``: every split's
+LSEs read as one tile, the pinned ``DecodeConfig.merge_lse_tile``; ``loop``: split by split,
+``merge_lse_tile=0``; both give the same bits) and each merge unrolling (``uN``: N splits' tiles read per iteration of the merge; ``default`` is
 ``kernels.decode.merge_unroll``), at the pinned
 split count and at a few others: the call's time replayed from a CUDA graph
 (``do_bench_cudagraph``, µs) and each kernel's device time under the torch profiler (µs per call,
@@ -63,8 +65,9 @@ def _kernel_us(fn, calls: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=",".join(DECODE_ROWS))
-    parser.add_argument("--unroll", default="default,u1,u2,u8")
-    parser.add_argument("--splits", default="auto,8,16,32", help="split counts besides the pinned one")
+    parser.add_argument("--unroll", default="default")
+    parser.add_argument("--merge", default="tile,loop", help="the merge's first pass: tile, loop or both")
+    parser.add_argument("--splits", default="auto,4,8,16", help="split counts: auto (the pinned choice) and forced")
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args(argv)
     from triton.testing import do_bench_cudagraph
@@ -92,13 +95,18 @@ def main(argv: list[str] | None = None) -> int:
         result = {"row": row, "device": torch.cuda.get_device_name(), "sdpa": {
             "graph_us": round(do_bench_cudagraph(sdpa, rep=100) * 1e3, 2), "kernels": _kernel_us(sdpa, args.calls)}}
         reference = None
-        for mode, fused in (("fused", True), ("kernel", False)):
+        for mode, fused, merge in ((m, f, g) for m, f in (("fused", True), ("kernel", False))
+                                   for g in args.merge.split(",")):
             config = dataclasses.replace(decode_config(device, 128, q.dtype).clamp(layout.block_n), fused_combine=fused)
+            if merge == "loop":
+                config = dataclasses.replace(config, merge_lse_tile=0)
+            elif merge != "tile":
+                parser.error(f"--merge takes tile and loop, got {merge!r}")
             for setting in args.unroll.split(","):
                 with _unroll(setting):
                     for splits in args.splits.split(","):
                         n = None if splits == "auto" else int(splits)
-                        key = f"{mode}/{setting}/splits={splits}"
+                        key = f"{mode}/{merge}/{setting}/splits={splits}"
 
                         def call():
                             return block_sparse_attention(q, k, v, layout, decode=True, config=config, num_splits=n)

@@ -179,7 +179,13 @@ class DecodeConfig:
     ``fused_combine``: with more than one split, the last program of each head group to finish
     merges the splits' partials (one launch per call); False launches ``decode_combine`` after
     the split kernel instead (two launches). Both merge in the same order: the same bits. Kept
-    as a setting so that one run can time both (bench/launch_overhead.py)."""
+    as a setting so that one run can time both (bench/launch_overhead.py).
+
+    ``merge_lse_tile``: the most LSEs (splits x query rows of a program) the merge's first pass,
+    the rows' max over the splits, reads as one tile; more splits than fit, or 0, take the max
+    split by split in a loop. The max is exact in any order: both give the same bits, and the
+    setting lets one run time both (bench/probe_decode_merge.py). 4096 fp32 values are 32
+    registers per thread at 4 warps, held only until the reduction."""
 
     block_n: int
     num_warps: int
@@ -189,6 +195,7 @@ class DecodeConfig:
     min_tiles_per_split: int = 4
     max_splits: int = 128
     fused_combine: bool = True
+    merge_lse_tile: int = 4096
 
     def launch_kwargs(self) -> dict[str, Any]:
         return {"num_warps": self.num_warps, "num_stages": self.num_stages, **dict(self.amd)}
@@ -202,7 +209,7 @@ class DecodeConfig:
         return {"path": "decode", "block_n": self.block_n, "num_warps": self.num_warps,
                 "num_stages": self.num_stages, **dict(self.amd), "programs_per_unit": self.programs_per_unit,
                 "min_tiles_per_split": self.min_tiles_per_split, "max_splits": self.max_splits,
-                "fused_combine": self.fused_combine}
+                "fused_combine": self.fused_combine, "merge_lse_tile": self.merge_lse_tile}
 
 
 def _amd_decode(block_n, num_warps, num_stages, *, waves_per_eu=0, nonkdim=16, kpack=1, **split):
@@ -297,7 +304,8 @@ OVERRIDE_KEYS = {**LAUNCH_FIELDS, **AMD_KNOBS}
 
 # The decode config's fields a benchmark variant may change (``benchmark_decode --variant``).
 DECODE_FIELDS = {"block_n": _SIZE, "num_warps": _SIZE, "num_stages": _KNOB, "programs_per_unit": _SIZE,
-                 "min_tiles_per_split": _SIZE, "max_splits": _SIZE, "fused_combine": ("bool",)}
+                 "min_tiles_per_split": _SIZE, "max_splits": _SIZE, "fused_combine": ("bool",),
+                 "merge_lse_tile": _KNOB}
 
 
 def parse_fields(spec: str, fields: dict[str, tuple], *, flag: str) -> dict[str, Any]:

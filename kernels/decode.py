@@ -53,7 +53,7 @@ from .layout import BlockLayout
 
 __all__ = ["DecodeLaunch", "decode_eligible", "heads_per_program", "choose_splits", "build_decode_launch",
            "decode_key", "decode_steps", "MAX_ROWS", "WORKSPACE", "COUNTERS", "SCALARS", "decode_scalars",
-           "merge_unroll", "MERGE_UNROLL"]
+           "merge_unroll", "MERGE_UNROLL", "merge_splits"]
 
 # The tensors the decode launch allocates and its kernels write: the split kernel's partial
 # outputs and LSEs, which the merge reads (any content at a launch's start is overwritten first).
@@ -113,6 +113,15 @@ def merge_unroll(num_splits: int) -> int:
     return min(MERGE_UNROLL, next_power_of_2(max(1, num_splits)))
 
 
+def merge_splits(num_splits: int, rows: int, config: DecodeConfig) -> int:
+    """The merge's ``MERGE_SPLITS``: the splits' next power of two, whose LSEs the merge's first
+    pass reads as one [MERGE_SPLITS, rows] tile, where that tile holds at most
+    ``config.merge_lse_tile`` values; else 0 (the split-by-split loop). ``rows``: the tile's
+    (padded) query rows."""
+    tile = next_power_of_2(max(1, num_splits))
+    return tile if tile * rows <= config.merge_lse_tile else 0
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeLaunch:
     """The launches of the decode path: ``block_sparse_decode_fwd[grid](**args, **constexprs,
@@ -155,6 +164,9 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
     group = heads_per_program(gqa_group, seq_q, layout)
     head_groups = heads_q // group
     block_m = max(16, next_power_of_2(group * seq_q))
+    # The merge has no tl.dot: its tile is the group's rows padded to a power of two only
+    # (MERGE_M; 4 of BLOCK_M's 16 at GQA 32:8, one token), so no loads or registers go to padding.
+    merge_m = next_power_of_2(group * seq_q)
     block_d = next_power_of_2(head_dim)
     sub = layout.block_n // config.block_n
     max_tiles = (layout.kv_indices.shape[-1] + layout.full_kv_indices.shape[-1]) * sub
@@ -212,6 +224,8 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
         "FENCE_LANES": config.num_warps * warp_size,
         # the merge's chunks where this kernel merges; else 1 (no compile per split count)
         "MERGE_UNROLL": merge_unroll(num_splits) if fused else 1,
+        "MERGE_SPLITS": merge_splits(num_splits, merge_m, config) if fused else 0,
+        "MERGE_M": merge_m if fused else 1,
     }
     combine_grid = combine_args = combine_constexprs = None
     if split and not fused:
@@ -222,9 +236,10 @@ def build_decode_launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: 
             **named_strides("o", out, "bhmd"), **named_strides("l", lse, "bh"),
             "num_splits": num_splits, "head_groups": head_groups, "seq_q": seq_q,
         }
-        combine_constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": block_m, "GROUP": group,
+        combine_constexprs = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "BLOCK_M": merge_m, "GROUP": group,
                               "RETURN_LSE": return_lse,
-                              "MERGE_UNROLL": merge_unroll(num_splits)}
+                              "MERGE_UNROLL": merge_unroll(num_splits),
+                              "MERGE_SPLITS": merge_splits(num_splits, merge_m, config)}
     return DecodeLaunch((num_splits, programs), args, constexprs, config.launch_kwargs(), config, num_splits,
                         combine_grid, combine_args, combine_constexprs,
                         combine="fused" if fused else "kernel" if split else "none")

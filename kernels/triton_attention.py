@@ -436,13 +436,15 @@ def _store_rows(Out, Lse, off_b, row_head, offs_m, offs_d, out, lse2, store_ok, 
 
 @triton.jit
 def _merge_splits(po_base, pl_base, stride_pos, stride_pls, tile_offs, rows, store_ok, row_ok, num_splits,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_UNROLL: tl.constexpr, BYPASS_L1: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, MERGE_UNROLL: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+                  BYPASS_L1: tl.constexpr):
     # The splits' partial outputs of one group's rows merged: the softmax-weighted mean, weights
     # 2^(lse_s - max lse). Splits that saw no key have lse -inf, weight 0; a row no split saw
     # gives 0 and lse -inf. One program merges a group's splits, so the reads must be in flight
     # together, not one L2 round trip per split: the loop body reads MERGE_UNROLL splits'
-    # [BLOCK_M, BLOCK_D] tiles, unrolled (independent loads, which the compiler issues before the
-    # sums that use them: sm_90 SASS shows a body's eight 128-bit loads ahead of its first FFMA).
+    # [BLOCK_M, BLOCK_D] tiles, unrolled (independent loads; ptxas still places some after the
+    # previous split's sums, whatever their order in the source: the sm_90 SASS of the combine
+    # kernel at 66 splits waits on loaded data 4 times per iteration with 4-row tiles).
     # A [chunk, BLOCK_M, BLOCK_D] tile per iteration instead, reduced over its first axis, made
     # a B1/4k decode call 94 us on an H100 (10 with the old per-row combine kernel): every
     # iteration's cross-warp reduction went through shared memory behind four barriers. The sums
@@ -452,17 +454,32 @@ def _merge_splits(po_base, pl_base, stride_pos, stride_pls, tile_offs, rows, sto
     # line this one's L1 may hold from before (the arrival counter's acquire orders them after the
     # writes). po_base, pl_base: the group's split 0; tile_offs: [BLOCK_M, BLOCK_D] offsets within
     # a split. Returns (out [BLOCK_M, BLOCK_D] fp32, lse2 [BLOCK_M], base 2).
-    m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, num_splits, MERGE_UNROLL):
-        for i in tl.static_range(MERGE_UNROLL):
-            # a tensor, not a scalar: under the interpreter a Python bool in a mask breaks it
-            l_ok = row_ok & (tl.zeros([BLOCK_M], dtype=tl.int32) + (s0 + i) < num_splits)
-            if BYPASS_L1:
-                lse_s = tl.load(pl_base + (s0 + i) * stride_pls + rows, mask=l_ok, other=float("-inf"),
-                                cache_modifier=".cg")
-            else:
-                lse_s = tl.load(pl_base + (s0 + i) * stride_pls + rows, mask=l_ok, other=float("-inf"))
-            m = tl.maximum(m, lse_s)
+    if MERGE_SPLITS > 0:
+        # Pass 1 (the rows' max LSE) in one load: every split's LSEs as one [MERGE_SPLITS, BLOCK_M]
+        # tile (MERGE_SPLITS >= num_splits, a power of two), reduced over the splits once. A max
+        # is exact in any order, so this gives the loop's bits with one L2 round trip instead of
+        # num_splits / MERGE_UNROLL dependent ones; its one cross-warp reduction is outside any loop.
+        splits = tl.arange(0, MERGE_SPLITS)
+        tile_ok = (splits[:, None] < num_splits) & row_ok[None, :]  # [MERGE_SPLITS, BLOCK_M]
+        tile_ptrs = pl_base + splits[:, None] * stride_pls + rows[None, :]
+        if BYPASS_L1:
+            lse_all = tl.load(tile_ptrs, mask=tile_ok, other=float("-inf"), cache_modifier=".cg")
+        else:
+            lse_all = tl.load(tile_ptrs, mask=tile_ok, other=float("-inf"))
+        m = tl.max(lse_all, axis=0)  # [BLOCK_M]
+    else:
+        # More splits than one tile holds (``decode.merge_splits``): the max split by split.
+        m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        for s0 in range(0, num_splits, MERGE_UNROLL):
+            for i in tl.static_range(MERGE_UNROLL):
+                # a tensor, not a scalar: under the interpreter a Python bool in a mask breaks it
+                l_ok = row_ok & (tl.zeros([BLOCK_M], dtype=tl.int32) + (s0 + i) < num_splits)
+                if BYPASS_L1:
+                    lse_s = tl.load(pl_base + (s0 + i) * stride_pls + rows, mask=l_ok, other=float("-inf"),
+                                    cache_modifier=".cg")
+                else:
+                    lse_s = tl.load(pl_base + (s0 + i) * stride_pls + rows, mask=l_ok, other=float("-inf"))
+                m = tl.maximum(m, lse_s)
     m_sub = tl.where(m == float("-inf"), 0.0, m)  # [BLOCK_M]; exp2(-inf - 0) = 0, not NaN
     denom = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -511,7 +528,7 @@ def block_sparse_decode_fwd(
     HAS_DOC: tl.constexpr, HAS_PAD: tl.constexpr, HAS_BITS: tl.constexpr,
     RETURN_LSE: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr, EMULATE_BF16: tl.constexpr,
     DOT_PRECISION: tl.constexpr, SELECT_LOADED: tl.constexpr, FENCE_LANES: tl.constexpr,
-    MERGE_UNROLL: tl.constexpr,
+    MERGE_UNROLL: tl.constexpr, MERGE_SPLITS: tl.constexpr, MERGE_M: tl.constexpr,
 ):
     # Grid (num_splits, B * head_groups). One program: GROUP query heads that share one K/V head
     # (a GQA group, or one head where the layout differs between heads), all seq_q (<= the layout's
@@ -602,9 +619,16 @@ def block_sparse_decode_fwd(
             tl.debug_barrier()
             arrived = tl.atomic_add(Counter + pid_bg, 1, sem="acq_rel", scope="gpu")
             if arrived == num_splits - 1:
-                out, lse2 = _merge_splits(po_base, pl_base, stride_pos, stride_pls, tile_offs, rows, store_ok, row_ok,
-                                          num_splits, BLOCK_M, BLOCK_D, MERGE_UNROLL, BYPASS_L1=True)
-                _store_rows(Out, Lse, off_b, row_head, offs_m, offs_d, out, lse2, store_ok, row_ok,
+                # The merge's own tile: the group's real rows padded to MERGE_M, not to BLOCK_M
+                # (tl.dot's 16): fewer registers and loads per split (the same bits: each element's
+                # sum is the same operations in the same order).
+                _, _, m_rows, m_row_ok, m_row_head, m_offs_m = _group_rows(pid_bg, head_groups, seq_q, MERGE_M, GROUP)
+                m_store_ok = m_row_ok[:, None] & d_ok[None, :]
+                m_tile_offs = m_rows[:, None] * stride_por + offs_d[None, :]
+                m_out, m_lse2 = _merge_splits(po_base, pl_base, stride_pos, stride_pls, m_tile_offs, m_rows,
+                                              m_store_ok, m_row_ok, num_splits, MERGE_M, BLOCK_D, MERGE_UNROLL,
+                                              MERGE_SPLITS, BYPASS_L1=True)
+                _store_rows(Out, Lse, off_b, m_row_head, m_offs_m, offs_d, m_out, m_lse2, m_store_ok, m_row_ok,
                             stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, RETURN_LSE)
                 tl.atomic_xchg(Counter + pid_bg, 0, sem="relaxed", scope="gpu")
     else:
@@ -621,11 +645,12 @@ def decode_combine(
     stride_lb, stride_lh,
     num_splits, head_groups, seq_q,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
-    RETURN_LSE: tl.constexpr, MERGE_UNROLL: tl.constexpr,
+    RETURN_LSE: tl.constexpr, MERGE_UNROLL: tl.constexpr, MERGE_SPLITS: tl.constexpr,
 ):
     # The split kernel's merge as a kernel of its own (``DecodeConfig.fused_combine=False``): one
-    # program per (batch, head group), grid (B * head_groups,), the same tile and the same
-    # ``_merge_splits`` as the fused path's last program, so both give the same bits.
+    # program per (batch, head group), grid (B * head_groups,), the same tile (BLOCK_M: the fused
+    # kernel's MERGE_M) and the same ``_merge_splits`` as the fused path's last program, so both
+    # give the same bits.
     pid_bg = tl.program_id(0)
     off_b, off_g, rows, row_ok, row_head, offs_m = _group_rows(pid_bg, head_groups, seq_q, BLOCK_M, GROUP)
     offs_d = tl.arange(0, BLOCK_D)
@@ -634,6 +659,6 @@ def decode_combine(
     pl_base = PartLse + off_b.to(tl.int64) * stride_plb + off_g.to(tl.int64) * stride_plh
     tile_offs = rows[:, None] * stride_por + offs_d[None, :]
     out, lse2 = _merge_splits(po_base, pl_base, stride_pos, stride_pls, tile_offs, rows, store_ok, row_ok, num_splits,
-                              BLOCK_M, BLOCK_D, MERGE_UNROLL, BYPASS_L1=False)
+                              BLOCK_M, BLOCK_D, MERGE_UNROLL, MERGE_SPLITS, BYPASS_L1=False)
     _store_rows(Out, Lse, off_b, row_head, offs_m, offs_d, out, lse2, store_ok, row_ok,
                 stride_ob, stride_oh, stride_om, stride_od, stride_lb, stride_lh, RETURN_LSE)

@@ -22,7 +22,8 @@ from parity.kernels import (
     sliding_window_layout,
 )
 from parity.kernels.configs import DECODE_MAX_SEQ_Q, DecodeConfig, LaunchConfig
-from parity.kernels.decode import MAX_ROWS, build_decode_launch, choose_splits, heads_per_program
+from parity.kernels.decode import MAX_ROWS, build_decode_launch, choose_splits, heads_per_program, merge_splits
+from parity.kernels.launch import next_power_of_2
 from parity.kernels.testing import LSE_TOLERANCE, check_kernel_output, kernel_reference, random_qkv
 
 LAYOUTS = {
@@ -179,11 +180,58 @@ def test_split_buffers_are_sized_from_the_group(device):
     unfused = build_decode_launch(q, k, v, torch.empty_like(q), None, layout,
                                   DecodeConfig(32, 4, 1, fused_combine=False), sm_scale=1.0, num_splits=5)
     assert unfused.combine == "kernel" and unfused.combine_grid == (3 * 2,) and not unfused.constexprs["FUSED"]
-    assert unfused.combine_constexprs["BLOCK_M"] == 16 and unfused.combine_constexprs["GROUP"] == 4
+    # the merge tile: the group's 8 rows (4 heads x 2 positions), no padding to tl.dot's 16
+    assert unfused.combine_constexprs["BLOCK_M"] == 8 and unfused.combine_constexprs["GROUP"] == 4
+    assert launch.constexprs["MERGE_M"] == 8 and launch.constexprs["MERGE_SPLITS"] == 8
     one = build_decode_launch(q, k, v, torch.empty_like(q), None, layout, DecodeConfig(32, 4, 1), sm_scale=1.0,
                               num_splits=1)
     assert one.combine_grid is None and not one.constexprs["SPLIT"] and one.combine == "none"
     assert DecodeConfig(32, 4, 1).to_dict()["fused_combine"] is True  # what bundles record
+
+
+def test_merge_splits_reads_the_lses_as_one_tile_up_to_the_cap():
+    cfg = DecodeConfig(32, 4, 1)
+    assert cfg.merge_lse_tile == 4096 and cfg.to_dict()["merge_lse_tile"] == 4096
+    assert [merge_splits(n, 16, cfg) for n in (1, 2, 3, 5, 8, 66, 128, 256, 257)] == [1, 2, 4, 8, 8, 128, 128, 256, 0]
+    assert merge_splits(66, 64, cfg) == 0 and merge_splits(64, 64, cfg) == 64  # 64 rows: 64 splits fit
+    off = dataclasses.replace(cfg, merge_lse_tile=0)
+    assert merge_splits(1, 16, off) == 0 and merge_splits(8, 16, off) == 0
+
+
+# (layout, batch, heads_q, heads_kv, seq_q, seq_k, splits): empty splits and an empty row (ragged
+# with 7 splits over two key tiles), a power of two, a count just past one (5 -> an 8-split tile
+# with 3 masked rows), and a group whose 6 rows pad a 16-row tile.
+MERGE_CASES = {
+    "ragged-7": (lambda: padding_layout(1, 64, [64, 0], block_m=32, block_n=32), 2, 2, 1, 1, 64, 7),
+    "causal-4": (lambda: causal_layout(1, 200, block_m=32, block_n=32), 1, 8, 2, 1, 200, 4),
+    "window-5": (lambda: sliding_window_layout(3, 300, 150, block_m=32, block_n=32), 2, 4, 2, 3, 300, 5),
+}
+
+
+@pytest.mark.parametrize("combine", list(COMBINES))
+@pytest.mark.parametrize("case", list(MERGE_CASES))
+def test_lse_tile_merge_gives_the_loops_bits(case, combine, device):
+    """The merge's first pass as one [MERGE_SPLITS, rows] tile against the split-by-split loop it
+    replaces (``merge_lse_tile=0``, still the path past the cap): a max is exact in any order, so
+    the output and LSE bits are equal, fused merge and combine kernel alike."""
+    make, batch, heads_q, heads_kv, seq_q, seq_k, splits = MERGE_CASES[case]
+    layout = make()
+    q, k, v = random_qkv(batch, heads_q, heads_kv, seq_q, seq_k, 32, torch.float32, seed=7, device=device)
+    tile_cfg = combine_config(q, layout, COMBINES[combine])
+    loop_cfg = dataclasses.replace(tile_cfg, merge_lse_tile=0)
+    results = []
+    for cfg, expected in ((tile_cfg, next_power_of_2(splits)), (loop_cfg, 0)):
+        launch = build_decode_launch(q, k, v, torch.empty_like(q), None, layout, cfg, sm_scale=1.0, num_splits=splits)
+        merging = launch.constexprs if launch.combine == "fused" else launch.combine_constexprs
+        assert merging["MERGE_SPLITS"] == expected
+        results.append(run_decode(q, k, v, layout, decode=True, config=cfg, num_splits=splits, launch_cache=False))
+    (out, lse), (loop_out, loop_lse) = results
+    assert torch.equal(out, loop_out) and torch.equal(lse, loop_lse), \
+        f"tile and loop merges differ: max {float((out.double() - loop_out.double()).abs().max())}"
+    assert torch.isfinite(lse).any()
+    if case == "ragged-7":  # the sequence with no key: 0 and LSE -inf through both merges
+        assert torch.all(out[1] == 0) and torch.all(torch.isneginf(lse[1]))
+    assert check_kernel_output(out, lse, q, k, v, layout).passed
 
 
 @pytest.mark.parametrize("kwargs,message", [
