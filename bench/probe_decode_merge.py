@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--splits", default="auto,4,8,16", help="split counts: auto (the pinned choice) and forced")
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args(argv)
+    merges = args.merge.split(",")
+    if not merges or any(merge not in ("tile", "loop") for merge in merges):
+        parser.error(f"--merge takes tile and loop, got {args.merge!r}")
     from triton.testing import do_bench_cudagraph
 
     from parity.kernels import block_sparse_attention, causal_layout
@@ -95,13 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         result = {"row": row, "device": torch.cuda.get_device_name(), "sdpa": {
             "graph_us": round(do_bench_cudagraph(sdpa, rep=100) * 1e3, 2), "kernels": _kernel_us(sdpa, args.calls)}}
         reference = None
-        for mode, fused, merge in ((m, f, g) for m, f in (("fused", True), ("kernel", False))
-                                   for g in args.merge.split(",")):
+        same_count = {}  # (mode, unrolling, splits) -> the first merge's output at that split count
+        for mode, fused, merge in ((m, f, g) for m, f in (("fused", True), ("kernel", False)) for g in merges):
             config = dataclasses.replace(decode_config(device, 128, q.dtype).clamp(layout.block_n), fused_combine=fused)
             if merge == "loop":
                 config = dataclasses.replace(config, merge_lse_tile=0)
-            elif merge != "tile":
-                parser.error(f"--merge takes tile and loop, got {merge!r}")
             for setting in args.unroll.split(","):
                 with _unroll(setting):
                     for splits in args.splits.split(","):
@@ -118,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
                             err = float((out.float() - reference.float()).abs().max())
                             result[key] = {"graph_us": round(do_bench_cudagraph(call, rep=100) * 1e3, 2),
                                            "kernels": _kernel_us(call, args.calls), "max_diff_vs_first": err}
+                            # the merges at one split count must agree bit for bit (the first pass
+                            # takes a max, exact in any order; fused and combine sum in one order)
+                            first = same_count.setdefault((setting, splits), out)
+                            if first is not out:
+                                result[key]["bits_equal_at_this_count"] = bool(torch.equal(first, out))
                         except Exception as exc:  # a probe: keep what the other settings measured
                             result[key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         result["choose_splits"] = chosen[:4]

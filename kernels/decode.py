@@ -101,9 +101,10 @@ def choose_splits(programs: int, max_tiles: int, units: int, config: DecodeConfi
 
 # Splits whose partial tiles the merge reads per loop iteration, unrolled (``_merge_splits``): one
 # program merges a group's splits, and a loop that reads one split per iteration waits for an L2
-# round trip per split. Each split's [BLOCK_M, BLOCK_D] fp32 tile is 16 registers per thread at
-# D=128 and 4 warps, so 4 in flight stay beside the accumulator (74 registers, no spills, on
-# sm_90 at B1/4k: compile-only).
+# round trip per split. 4 splits per iteration measured best of 1, 2, 4 and 8 on an H100 with the
+# 16-row merge tile (bench/BENCHMARK.md, fifth round); with the tile cut to the group's real rows
+# (MERGE_M) the split kernel compiles to 72 registers on sm_90, no spills (compile-only), and
+# other unrollings were not measured again.
 MERGE_UNROLL = 4
 
 
@@ -114,12 +115,16 @@ def merge_unroll(num_splits: int) -> int:
 
 
 def merge_splits(num_splits: int, rows: int, config: DecodeConfig) -> int:
-    """The merge's ``MERGE_SPLITS``: the splits' next power of two, whose LSEs the merge's first
-    pass reads as one [MERGE_SPLITS, rows] tile, where that tile holds at most
-    ``config.merge_lse_tile`` values; else 0 (the split-by-split loop). ``rows``: the tile's
-    (padded) query rows."""
-    tile = next_power_of_2(max(1, num_splits))
-    return tile if tile * rows <= config.merge_lse_tile else 0
+    """The merge's ``MERGE_SPLITS``: the config's most splits (``max_splits``) to a power of two,
+    whose LSEs the merge's first pass reads as one [MERGE_SPLITS, rows] tile (the splits past
+    ``num_splits`` masked), where that tile holds at most ``config.merge_lse_tile`` values; else
+    0 (the split-by-split loop). From the config and the rows, not from ``num_splits``: the split
+    count grows with the keys, and a constexpr that followed it would compile the split kernel
+    again at every power of two a generating model's cache crosses (five times from 1k to 16k keys
+    at B1); the masked lanes cost one predicated load per thread. ``rows``: the tile's (padded)
+    query rows."""
+    tile = next_power_of_2(max(1, config.max_splits))
+    return tile if num_splits <= tile and tile * rows <= config.merge_lse_tile else 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,6 @@ from parity.kernels import (
 )
 from parity.kernels.configs import DECODE_MAX_SEQ_Q, DecodeConfig, LaunchConfig
 from parity.kernels.decode import MAX_ROWS, build_decode_launch, choose_splits, heads_per_program, merge_splits
-from parity.kernels.launch import next_power_of_2
 from parity.kernels.testing import LSE_TOLERANCE, check_kernel_output, kernel_reference, random_qkv
 
 LAYOUTS = {
@@ -182,7 +181,8 @@ def test_split_buffers_are_sized_from_the_group(device):
     assert unfused.combine == "kernel" and unfused.combine_grid == (3 * 2,) and not unfused.constexprs["FUSED"]
     # the merge tile: the group's 8 rows (4 heads x 2 positions), no padding to tl.dot's 16
     assert unfused.combine_constexprs["BLOCK_M"] == 8 and unfused.combine_constexprs["GROUP"] == 4
-    assert launch.constexprs["MERGE_M"] == 8 and launch.constexprs["MERGE_SPLITS"] == 8
+    # the first pass's tile: the config's most splits (128), whatever this launch's 5
+    assert launch.constexprs["MERGE_M"] == 8 and launch.constexprs["MERGE_SPLITS"] == 128
     one = build_decode_launch(q, k, v, torch.empty_like(q), None, layout, DecodeConfig(32, 4, 1), sm_scale=1.0,
                               num_splits=1)
     assert one.combine_grid is None and not one.constexprs["SPLIT"] and one.combine == "none"
@@ -192,8 +192,12 @@ def test_split_buffers_are_sized_from_the_group(device):
 def test_merge_splits_reads_the_lses_as_one_tile_up_to_the_cap():
     cfg = DecodeConfig(32, 4, 1)
     assert cfg.merge_lse_tile == 4096 and cfg.to_dict()["merge_lse_tile"] == 4096
-    assert [merge_splits(n, 16, cfg) for n in (1, 2, 3, 5, 8, 66, 128, 256, 257)] == [1, 2, 4, 8, 8, 128, 128, 256, 0]
-    assert merge_splits(66, 64, cfg) == 0 and merge_splits(64, 64, cfg) == 64  # 64 rows: 64 splits fit
+    # one tile for every split count a shape can get (max_splits 128): one compiled variant
+    assert [merge_splits(n, 16, cfg) for n in (1, 2, 3, 5, 8, 66, 128)] == [128] * 7
+    assert merge_splits(129, 16, cfg) == 0  # a forced count past the config's most: the loop
+    assert merge_splits(8, 64, cfg) == 0  # 128 x 64 rows past the cap: the loop, whatever the count
+    fewer = dataclasses.replace(cfg, max_splits=60)
+    assert merge_splits(3, 64, fewer) == 64 and merge_splits(60, 64, fewer) == 64  # 64 x 64 = the cap
     off = dataclasses.replace(cfg, merge_lse_tile=0)
     assert merge_splits(1, 16, off) == 0 and merge_splits(8, 16, off) == 0
 
@@ -217,10 +221,11 @@ def test_lse_tile_merge_gives_the_loops_bits(case, combine, device):
     make, batch, heads_q, heads_kv, seq_q, seq_k, splits = MERGE_CASES[case]
     layout = make()
     q, k, v = random_qkv(batch, heads_q, heads_kv, seq_q, seq_k, 32, torch.float32, seed=7, device=device)
-    tile_cfg = combine_config(q, layout, COMBINES[combine])
+    # at most 8 splits: an 8-split tile, its lanes past 4, 5 or 7 splits masked
+    tile_cfg = dataclasses.replace(combine_config(q, layout, COMBINES[combine]), max_splits=8)
     loop_cfg = dataclasses.replace(tile_cfg, merge_lse_tile=0)
     results = []
-    for cfg, expected in ((tile_cfg, next_power_of_2(splits)), (loop_cfg, 0)):
+    for cfg, expected in ((tile_cfg, 8), (loop_cfg, 0)):
         launch = build_decode_launch(q, k, v, torch.empty_like(q), None, layout, cfg, sm_scale=1.0, num_splits=splits)
         merging = launch.constexprs if launch.combine == "fused" else launch.combine_constexprs
         assert merging["MERGE_SPLITS"] == expected
