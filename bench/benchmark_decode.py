@@ -76,8 +76,13 @@ def parse_variant(spec: str) -> dict[str, int]:
 
 
 def label(cfg: configs.DecodeConfig) -> str:
-    return (f"n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} ppu{cfg.programs_per_unit} "
-            f"min{cfg.min_tiles_per_split}")
+    """The config's settings a variant can change, the merge's named only where they differ from
+    the pinned defaults (rows of one run must be told apart)."""
+    default = configs.DecodeConfig(cfg.block_n, cfg.num_warps, cfg.num_stages)
+    merge = [f"{name}={getattr(cfg, name)}" for name in ("max_splits", "fused_combine", "merge_lse_tile")
+             if getattr(cfg, name) != getattr(default, name)]
+    return " ".join([f"n{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages} ppu{cfg.programs_per_unit} "
+                     f"min{cfg.min_tiles_per_split}", *merge])
 
 
 def kept_kv_bytes(layout: BlockLayout, batch: int, heads_kv: int, head_dim: int, element_size: int) -> int:

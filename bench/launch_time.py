@@ -140,7 +140,7 @@ def host_parts(cases: list[table.Case], device: torch.device, calls: int = 1000)
     for case in cases:
         layout, q, k, v, _batch, _mc = table._problem(case, device, table.Sizes())
         irregular = layout.has_doc or layout.has_bits
-        cfg = configs.config_for(arch, case.head_dim, q.dtype, irregular=irregular).clamp(layout.block_m, layout.block_n)
+        cfg = configs.config_for_blocks(arch, case.head_dim, q.dtype, layout.block_m, layout.block_n, irregular=irregular)
         out, scale = torch.empty_like(q), case.head_dim ** -0.5
         use_tma = launch.tma_fits(cfg, q, k, v)
         built = launch.build_launch(q, k, v, out, None, layout, cfg, sm_scale=scale, use_tma=use_tma)
@@ -150,8 +150,8 @@ def host_parts(cases: list[table.Case], device: torch.device, calls: int = 1000)
                 return attention.launch_config(device, head_dim, q.dtype, layout)
         else:  # on a CPU the launcher would take the interpreter's row: look up the target's instead
             def config_lookup(q=q, layout=layout, head_dim=case.head_dim, irregular=irregular):
-                return configs.config_for(arch, head_dim, q.dtype, irregular=irregular).clamp(layout.block_m,
-                                                                                            layout.block_n)
+                return configs.config_for_blocks(arch, head_dim, q.dtype, layout.block_m, layout.block_n,
+                                                 irregular=irregular)
         row = {"case": case.name, "arch": arch, "runtime_arguments": len(built.args), **versions, "us_per_call": {
             "checks": per_call_us(lambda: attention.check_inputs(q, k, v, layout), calls),
             "config": per_call_us(config_lookup, calls),

@@ -63,7 +63,7 @@ def _prefill_config(device: torch.device, head_dim: int, dtype: torch.dtype,
     if layout is None:
         return configs.config_for(arch, head_dim, dtype)
     irregular = layout.has_doc or layout.has_bits
-    return configs.config_for(arch, head_dim, dtype, irregular=irregular).clamp(layout.block_m, layout.block_n)
+    return configs.config_for_blocks(arch, head_dim, dtype, layout.block_m, layout.block_n, irregular=irregular)
 
 
 def block_sparse_attention(

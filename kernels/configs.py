@@ -16,7 +16,7 @@ from typing import Any
 
 from . import dtypes
 
-__all__ = ["LaunchConfig", "DecodeConfig", "DECODE_CONFIGS", "DECODE_MAX_SEQ_Q", "decode_config_for", "DECODE_FIELDS", "parse_fields", "CONFIGS", "OVERRIDE_KEYS", "config_for", "candidates", "known_archs", "with_overrides"]
+__all__ = ["LaunchConfig", "DecodeConfig", "DECODE_CONFIGS", "DECODE_MAX_SEQ_Q", "decode_config_for", "DECODE_FIELDS", "parse_fields", "CONFIGS", "OVERRIDE_KEYS", "config_for", "config_for_blocks", "candidates", "known_archs", "with_overrides"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,6 +294,19 @@ def config_for(arch: str, head_dim: int, dtype: object = None, *, irregular: boo
 # matrix_instr_nonkdim=0 are the compiler's "no constraint" / "pick one", hence minimum 0.
 # Each key's kind and bounds, as plain data: ("int", minimum, maximum) or ("bool",); the harness
 # turns them into its converters (parity.base.overrides).
+def config_for_blocks(arch: str, head_dim: int, dtype: object, block_m: int, block_n: int, *,
+                      irregular: bool = False) -> LaunchConfig:
+    """The config for a layout with ``block_m`` x ``block_n`` blocks: ``config_for``'s, clamped
+    to the blocks; where its tile does not fit them and the architecture has a small-tile row
+    (``IRREGULAR_CONFIGS``: 64x64 w4 s3 on sm_90), that row instead. A pinned 8-warp tile shrunk
+    to 64x64 keeps its 8 warps: on the H200 it took 1.19 ms where the 4-warp row took 0.566 on the
+    same layout (bench/BENCHMARK.md, the document row)."""
+    config = config_for(arch, head_dim, dtype, irregular=irregular)
+    if config.block_m > block_m or config.block_n > block_n:
+        config = config_for(arch, head_dim, dtype, irregular=True)
+    return config.clamp(block_m, block_n)
+
+
 _SIZE = ("int", 1, 2**16)
 _KNOB = ("int", 0, 2**16)
 LAUNCH_FIELDS = {"block_m": _SIZE, "block_n": _SIZE, "num_warps": _SIZE, "num_stages": _KNOB,

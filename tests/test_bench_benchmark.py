@@ -186,3 +186,15 @@ def test_every_lab_format_has_a_valid_schema_beside_the_lab():
         assert format_name not in jsonformat.FORMATS  # the package knows none of them
     with pytest.raises(ValueError, match="unknown lab JSON format 'parity-compare-report'"):
         formats.schema_for(jsonformat.COMPARE_REPORT)
+
+
+def test_decode_variant_labels_name_the_merge_settings_that_differ():
+    """Rows of ``benchmark_decode --variant`` that change only the merge must be told apart."""
+    from bench import benchmark_decode
+
+    pinned = configs.decode_config_for("sm_90", 128, torch.bfloat16)
+    assert benchmark_decode.label(pinned) == "n32 w4 s3 ppu4 min8"
+    for variant, named in (("merge_lse_tile=0", "merge_lse_tile=0"), ("fused_combine=0", "fused_combine=False"),
+                           ("max_splits=16", "max_splits=16")):
+        changed = dataclasses.replace(pinned, **benchmark_decode.parse_variant(variant))
+        assert benchmark_decode.label(changed) == f"n32 w4 s3 ppu4 min8 {named}", variant

@@ -255,3 +255,35 @@ def test_gpu_launch_variants(kind):
     q, k, v = random_qkv(2, 4, 2, 2048, 2048, 128, torch.bfloat16, 4, device)
     base = launch_config(device, 128, torch.bfloat16)
     _check_variants(layout, q, k, v, base, block_ns=(base.block_n, base.block_n // 2), stages=(2, 3))
+
+
+# ---- the config for a layout's blocks ------------------------------------------------------------
+def test_blocks_smaller_than_the_pinned_tile_take_the_small_tile_row():
+    """sm_90 pins 128x128 tiles with 8 warps at D=128; on 64-row blocks that tile shrunk to 64x64
+    kept its 8 warps (measured 2.1x slower than 4 warps on the H200), so such layouts take the
+    architecture's small-tile row; where it has none, the pinned tile clamped as before."""
+    from parity.kernels import configs
+
+    bf16 = torch.bfloat16
+    assert configs.config_for_blocks("sm_90", 128, bf16, 128, 128) == configs.config_for("sm_90", 128, bf16)
+    small = configs.config_for_blocks("sm_90", 128, bf16, 64, 64)
+    assert (small.block_m, small.block_n, small.num_warps, small.num_stages) == (64, 64, 4, 3)
+    assert configs.config_for_blocks("sm_90", 64, bf16, 64, 64).num_warps == 4  # D=64's 128x64 w8 row too
+    assert (configs.config_for_blocks("sm_90", 128, bf16, 32, 64).block_m,
+            configs.config_for_blocks("sm_90", 128, bf16, 32, 64).num_warps) == (32, 4)  # that row, clamped
+    for arch, dtype in (("gfx942", bf16), ("sm_80", bf16), ("sm_90", torch.float32)):  # no small row: clamped
+        assert (configs.config_for_blocks(arch, 128, dtype, 64, 64)
+                == configs.config_for(arch, 128, dtype).clamp(64, 64)), arch
+
+
+def test_the_hf_integrations_layouts_fit_every_pinned_tile():
+    """The Hugging Face integration's default layout blocks hold every architecture's pinned
+    16-bit tile up to D=128 (Llama's and Mistral's head dim): its causal and window layouts run the
+    measured config, never one clamped to smaller blocks."""
+    from parity.integrations import transformers as parity_tf
+    from parity.kernels import configs
+
+    for arch in configs.known_archs():
+        for head_dim in (64, 128):
+            pinned = configs.config_for(arch, head_dim, torch.bfloat16)
+            assert pinned.block_m <= parity_tf.DEFAULT_BLOCK and pinned.block_n <= parity_tf.DEFAULT_BLOCK, arch
