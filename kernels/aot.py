@@ -245,10 +245,16 @@ def launch_arguments(target: str, dtype: str, head_dim: int, problem: Problem = 
                                      units=targets.arch_spec(target).compute_units, amd=amd,
                                      warp_size=targets.arch_spec(target).warp_size)
         return launch.args, launch.constexprs, launch.options, launch.config
-    cfg = pinned_config(target, dtype, head_dim, overrides).clamp(layout.block_m, layout.block_n)
+    if overrides:
+        cfg = pinned_config(target, dtype, head_dim, overrides).clamp(layout.block_m, layout.block_n)
+    else:  # the launcher's own choice for these blocks (kernels.attention._prefill_config)
+        from . import configs
+
+        cfg = configs.config_for_blocks(target, head_dim, dtypes.torch_dtype(dtype), layout.block_m, layout.block_n)
     use_tma = tma_fits(cfg, q, k, v)
     launch = build_launch(q, k, v, torch.empty_like(q), lse, layout, cfg, sm_scale=head_dim ** -0.5,
-                          use_tma=use_tma, amd=amd, descriptors=kv_descriptors(k, v, cfg, use_tma))
+                          use_tma=use_tma, amd=amd,
+                          descriptors=kv_descriptors(k, v, cfg, use_tma, block_n=layout.block_n))
     return launch.args, launch.constexprs, launch.options, launch.config
 
 

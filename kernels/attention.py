@@ -472,7 +472,9 @@ def _launch(q, k, v, layout, *, sm_scale=None, return_lse=False, config=None, ou
     else:
         cfg = _resolve_config(config, q, k, v, layout, scale).clamp(layout.block_m, layout.block_n)
         use_tma = _tma_usable(cfg, q, k, v)
-        descriptors = kv_descriptors(k, v, cfg, use_tma)  # this call's, where cfg.host_tma asks and fits
+        # this call's, where cfg.host_tma asks and fits (a plan's hits make them again only where
+        # the build made them: the key holds the shapes and the layout's blocks that decide it)
+        descriptors = kv_descriptors(k, v, cfg, use_tma, block_n=layout.block_n)
 
         def build():
             launch = build_launch(q, k, v, staging, lse, layout, cfg, sm_scale=scale, emulate_bf16=emulate_bf16,

@@ -289,11 +289,6 @@ def config_for(arch: str, head_dim: int, dtype: object = None, *, irregular: boo
     return _row_for(FP32_CONFIGS if fp32 else CONFIGS, arch, head_dim, "launch config")
 
 
-# The keys a proposed config may change (``inspect --set``, the benchmark's ``--config``) and how
-# each value is read. Bounds: beyond them a value is a typo. waves_per_eu=0 and
-# matrix_instr_nonkdim=0 are the compiler's "no constraint" / "pick one", hence minimum 0.
-# Each key's kind and bounds, as plain data: ("int", minimum, maximum) or ("bool",); the harness
-# turns them into its converters (parity.base.overrides).
 def config_for_blocks(arch: str, head_dim: int, dtype: object, block_m: int, block_n: int, *,
                       irregular: bool = False) -> LaunchConfig:
     """The config for a layout with ``block_m`` x ``block_n`` blocks: ``config_for``'s, clamped
@@ -307,6 +302,11 @@ def config_for_blocks(arch: str, head_dim: int, dtype: object, block_m: int, blo
     return config.clamp(block_m, block_n)
 
 
+# The keys a proposed config may change (``inspect --set``, the benchmark's ``--config``) and how
+# each value is read. Bounds: beyond them a value is a typo. waves_per_eu=0 and
+# matrix_instr_nonkdim=0 are the compiler's "no constraint" / "pick one", hence minimum 0.
+# Each key's kind and bounds, as plain data: ("int", minimum, maximum) or ("bool",); the harness
+# turns them into its converters (parity.base.overrides).
 _SIZE = ("int", 1, 2**16)
 _KNOB = ("int", 0, 2**16)
 LAUNCH_FIELDS = {"block_m": _SIZE, "block_n": _SIZE, "num_warps": _SIZE, "num_stages": _KNOB,

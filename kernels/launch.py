@@ -149,29 +149,33 @@ def tma_fits(config: LaunchConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     return True
 
 
-def host_tma_fits(config: LaunchConfig, k: torch.Tensor, v: torch.Tensor) -> bool:
+def host_tma_fits(config: LaunchConfig, k: torch.Tensor, v: torch.Tensor, block_n: int | None = None) -> bool:
     """Whether the kernel can take K and V as host-made descriptors (``config.host_tma``): each as
     one array of [B * Hkv * Sk, D] rows with one row stride (heads follow rows, batches heads,
-    or the dim has one entry), a key length that is a multiple of the key tile (a tile then
-    never reads the next head's rows, which the per-head descriptors' bounds would zero-fill),
-    and fewer than 2**31 rows (TMA coordinates are 32-bit). ``tma_fits`` is the caller's to
-    check first."""
+    or the dim has one entry), a key length that is a multiple of the key tile and of the
+    layout's key block ``block_n`` where given (a tile then never reads the next head's rows,
+    which the per-head descriptors' bounds would zero-fill: a tile narrower than the block visits
+    every sub-tile of a partial last block, also those starting at Sk, and a NaN there would
+    reach this head's output through a zero weight), and fewer than 2**31 rows (TMA coordinates
+    are 32-bit). ``tma_fits`` is the caller's to check first."""
     if not config.host_tma:
         return False
     for t in (k, v):
         batch, heads, seq, _ = t.shape
-        if seq % config.block_n or batch * heads * seq >= 2**31:
+        if seq % config.block_n or (block_n and seq % block_n) or batch * heads * seq >= 2**31:
             return False
         if (heads > 1 and t.stride(1) != seq * t.stride(2)) or (batch > 1 and t.stride(0) != heads * t.stride(1)):
             return False
     return True
 
 
-def kv_descriptors(k: torch.Tensor, v: torch.Tensor, config: LaunchConfig, use_tma: bool) -> tuple[Any, Any]:
+def kv_descriptors(k: torch.Tensor, v: torch.Tensor, config: LaunchConfig, use_tma: bool,
+                   block_n: int | None = None) -> tuple[Any, Any]:
     """This call's K and V descriptors for a ``config.host_tma`` launch (Triton's
     ``TensorDescriptor`` over all rows, [BLOCK_N, D] boxes), or (None, None) where the kernel
-    builds its own or loads through pointers. Made per call: they hold the tensors' addresses."""
-    if not (use_tma and host_tma_fits(config, k, v)):
+    builds its own or loads through pointers. Made per call: they hold the tensors' addresses.
+    ``block_n``: the layout's key block (``host_tma_fits``)."""
+    if not (use_tma and host_tma_fits(config, k, v, block_n)):
         return None, None
     from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -403,3 +403,18 @@ $L__tmp3:
 def test_compiled_results_carry_a_code_digest(compiled):
     digests = [r.code_digest for r in compiled.values() if r.error is None]
     assert digests and all(isinstance(d, str) and len(d) == 12 for d in digests)
+
+
+def test_the_compiled_config_is_the_launchers_for_the_problems_blocks():
+    """``parity inspect`` compiles what the launcher runs for the problem's blocks: on 64-row
+    blocks sm_90's small-tile row (64x64, 4 warps), not the pinned 128 x 128 8-warp tile shrunk
+    (the recorded-call test above cannot cover it: the launcher takes no TMA on meta tensors)."""
+    import torch
+
+    from parity.kernels import configs
+
+    for target, head_dim in (("sm_90", 128), ("sm_90", 64), ("gfx942", 128)):
+        for block in (64, 128):
+            config = aot.launch_arguments(target, "bf16", head_dim, aot.Problem(sparse_block=block))[3]
+            assert config == configs.config_for_blocks(target, head_dim, torch.bfloat16, block, block), (target, block)
+    assert aot.launch_arguments("sm_90", "bf16", 128, aot.Problem(sparse_block=64))[3].num_warps == 4

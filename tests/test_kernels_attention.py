@@ -276,14 +276,21 @@ def test_blocks_smaller_than_the_pinned_tile_take_the_small_tile_row():
                 == configs.config_for(arch, 128, dtype).clamp(64, 64)), arch
 
 
-def test_the_hf_integrations_layouts_fit_every_pinned_tile():
-    """The Hugging Face integration's default layout blocks hold every architecture's pinned
-    16-bit tile up to D=128 (Llama's and Mistral's head dim): its causal and window layouts run the
-    measured config, never one clamped to smaller blocks."""
+def test_the_hf_integrations_eager_and_compiled_layouts_take_one_config():
+    """Under torch.compile the integration's layout is a bit mask (irregular); eager, on the
+    integration's default blocks, a formula layout. Both must run one config on every architecture
+    and head dim: else a compiled forward gives other bits than the eager one and than the
+    config a bundle records (on sm_90, 128-row blocks would give eager the pinned 128 x 128 tile and
+    compiled the 64-row one)."""
     from parity.integrations import transformers as parity_tf
     from parity.kernels import configs
 
+    block = parity_tf.DEFAULT_BLOCK
     for arch in configs.known_archs():
-        for head_dim in (64, 128):
-            pinned = configs.config_for(arch, head_dim, torch.bfloat16)
-            assert pinned.block_m <= parity_tf.DEFAULT_BLOCK and pinned.block_n <= parity_tf.DEFAULT_BLOCK, arch
+        for head_dim in (64, 128, 256):
+            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                eager = configs.config_for_blocks(arch, head_dim, dtype, block, block)
+                compiled = configs.config_for_blocks(arch, head_dim, dtype, block, block, irregular=True)
+                assert eager == compiled, (arch, head_dim, dtype)
+    # and on sm_90 that config is the 4-warp 64-row tile, not the 8-warp one shrunk
+    assert configs.config_for_blocks("sm_90", 128, torch.bfloat16, block, block).num_warps == 4

@@ -86,6 +86,11 @@ def test_host_tma_fits_only_rows_it_can_describe():
     assert host_tma_fits(cfg, k, k)
     assert not host_tma_fits(dataclasses.replace(cfg, host_tma=False), k, k)  # not asked for
     assert not host_tma_fits(cfg, k[:, :, :200], k[:, :, :200])  # a key tile would cross into the next head
+    # 64-key tiles in 128-key layout blocks: Sk 192 ends inside a block, whose second tile (keys
+    # 192-255) would read the next head's first rows
+    k192 = torch.empty(2, 4, 192, 64)
+    assert host_tma_fits(cfg, k192, k192) and not host_tma_fits(cfg, k192, k192, block_n=128)
+    assert host_tma_fits(cfg, k, k, block_n=128)  # 256 keys: whole blocks
     assert not host_tma_fits(cfg, k, k[:, :2])  # a slice of the heads: batches are not one row array
     bshd = torch.empty(2, 256, 4, 64).transpose(1, 2)  # [B, S, H, D] storage: rows of a head are H rows apart
     assert not host_tma_fits(cfg, bshd, bshd)

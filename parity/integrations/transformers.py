@@ -93,12 +93,12 @@ KERNEL_NAME = "parity_sparse"
 REFERENCE_NAME = "parity_sdpa"
 CORE_NAME = "attn_core"
 IMPLS = ("kernel", "reference")
-# The layout's block sizes: the largest tile the kernel's pinned configs use (128 x 128 on sm_90
-# at D=128), so a causal or windowed layout runs the measured config. On 64-row blocks the pinned
-# 8-warp tile had to shrink to 64 x 64, measured 2.1x slower than 4 warps on the same tiles
-# (bench/BENCHMARK.md, "How the document row got there"); the HF 8B prefill's attention blocks took
-# 54.7 ms against sdpa's 36.5 that way (bench/results/h100-inference-4/hf-bench.json).
-DEFAULT_BLOCK = 128
+# The layout's block sizes. 64: under torch.compile the layout is an element (bit) mask
+# (``_traced_layout``), which takes the architecture's small-tile row (64x64 w4 on sm_90); eager
+# layouts on 64-row blocks take that same row (``configs.config_for_blocks``: the pinned tile
+# does not fit them), so a compiled forward runs the config, and gives the bits, of the eager one.
+# On 128-row blocks eager would run sm_90's pinned 128 x 128 tile and compiled the 64-row one.
+DEFAULT_BLOCK = 64
 
 # name -> (impl, block_m, block_n) of every implementation register() installed in this process
 _REGISTERED: dict[str, tuple[str, int, int]] = {}
