@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 from torch import nn
 
@@ -283,3 +284,15 @@ def gpu(name, kind, start, dur, correlation=0, linked=0):
     from parity.speed.profile import Event
 
     return Event(name, kind, start, dur, thread=7, correlation=correlation, linked=linked, on_device=True)
+
+
+# The timing test files' fixtures, imported by name into each (a fixture is found in the module
+# that uses it): torch on one thread for every test there, and the virtual clock where asked for.
+@pytest.fixture(name="single_cpu_thread", autouse=True)
+def single_cpu_thread_fixture():
+    yield from one_thread()
+
+
+@pytest.fixture(name="virtual_clock")
+def virtual_clock_fixture(monkeypatch):
+    yield from virtual_clock(monkeypatch)

@@ -20,22 +20,13 @@ from parity.base.jsonformat import schema_for
 
 import speed_subjects
 from speed_subjects import BUFFERS_SPEC, CASES_SPEC, MATMUL_SPEC
+from speed_subjects import single_cpu_thread_fixture, virtual_clock_fixture  # noqa: F401 (fixtures)
 
 import jsonschema  # a test dependency (pyproject's test extra): missing, the file errors, never skips
 
 # Virtual costs (speed_subjects.cost_units) of one whole forward, and the speedups they give.
 REFERENCE, FAST, WRONG, SLOW = 32 + 1, 1 + 1, 0.1 + 1, 64 + 1
 JITTER = 0.07  # the ratio of two medians, each within +-3% of its cost
-
-
-@pytest.fixture(autouse=True)
-def single_cpu_thread():
-    yield from speed_subjects.one_thread()
-
-
-@pytest.fixture
-def virtual_clock(monkeypatch):
-    yield from speed_subjects.virtual_clock(monkeypatch)
 
 
 def bench(tmp_path, *argv, capsys=None):

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 import speed_subjects
 from speed_subjects import MATMUL_SPEC
+from speed_subjects import single_cpu_thread_fixture, virtual_clock_fixture  # noqa: F401 (fixtures)
 
 from parity.base.errors import UsageError
 from parity.base.jsonformat import schema_for
@@ -35,16 +36,6 @@ import jsonschema  # a test dependency (pyproject's test extra): missing, the fi
 
 IMPLS = "reference,fast,wrong"
 ENTRY = Entry(kind="output", name="", dtype="float32", shape=(1,), shard="s", key="k", checksum="", nbytes=4)
-
-
-@pytest.fixture(autouse=True)
-def single_cpu_thread():
-    yield from speed_subjects.one_thread()
-
-
-@pytest.fixture
-def virtual_clock(monkeypatch):
-    yield from speed_subjects.virtual_clock(monkeypatch)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from parity.speed import regression
 
 import speed_subjects
 from speed_subjects import MATMUL_SPEC
+from speed_subjects import single_cpu_thread_fixture, virtual_clock_fixture  # noqa: F401 (fixtures)
 
 
 def sample(scale: float, n: int = 20, spread: float = 0.002, seed: int = 0) -> list[float]:
@@ -131,16 +132,6 @@ def test_a_bad_saved_report_is_one_line(tmp_path, content, message):
 
 # ---------------------------------------------------------------------------------------------
 # End to end, on the virtual clock
-
-
-@pytest.fixture(autouse=True)
-def single_cpu_thread():
-    yield from speed_subjects.one_thread()
-
-
-@pytest.fixture
-def virtual_clock(monkeypatch):
-    yield from speed_subjects.virtual_clock(monkeypatch)
 
 
 def bench(tmp_path, name, *argv):
