@@ -40,7 +40,7 @@ PY=${PYTHON:-python3}
 STEPS=${STEPS:-"benchmark benchmark-extra benchmark-masks decode gpu-tests compare-attention compare-decoder gpu-properties inspect inspect-decode"}
 # (also: "table-sweep" and "table", the prefill table of bench/benchmark_table.py, and
 # "launch-time", "host-parts" and "ncu", where a short case's time goes; "launch-overhead", "probe-merge",
-# "hf-host", "hf-generate", "hf-compiled", "hf-window" and "hf-bench", inference; "capture-scale", capture and compare of
+# "hf-host", "hf-layer-host", "hf-generate", "hf-compiled", "hf-window" and "hf-bench", inference; "capture-scale", capture and compare of
 # 1-10B Llama shapes; not run by default)
 
 step() {  # step NAME LIMIT_S COMMAND...
@@ -108,6 +108,11 @@ step launch-overhead "${OVERHEAD_LIMIT:-240}" "$PY" -m bench.launch_overhead --d
 step probe-merge "${PROBE_LIMIT:-200}" "$PY" -m bench.probe_decode_merge ${PROBE_ARGS:-}
 # shellcheck disable=SC2086
 step hf-host "${HF_HOST_LIMIT:-240}" "$PY" -m bench.hf_host --json "$R/hf-host.json" ${HF_HOST_ARGS:-}
+# One attention layer's host time per implementation, the forward's first layer profiled apart
+# (bench/hf_layer_host.py; HF_LAYER_ARGS).
+# shellcheck disable=SC2086
+step hf-layer-host "${HF_LAYER_LIMIT:-150}" "$PY" bench/hf_layer_host.py --device cuda --json "$R/hf-layer-host.json" \
+    ${HF_LAYER_ARGS:-}
 # shellcheck disable=SC2086
 step hf-generate "${HF_LIMIT:-420}" "$PY" -m bench.hf_generate --model llama8b --json "$R/hf-llama8b.json" \
     --deadline-s $(( ${HF_LIMIT:-420} - 60 )) ${HF_ARGS:-}

@@ -113,9 +113,10 @@ def _sync(device) -> None:
 
 
 def _forwards(impl: str, batch: int, seq: int, steps: int, layers: int, decode: bool, device, dtype,
-              record: dict | None = None, labelled: bool = False):
+              record: dict | None = None, labelled: bool = False, first: cProfile.Profile | None = None):
     """Run ``steps`` forwards' attention calls; into ``record`` (when given) the host µs of the
-    mask function, of each forward's first layer call and of the others."""
+    mask function, of each forward's first layer call and of the others; ``first`` (a profiler)
+    is enabled around each forward's first layer call only."""
     from transformers import LlamaConfig
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -139,10 +140,15 @@ def _forwards(impl: str, batch: int, seq: int, steps: int, layers: int, decode: 
             record["mask"].append(spent * 1e6)
         for layer, module in enumerate(modules):
             label = torch.profiler.record_function(f"layer{layer}") if labelled else contextlib.nullcontext()
+            profiled = first is not None and layer == 0
+            if profiled:
+                first.enable()
             start = time.perf_counter()
             with label:
                 attention(module, q, k, v, mask, dropout=0.0, scaling=scaling)
             spent = time.perf_counter() - start
+            if profiled:
+                first.disable()
             if record is not None:
                 record["first" if layer == 0 else "other"].append(spent * 1e6)
         _sync(device)
@@ -172,13 +178,20 @@ def _op_counts(impl: str, batch: int, seq: int, decode: bool, device, dtype) -> 
     return {name: round(count / (layers - 1), 2) for name, count in sorted(counts.items())}
 
 
-def _parts(impl: str, batch: int, seq: int, steps: int, layers: int, device, dtype) -> dict[str, float]:
+def _parts(impl: str, batch: int, seq: int, steps: int, layers: int, device, dtype,
+           first_only: bool = False) -> dict[str, float]:
+    """Cumulative µs per call of the path's functions: over every layer call of ``steps`` decode
+    forwards, or (``first_only``) over each forward's first layer call, the one that finds or
+    binds what the forward shares."""
     profile = cProfile.Profile()
-    profile.enable()
-    _forwards(impl, batch, seq, steps, layers, True, device, dtype)
-    profile.disable()
+    if first_only:
+        _forwards(impl, batch, seq, steps, layers, True, device, dtype, first=profile)
+    else:
+        profile.enable()
+        _forwards(impl, batch, seq, steps, layers, True, device, dtype)
+        profile.disable()
     stats = pstats.Stats(profile, stream=io.StringIO()).stats
-    calls = steps * layers
+    calls = steps if first_only else steps * layers
     out = {}
     for (file, line, name), (_, _, _, cum, _) in stats.items():
         if name in PATH_FUNCTIONS and ("parity" in file or "kernels" in file or "transformers" in file
@@ -208,6 +221,7 @@ def measure(impl: str, *, batch: int, seq: int, steps: int, layers: int, device,
     row["ops"] = {"decode_layer": _op_counts(impl, batch, seq, True, device, dtype),
                   "prefill_layer": _op_counts(impl, batch, seq, False, device, dtype)}
     row["parts"] = _parts(impl, batch, seq, max(steps // 4, 4), layers, device, dtype)
+    row["first_layer_parts"] = _parts(impl, batch, seq, max(steps // 4, 4), layers, device, dtype, first_only=True)
     return row
 
 
