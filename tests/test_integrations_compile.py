@@ -120,6 +120,59 @@ def test_one_full_launch_per_forward_also_under_inference_mode(monkeypatch, mode
     assert len(full) == 2
 
 
+@pytest.mark.slow  # a transformers model through the Triton interpreter
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("case", ["window", "padded"])
+def test_a_forward_with_a_mask_builds_one_layout_and_plan_also_under_inference_mode(monkeypatch, mode, case):
+    """A forward whose layers get a 4-D mask (a sliding window; a left-padded batch) classifies
+    it once and builds one launch plan, not one per layer, also under torch.inference_mode: the
+    kernel's mask function makes the mask an ordinary tensor, with the version counter a layout
+    kept for it needs (an inference-mode mask was classified and planned again in every layer:
+    3.3x sdpa's time per token on the H100's 16k sliding-window model). A window decode step
+    whose cache keeps the window's keys is the last step's layout again: no build, no plan.
+    The tokens are those of the run under torch.no_grad."""
+    from parity.kernels import attention
+
+    window, layers = 8, 4
+    model = _model(parity_tf.KERNEL_NAME, layers=layers, sliding_window=window if case == "window" else 0)
+    built: list[str] = []
+    full: list[int] = []
+    original_layout, original_launch = parity_tf.kernel_layout, attention._launch
+
+    def counting_layout(*args, **kwargs):
+        out = original_layout(*args, **kwargs)
+        built.append(out.kind)
+        return out
+
+    def counting_launch(*args, **kwargs):
+        full.append(1)
+        return original_launch(*args, **kwargs)
+
+    monkeypatch.setattr(parity_tf, "kernel_layout", counting_layout)
+    monkeypatch.setattr(attention, "_launch", counting_launch)
+    monkeypatch.setattr(parity_tf, "_PLANS", parity_tf._Plans())
+    ids, mask = _prompt(batch=1 if case == "window" else 2, pad=0 if case == "window" else 5)
+    tokens, counts = {}, {}
+    for run in ("no_grad", mode):
+        built.clear(), full.clear()
+        with torch.inference_mode() if run == "inference_mode" else torch.no_grad():
+            tokens[run] = model.generate(ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4,
+                                         do_sample=False, pad_token_id=0)
+        counts[run] = (list(built), len(full))
+        monkeypatch.setattr(parity_tf, "_PLANS", parity_tf._Plans())  # the next run starts afresh
+    assert torch.equal(tokens["no_grad"], tokens[mode])
+    if case == "window":
+        # the prefill's window layout (12 x 12) and the first decode step's (1 x 8: the cache
+        # keeps the window's 8 keys), each with its plan; the next steps have the same 8 keys and
+        # diagonal: the first step's layout and plan again
+        assert counts[mode] == (["window8", "window8"], 2)
+    else:
+        # each forward's padding layout, made by the mask function (4 forwards), never in a layer,
+        # and one plan per forward (each step's padding layout is new)
+        assert counts[mode] == (["padding-left"] * 4, 4)
+    assert counts[mode] == counts["no_grad"]
+
+
 @pytest.mark.slow  # a transformers model, compiled or through the Triton interpreter
 def test_a_mask_edited_in_place_gets_a_new_layout():
     q = torch.randn(1, 2, 20, 16)

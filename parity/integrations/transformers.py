@@ -971,19 +971,33 @@ def _kernel_mask_function(block_m: int, block_n: int):
             return _mask_function(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
                                   attention_mask=attention_mask, **kwargs)
         _PLANS.new_forward()
-        mask = _mask_function(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
-                              attention_mask=attention_mask, **kwargs)
+        # an ordinary tensor also under torch.inference_mode (generate's callers, servers): a
+        # mask with a version counter is one whose layout every layer can take as unchanged
+        # (``_Plans.for_mask``); an inference-mode mask has none, and every layer would classify
+        # it and build a launch plan again
+        with _versioned():
+            mask = _mask_function(batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function,
+                                  attention_mask=attention_mask, **kwargs)
         plain = mask_function is None or mask_function is causal_mask_function
         if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and not plain
                 and isinstance(q_offset, int) and isinstance(kv_offset, int)):
             window = kwargs.get("local_size")
             if _window_of(window) and _all_keys_real(attention_mask, kv_offset, kv_length):
                 # transformers' sliding-window causal mask (``local_size``): its predicate layout,
-                # checked against the mask, else the mask's own classification
-                with _versioned():
-                    layout = kernel_layout(q_length, kv_length, visible=mask, window=window,
-                                           offset=q_offset - kv_offset, block_m=block_m,
-                                           block_n=block_n).to(mask.device)
+                # checked against the mask, else the mask's own classification. A decode step's
+                # predicate is the last step's moved (``for_next_keys``: the same tensors while its
+                # tiles stay, so the launcher finds the plan it built), still checked against
+                # this step's mask.
+                offset = q_offset - kv_offset
+                moving = ("window-mask", q_length, window, block_m, block_n, mask.device) if q_length <= block_m \
+                    else None
+                layout = _PLANS.for_next_keys(moving, kv_length, offset) if moving is not None else None
+                if layout is None or not _same_mask(layout, mask):
+                    with _versioned():
+                        layout = kernel_layout(q_length, kv_length, visible=mask, window=window, offset=offset,
+                                               block_m=block_m, block_n=block_n).to(mask.device)
+                    if moving is not None and layout.kind == f"window{window}" and not layout.element_masks:
+                        _PLANS.remember_moving(moving, layout)
                 _PLANS.remember_mask(mask, (block_m, block_n, mask.device), layout)
             return mask
         if (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and plain and isinstance(q_offset, int)
