@@ -127,10 +127,9 @@ def test_a_forward_with_a_mask_builds_one_layout_and_plan_also_under_inference_m
     """A forward whose layers get a 4-D mask (a sliding window; a left-padded batch) classifies
     it once and builds one launch plan, not one per layer, also under torch.inference_mode: the
     kernel's mask function makes the mask an ordinary tensor, with the version counter a layout
-    kept for it needs (an inference-mode mask was classified and planned again in every layer:
-    3.3x sdpa's time per token on the H100's 16k sliding-window model). A window decode step
-    whose cache keeps the window's keys is the last step's layout again: no build, no plan.
-    The tokens are those of the run under torch.no_grad."""
+    kept for it needs (an inference tensor has none, and each layer would classify the mask and
+    plan its launch again). A window decode step whose cache keeps the window's keys is the last
+    step's layout again: no build, no plan. The tokens are those of the run under torch.no_grad."""
     from parity.kernels import attention
 
     window, layers = 8, 4
@@ -171,6 +170,41 @@ def test_a_forward_with_a_mask_builds_one_layout_and_plan_also_under_inference_m
         # and one plan per forward (each step's padding layout is new)
         assert counts[mode] == (["padding-left"] * 4, 4)
     assert counts[mode] == counts["no_grad"]
+
+
+@pytest.mark.slow  # a transformers model through the Triton interpreter
+def test_window_decode_steps_on_moved_layouts_give_sdpa_logits(monkeypatch):
+    """A prompt shorter than the window: each decode step has one key more and its diagonal one
+    further, so the mask function moves the last step's window layout (``layout.with_keys``, a
+    new layout over the same tensors) wherever its tiles stay, and builds one where a key block
+    starts. Every step's logits are SDPA's on the same weights and masks (a moved layout that kept
+    a stale diagonal or key length would hide or show a key: logits off by 1e-1 and more), under
+    torch.inference_mode, for a batch of two."""
+    from parity.kernels import layout as layouts_module
+
+    window = 24  # the cache keeps every key: 6 prompt tokens + 16 steps stay inside the window
+    moved: list[bool] = []
+    original = layouts_module.with_keys
+
+    def counting(layout, seq_k, offset):
+        out = original(layout, seq_k, offset)
+        moved.append(out is not None and out is not layout)
+        return out
+
+    monkeypatch.setattr(layouts_module, "with_keys", counting)
+    monkeypatch.setattr(parity_tf, "_PLANS", parity_tf._Plans())
+    ids, mask = _prompt(batch=2, seq=6, pad=0)
+    logits = {}
+    for impl in (parity_tf.KERNEL_NAME, parity_tf.REFERENCE_NAME):
+        model = _model(impl, layers=2, sliding_window=window)
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=mask, max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                                 pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        logits[impl] = torch.stack(out.logits)
+    # 15 decode steps (7 to 21 keys, all inside the first of the integration's 64-key blocks):
+    # the first builds its layout, the other 14 move it
+    assert sum(moved) == 14
+    torch.testing.assert_close(logits[parity_tf.KERNEL_NAME], logits[parity_tf.REFERENCE_NAME], **LOGITS_TOL)
 
 
 @pytest.mark.slow  # a transformers model, compiled or through the Triton interpreter
