@@ -66,6 +66,22 @@ def _count_layouts(monkeypatch) -> list[str]:
     return built
 
 
+def _count_full_launches(monkeypatch) -> list[int]:
+    """One entry per call of the launcher's full path (``attention._launch``: checks, config and
+    a launch plan built), from now on."""
+    from parity.kernels import attention
+
+    full: list[int] = []
+    original = attention._launch
+
+    def counting(*args, **kwargs):
+        full.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "_launch", counting)
+    return full
+
+
 # ---- one layout per forward ---------------------------------------------------------------------
 @pytest.mark.slow  # a transformers model, compiled or through the Triton interpreter
 def test_one_layout_per_forward_for_every_layer(monkeypatch):
@@ -98,17 +114,8 @@ def test_one_full_launch_per_forward_also_under_inference_mode(monkeypatch, mode
     the same tensors, its key length and diagonal taken per call): the launcher's full path runs
     for the prefill and the first decode step only, also under torch.inference_mode, whose
     tensors have no version counter for the plan to check."""
-    from parity.kernels import attention
-
     model = _model(parity_tf.KERNEL_NAME, layers=4)
-    full: list[int] = []
-    original = attention._launch
-
-    def counting(*args, **kwargs):
-        full.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(attention, "_launch", counting)
+    full = _count_full_launches(monkeypatch)
     # the integration's memory of earlier tests' decode layouts (kept across forwards) left out
     monkeypatch.setattr(parity_tf, "_PLANS", parity_tf._Plans())
     ids, mask = _prompt(pad=0)
@@ -130,30 +137,15 @@ def test_a_forward_with_a_mask_builds_one_layout_and_plan_also_under_inference_m
     kept for it needs (an inference tensor has none, and each layer would classify the mask and
     plan its launch again). A window decode step whose cache keeps the window's keys is the last
     step's layout again: no build, no plan. The tokens are those of the run under torch.no_grad."""
-    from parity.kernels import attention
-
-    window, layers = 8, 4
-    model = _model(parity_tf.KERNEL_NAME, layers=layers, sliding_window=window if case == "window" else 0)
-    built: list[str] = []
-    full: list[int] = []
-    original_layout, original_launch = parity_tf.kernel_layout, attention._launch
-
-    def counting_layout(*args, **kwargs):
-        out = original_layout(*args, **kwargs)
-        built.append(out.kind)
-        return out
-
-    def counting_launch(*args, **kwargs):
-        full.append(1)
-        return original_launch(*args, **kwargs)
-
-    monkeypatch.setattr(parity_tf, "kernel_layout", counting_layout)
-    monkeypatch.setattr(attention, "_launch", counting_launch)
+    window = 8
+    model = _model(parity_tf.KERNEL_NAME, layers=4, sliding_window=window if case == "window" else 0)
+    built, full = _count_layouts(monkeypatch), _count_full_launches(monkeypatch)
     monkeypatch.setattr(parity_tf, "_PLANS", parity_tf._Plans())
     ids, mask = _prompt(batch=1 if case == "window" else 2, pad=0 if case == "window" else 5)
     tokens, counts = {}, {}
     for run in ("no_grad", mode):
-        built.clear(), full.clear()
+        built.clear()
+        full.clear()
         with torch.inference_mode() if run == "inference_mode" else torch.no_grad():
             tokens[run] = model.generate(ids, attention_mask=mask, max_new_tokens=4, min_new_tokens=4,
                                          do_sample=False, pad_token_id=0)
